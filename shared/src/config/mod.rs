@@ -1,0 +1,128 @@
+//! The configuration: `file -> raw (serde mirror) -> validated Config`.
+//!
+//! ```text
+//!  forkd.ron ──read──▶ text ──ron──▶ raw::RawConfig ──validate──▶ Config
+//!                        │              (syntax, types, units,       (paths resolved,
+//!                        │               unknown keys: 1st error)     cross-checks: every error)
+//!                        └──────────── errors carry FILE:LINE:COL ─────────┘
+//! ```
+//!
+//! The master loads it before forking; workers inherit the validated value.
+
+mod error;
+pub mod raw;
+pub mod units;
+mod validate;
+
+pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
+pub use raw::{AcceptMode, LogLevel};
+
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A validated configuration: every path absolute, every value in range.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file this was read from (absolute).
+    pub file: PathBuf,
+    pub workers: NonZeroUsize,
+    /// CPUs to pin workers to, worker i to `cpus[i % len]`; empty = no pinning.
+    pub cpus: Vec<usize>,
+    pub accept: AcceptMode,
+    pub worker_connections: NonZeroUsize,
+    pub multi_accept: NonZeroUsize,
+    pub rlimit_nofile: Option<u64>,
+    pub pid_file: PathBuf,
+    pub shm_file: PathBuf,
+    pub error_log: LogTarget,
+    pub log_level: LogLevel,
+    pub drain_timeout: Duration,
+    pub shutdown_delay: Duration,
+    pub servers: Vec<Server>,
+    /// Every distinct listen address with the largest backlog any server asked for.
+    pub listeners: Vec<Listener>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogTarget {
+    Stderr,
+    Stdout,
+    File(PathBuf),
+    Syslog,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listener {
+    pub addr: SocketAddr,
+    pub backlog: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Server {
+    pub listen: Vec<SocketAddr>,
+    /// Host names, lower-cased, without port.
+    pub names: Vec<String>,
+    pub access_log: Option<LogTarget>,
+    pub keepalive_timeout: Duration,
+    pub keepalive_requests: u64,
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    pub send_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_body_bytes: u64,
+    /// Sorted longest prefix first, so the first match is the longest.
+    pub routes: Vec<Route>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub prefix: String,
+    pub handler: Handler,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handler {
+    Liveness,
+    Readiness,
+    Static { root: PathBuf, index: Vec<String> },
+}
+
+impl Config {
+    /// Reads, parses and validates `path`. Every error found carries FILE:LINE:COL.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let file = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        let text = std::fs::read_to_string(&file).map_err(|source| {
+            ConfigErrors(vec![ConfigError {
+                file: file.clone(),
+                line: 0,
+                col: 0,
+                kind: ConfigErrorKind::Read(source),
+            }])
+        })?;
+        Config::parse(&file, &text)
+    }
+
+    /// Parses and validates `text` as if read from `file`.
+    pub fn parse(file: &Path, text: &str) -> Result<Config, ConfigErrors> {
+        let raw: raw::RawConfig = ron::Options::default().from_str(text).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                file: file.to_path_buf(),
+                line: e.span.start.line,
+                col: e.span.start.col,
+                kind: ConfigErrorKind::Syntax(e.code),
+            }])
+        })?;
+        validate::validate(file, text, raw)
+    }
+}
+
+impl Server {
+    /// The route whose prefix is the longest one `path` starts with.
+    pub fn route(&self, path: &[u8]) -> Option<&Route> {
+        self.routes
+            .iter()
+            .find(|r| path.starts_with(r.prefix.as_bytes()))
+    }
+}

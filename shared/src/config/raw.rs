@@ -1,0 +1,222 @@
+//! The configuration file as written: a serde mirror of the RON text.
+//!
+//! Every struct rejects unknown keys, so a typo is an error with its position rather
+//! than a silently ignored setting. Values that can be checked on their own (durations,
+//! sizes, addresses, prefixes) are checked while deserializing, so that ron reports them
+//! at the line and column where they were written. Checks that relate several values
+//! live in `validate`.
+
+use super::units::{ConfDuration, ConfSize};
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub workers: Workers,
+    #[serde(default)]
+    pub cpu_affinity: CpuAffinity,
+    #[serde(default)]
+    pub accept: AcceptMode,
+    #[serde(default = "default_worker_connections")]
+    pub worker_connections: NonZeroUsize,
+    #[serde(default = "default_multi_accept")]
+    pub multi_accept: NonZeroUsize,
+    #[serde(default = "default_rlimit_nofile")]
+    pub rlimit_nofile: Option<u64>,
+    #[serde(default = "default_pid_file")]
+    pub pid_file: String,
+    #[serde(default = "default_shm_file")]
+    pub shm_file: String,
+    #[serde(default)]
+    pub error_log: RawLogTarget,
+    #[serde(default)]
+    pub log_level: LogLevel,
+    #[serde(default = "default_drain_timeout")]
+    pub drain_timeout: ConfDuration,
+    #[serde(default = "default_shutdown_delay")]
+    pub shutdown_delay: ConfDuration,
+    pub servers: Vec<RawServer>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub listen: Vec<ListenAddr>,
+    #[serde(default = "default_backlog")]
+    pub backlog: u32,
+    #[serde(default)]
+    pub names: Vec<String>,
+    #[serde(default)]
+    pub access_log: Option<RawLogTarget>,
+    #[serde(default = "default_keepalive_timeout")]
+    pub keepalive_timeout: ConfDuration,
+    #[serde(default = "default_keepalive_requests")]
+    pub keepalive_requests: u64,
+    #[serde(default = "default_header_timeout")]
+    pub header_timeout: ConfDuration,
+    #[serde(default = "default_body_timeout")]
+    pub body_timeout: ConfDuration,
+    #[serde(default = "default_send_timeout")]
+    pub send_timeout: ConfDuration,
+    #[serde(default = "default_max_header_bytes")]
+    pub max_header_bytes: ConfSize,
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: ConfSize,
+    pub routes: Vec<RawRoute>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub prefix: RoutePrefix,
+    pub handler: RawHandler,
+}
+
+#[derive(Debug, Deserialize)]
+pub enum RawHandler {
+    /// Answers 200 while the process runs: for liveness probes.
+    Liveness,
+    /// Answers 200 while the server accepts work, 503 while it drains: for readiness probes.
+    Readiness,
+    /// Serves files below `root` (the request path is appended to it, as nginx's `root`).
+    Static {
+        root: String,
+        #[serde(default = "default_index")]
+        index: Vec<String>,
+    },
+}
+
+#[derive(Debug, Default, Deserialize, Clone, Copy, PartialEq, Eq)]
+pub enum Workers {
+    /// One worker per CPU this process may run on.
+    #[default]
+    Auto,
+    Count(NonZeroUsize),
+}
+
+#[derive(Debug, Default, Deserialize, Clone, Copy, PartialEq, Eq)]
+pub enum CpuAffinity {
+    /// Worker i is pinned to the i-th CPU this process may run on.
+    #[default]
+    Auto,
+    Off,
+}
+
+#[derive(Debug, Default, Deserialize, Clone, Copy, PartialEq, Eq)]
+pub enum AcceptMode {
+    /// One listening socket per address, shared by every worker (EPOLLEXCLUSIVE).
+    #[default]
+    Shared,
+    /// One `SO_REUSEPORT` socket per address and worker slot.
+    ReusePort,
+}
+
+#[derive(Debug, Default, Deserialize, Clone, PartialEq, Eq)]
+pub enum RawLogTarget {
+    #[default]
+    Stderr,
+    Stdout,
+    File(String),
+    Syslog,
+}
+
+#[derive(Debug, Default, Deserialize, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Debug,
+    #[default]
+    Info,
+    Notice,
+    Warn,
+    Error,
+    Crit,
+    Alert,
+    Emerg,
+}
+
+/// A listen address: `"127.0.0.1:8080"`, `"[::1]:8080"`, or `"*:8080"` for every IPv4 address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenAddr(pub SocketAddr);
+
+impl<'de> Deserialize<'de> for ListenAddr {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        let normalized = match text.strip_prefix("*:") {
+            Some(port) => format!("0.0.0.0:{port}"),
+            None => text.clone(),
+        };
+        normalized.parse().map(ListenAddr).map_err(|_| {
+            de::Error::custom(format!(
+                "listen address `{text}` is not IP:PORT (e.g. \"127.0.0.1:8080\", \"[::1]:8080\", \"*:8080\")"
+            ))
+        })
+    }
+}
+
+/// A route prefix: must start with `/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutePrefix(pub String);
+
+impl<'de> Deserialize<'de> for RoutePrefix {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        if !text.starts_with('/') {
+            return Err(de::Error::custom(format!(
+                "route prefix `{text}` must start with `/`"
+            )));
+        }
+        Ok(RoutePrefix(text))
+    }
+}
+
+fn default_worker_connections() -> NonZeroUsize {
+    NonZeroUsize::new(10240).expect("non-zero")
+}
+fn default_multi_accept() -> NonZeroUsize {
+    NonZeroUsize::new(64).expect("non-zero")
+}
+fn default_rlimit_nofile() -> Option<u64> {
+    Some(65536)
+}
+fn default_pid_file() -> String {
+    "run/forkd.pid".into()
+}
+fn default_shm_file() -> String {
+    "run/forkd.shm".into()
+}
+fn default_drain_timeout() -> ConfDuration {
+    ConfDuration(std::time::Duration::from_secs(25))
+}
+fn default_shutdown_delay() -> ConfDuration {
+    ConfDuration(std::time::Duration::ZERO)
+}
+fn default_backlog() -> u32 {
+    4096
+}
+fn default_keepalive_timeout() -> ConfDuration {
+    ConfDuration(std::time::Duration::from_secs(15))
+}
+fn default_keepalive_requests() -> u64 {
+    10000
+}
+fn default_header_timeout() -> ConfDuration {
+    ConfDuration(std::time::Duration::from_secs(10))
+}
+fn default_body_timeout() -> ConfDuration {
+    ConfDuration(std::time::Duration::from_secs(30))
+}
+fn default_send_timeout() -> ConfDuration {
+    ConfDuration(std::time::Duration::from_secs(30))
+}
+fn default_max_header_bytes() -> ConfSize {
+    ConfSize(16 * 1024)
+}
+fn default_max_body_bytes() -> ConfSize {
+    ConfSize(1024 * 1024)
+}
+fn default_index() -> Vec<String> {
+    vec!["index.html".into()]
+}

@@ -1,0 +1,410 @@
+//! Cross-checks and path resolution: `raw::RawConfig -> Config`.
+//!
+//! Unlike ron, which stops at the first error, this collects every problem it finds.
+//! serde does not keep positions, so an error here is located by finding the value it
+//! is about in the source text (the n-th occurrence of the key or literal).
+
+use super::error::{ConfigError, ConfigErrorKind, ConfigErrors};
+use super::raw::{self, RawConfig, RawHandler, RawLogTarget, Workers};
+use super::{Config, Handler, Listener, LogTarget, Route, Server};
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+
+struct Checker<'a> {
+    file: &'a Path,
+    text: &'a str,
+    errors: Vec<ConfigError>,
+}
+
+impl Checker<'_> {
+    /// Records an error located at the `nth` (0-based) occurrence of `needle`.
+    fn error(&mut self, needle: &str, nth: usize, field: String, message: String) {
+        let (line, col) = locate(self.text, needle, nth);
+        self.errors.push(ConfigError {
+            file: self.file.to_path_buf(),
+            line,
+            col,
+            kind: ConfigErrorKind::Invalid { field, message },
+        });
+    }
+}
+
+/// 1-based line and column of the `nth` occurrence of `needle` in `text`, or of the
+/// last occurrence when there are fewer; 1:1 when there is none.
+fn locate(text: &str, needle: &str, nth: usize) -> (usize, usize) {
+    let mut found = None;
+    for (i, (offset, _)) in text.match_indices(needle).enumerate() {
+        found = Some(offset);
+        if i == nth {
+            break;
+        }
+    }
+    let Some(offset) = found else { return (1, 1) };
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rfind('\n').map_or(offset, |nl| offset - nl - 1) + 1;
+    (line, col)
+}
+
+fn resolve(base: &Path, path: &str) -> PathBuf {
+    let path = Path::new(path);
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        base.join(path)
+    }
+}
+
+fn resolve_log(base: &Path, target: &RawLogTarget) -> LogTarget {
+    match target {
+        RawLogTarget::Stderr => LogTarget::Stderr,
+        RawLogTarget::Stdout => LogTarget::Stdout,
+        RawLogTarget::File(p) => LogTarget::File(resolve(base, p)),
+        RawLogTarget::Syslog => LogTarget::Syslog,
+    }
+}
+
+/// The CPUs this process may run on, in ascending order.
+fn allowed_cpus() -> Vec<usize> {
+    use nix::sched::{sched_getaffinity, CpuSet};
+    use nix::unistd::Pid;
+    match sched_getaffinity(Pid::from_raw(0)) {
+        Ok(set) => (0..CpuSet::count())
+            .filter(|&cpu| set.is_set(cpu).unwrap_or(false))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
+    let base = file.parent().unwrap_or(Path::new("/")).to_path_buf();
+    let mut check = Checker {
+        file,
+        text,
+        errors: Vec::new(),
+    };
+
+    let allowed = allowed_cpus();
+    let workers = match raw.workers {
+        Workers::Count(n) => n,
+        Workers::Auto => NonZeroUsize::new(allowed.len()).unwrap_or(NonZeroUsize::MIN),
+    };
+    let cpus = match raw.cpu_affinity {
+        raw::CpuAffinity::Auto => allowed,
+        raw::CpuAffinity::Off => Vec::new(),
+    };
+    if raw.rlimit_nofile == Some(0) {
+        check.error(
+            "rlimit_nofile",
+            0,
+            "rlimit_nofile".into(),
+            "must be at least 1, or None to keep the inherited limit".into(),
+        );
+    }
+    if raw.servers.is_empty() {
+        check.error(
+            "servers",
+            0,
+            "servers".into(),
+            "at least one server is needed".into(),
+        );
+    }
+
+    let mut servers = Vec::with_capacity(raw.servers.len());
+    let mut listeners: Vec<Listener> = Vec::new();
+    // (address, name) -> index of the server that claimed it first
+    let mut claimed: HashMap<(std::net::SocketAddr, String), usize> = HashMap::new();
+    let mut route_seen = 0; // occurrences of "prefix" before this server, for locating
+    for (si, s) in raw.servers.into_iter().enumerate() {
+        let field = |name: &str| format!("servers[{si}].{name}");
+        if s.listen.is_empty() {
+            check.error(
+                "listen",
+                si,
+                field("listen"),
+                "at least one address is needed".into(),
+            );
+        }
+        if s.backlog == 0 || s.backlog > 65535 {
+            check.error(
+                "backlog",
+                si,
+                field("backlog"),
+                format!("{} is out of range 1..=65535", s.backlog),
+            );
+        }
+        let max_header = s.max_header_bytes.0;
+        if !(1024..=1 << 20).contains(&max_header) {
+            check.error(
+                "max_header_bytes",
+                si,
+                field("max_header_bytes"),
+                format!("{max_header} bytes is out of range 1KiB..=1MiB"),
+            );
+        }
+        let names: Vec<String> = s.names.iter().map(|n| n.to_ascii_lowercase()).collect();
+        for name in &names {
+            if name.is_empty() || name.contains(['/', ' ', ':']) {
+                check.error(
+                    &format!("\"{name}\""),
+                    0,
+                    field("names"),
+                    format!("`{name}` is not a host name (no port, no path)"),
+                );
+            }
+        }
+        for addr in s.listen.iter().map(|l| l.0) {
+            match listeners.iter_mut().find(|l| l.addr == addr) {
+                Some(l) => l.backlog = l.backlog.max(s.backlog),
+                None => listeners.push(Listener {
+                    addr,
+                    backlog: s.backlog,
+                }),
+            }
+            for name in &names {
+                if let Some(first) = claimed.insert((addr, name.clone()), si) {
+                    check.error(
+                        &format!("\"{name}\""),
+                        1,
+                        field("names"),
+                        format!("`{name}` on {addr} is already served by servers[{first}]"),
+                    );
+                }
+            }
+        }
+
+        if s.routes.is_empty() {
+            check.error(
+                "routes",
+                si,
+                field("routes"),
+                "at least one route is needed".into(),
+            );
+        }
+        let mut routes: Vec<Route> = Vec::with_capacity(s.routes.len());
+        for (ri, r) in s.routes.into_iter().enumerate() {
+            let rfield = format!("servers[{si}].routes[{ri}]");
+            let nth = route_seen + ri;
+            if routes.iter().any(|seen| seen.prefix == r.prefix.0) {
+                check.error(
+                    &format!("\"{}\"", r.prefix.0),
+                    1,
+                    format!("{rfield}.prefix"),
+                    format!("prefix `{}` is routed twice", r.prefix.0),
+                );
+            }
+            let handler = match r.handler {
+                RawHandler::Liveness => Handler::Liveness,
+                RawHandler::Readiness => Handler::Readiness,
+                RawHandler::Static { root, index } => {
+                    let dir = resolve(&base, &root);
+                    if !dir.is_dir() {
+                        check.error(
+                            "root",
+                            nth.min(text.matches("root").count().saturating_sub(1)),
+                            format!("{rfield}.handler.root"),
+                            format!("`{}` is not a directory", dir.display()),
+                        );
+                    }
+                    for name in &index {
+                        if name.is_empty() || name.contains('/') {
+                            check.error(
+                                &format!("\"{name}\""),
+                                0,
+                                format!("{rfield}.handler.index"),
+                                format!("`{name}` must be a plain file name"),
+                            );
+                        }
+                    }
+                    Handler::Static { root: dir, index }
+                }
+            };
+            routes.push(Route {
+                prefix: r.prefix.0,
+                handler,
+            });
+        }
+        route_seen += routes.len();
+        routes.sort_by(|a, b| b.prefix.len().cmp(&a.prefix.len()));
+
+        servers.push(Server {
+            listen: s.listen.iter().map(|l| l.0).collect(),
+            names,
+            access_log: s.access_log.as_ref().map(|t| resolve_log(&base, t)),
+            keepalive_timeout: s.keepalive_timeout.0,
+            keepalive_requests: s.keepalive_requests,
+            header_timeout: s.header_timeout.0,
+            body_timeout: s.body_timeout.0,
+            send_timeout: s.send_timeout.0,
+            max_header_bytes: max_header as usize,
+            max_body_bytes: s.max_body_bytes.0,
+            routes,
+        });
+    }
+
+    if !check.errors.is_empty() {
+        check.errors.sort_by_key(|e| (e.line, e.col));
+        return Err(ConfigErrors(check.errors));
+    }
+    Ok(Config {
+        file: file.to_path_buf(),
+        workers,
+        cpus,
+        accept: raw.accept,
+        worker_connections: raw.worker_connections,
+        multi_accept: raw.multi_accept,
+        rlimit_nofile: raw.rlimit_nofile,
+        pid_file: resolve(&base, &raw.pid_file),
+        shm_file: resolve(&base, &raw.shm_file),
+        error_log: resolve_log(&base, &raw.error_log),
+        log_level: raw.log_level,
+        drain_timeout: raw.drain_timeout.0,
+        shutdown_delay: raw.shutdown_delay.0,
+        servers,
+        listeners,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{AcceptMode, Config, ConfigErrorKind, Handler};
+    use std::path::Path;
+
+    fn site() -> tempdir::Dir {
+        tempdir::Dir::new()
+    }
+
+    /// A throwaway directory for configs whose `root` must exist.
+    mod tempdir {
+        pub struct Dir(pub std::path::PathBuf);
+        impl Dir {
+            pub fn new() -> Dir {
+                use std::sync::atomic::{AtomicUsize, Ordering};
+                static N: AtomicUsize = AtomicUsize::new(0);
+                let p = std::env::temp_dir().join(format!(
+                    "forkd-config-test-{}-{}",
+                    std::process::id(),
+                    N.fetch_add(1, Ordering::Relaxed)
+                ));
+                std::fs::create_dir_all(p.join("www")).unwrap();
+                Dir(p)
+            }
+        }
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    fn parse(dir: &Path, text: &str) -> Result<Config, String> {
+        Config::parse(&dir.join("forkd.ron"), text).map_err(|e| e.to_string())
+    }
+
+    const MINIMAL: &str = r#"(
+    servers: [(
+        listen: ["127.0.0.1:8080"],
+        routes: [(prefix: "/", handler: Static(root: "www"))],
+    )],
+)"#;
+
+    #[test]
+    fn minimal_config_gets_documented_defaults() {
+        let d = site();
+        let c = parse(&d.0, MINIMAL).unwrap();
+        assert_eq!(c.accept, AcceptMode::Shared);
+        assert_eq!(c.worker_connections.get(), 10240);
+        assert_eq!(c.pid_file, d.0.join("run/forkd.pid"));
+        let s = &c.servers[0];
+        assert_eq!(s.max_header_bytes, 16384);
+        assert_eq!(s.max_body_bytes, 1 << 20);
+        assert_eq!(s.keepalive_timeout.as_secs(), 15);
+        assert_eq!(
+            s.routes[0].handler,
+            Handler::Static {
+                root: d.0.join("www"),
+                index: vec!["index.html".into()]
+            }
+        );
+    }
+
+    #[test]
+    fn unknown_key_is_rejected_with_position() {
+        let d = site();
+        let text = MINIMAL.replace("listen:", "lisen: [], listen:");
+        let err = parse(&d.0, &text).unwrap_err();
+        assert!(err.contains("forkd.ron:3:"), "{err}");
+        assert!(err.contains("lisen"), "{err}");
+    }
+
+    #[test]
+    fn bad_duration_points_at_its_line() {
+        let d = site();
+        let text = MINIMAL.replace(
+            "listen:",
+            "keepalive_timeout: \"15 parsecs\",\n        listen:",
+        );
+        let err = parse(&d.0, &text).unwrap_err();
+        assert!(err.contains("forkd.ron:3:"), "{err}");
+        assert!(err.contains("unknown unit"), "{err}");
+    }
+
+    #[test]
+    fn every_semantic_error_is_reported() {
+        let d = site();
+        let text = r#"(
+    servers: [(
+        listen: ["127.0.0.1:8080"],
+        backlog: 0,
+        routes: [
+            (prefix: "/", handler: Static(root: "missing")),
+            (prefix: "/", handler: Liveness),
+        ],
+    )],
+)"#;
+        let err = parse(&d.0, text).unwrap_err();
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 3, "{err}");
+        assert!(lines[0].contains("forkd.ron:4:9: servers[0].backlog"), "{err}");
+        assert!(lines[1].contains(":6:") && lines[1].contains("not a directory"), "{err}");
+        assert!(lines[2].contains(":7:") && lines[2].contains("routed twice"), "{err}");
+    }
+
+    #[test]
+    fn routes_are_matched_longest_prefix_first() {
+        let d = site();
+        let text = MINIMAL.replace(
+            "routes: [",
+            "routes: [(prefix: \"/healthz\", handler: Liveness),",
+        );
+        let c = parse(&d.0, &text).unwrap();
+        let s = &c.servers[0];
+        assert_eq!(s.route(b"/healthz").unwrap().handler, Handler::Liveness);
+        assert!(matches!(
+            s.route(b"/index.html").unwrap().handler,
+            Handler::Static { .. }
+        ));
+    }
+
+    #[test]
+    fn listen_addresses_are_merged_with_largest_backlog() {
+        let d = site();
+        let text = r#"(
+    servers: [
+        (listen: ["127.0.0.1:8080"], backlog: 100, names: ["a"], routes: [(prefix: "/", handler: Liveness)]),
+        (listen: ["127.0.0.1:8080", "*:9090"], backlog: 200, names: ["b"], routes: [(prefix: "/", handler: Liveness)]),
+    ],
+)"#;
+        let c = parse(&d.0, text).unwrap();
+        assert_eq!(c.listeners.len(), 2);
+        assert_eq!(c.listeners[0].backlog, 200);
+        assert_eq!(c.listeners[1].addr, "0.0.0.0:9090".parse().unwrap());
+    }
+
+    #[test]
+    fn unreadable_file_is_an_error() {
+        let err = Config::load(Path::new("/nonexistent/forkd.ron")).unwrap_err();
+        assert!(matches!(err.0[0].kind, ConfigErrorKind::Read(_)));
+    }
+}

@@ -1,0 +1,7 @@
+//! Worker exit codes: how a worker tells the master why it ended.
+
+/// The worker finished normally (graceful or fast stop).
+pub const OK: i32 = 0;
+/// The worker could not initialise (bad user, cannot pin, cannot set up its loop):
+/// respawning it would fail the same way, so the master does not.
+pub const FATAL_INIT: i32 = 78; // EX_CONFIG from sysexits.h

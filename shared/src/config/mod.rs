@@ -121,8 +121,13 @@ impl Config {
 impl Server {
     /// The route whose prefix is the longest one `path` starts with.
     pub fn route(&self, path: &[u8]) -> Option<&Route> {
+        self.route_index(path).map(|i| &self.routes[i])
+    }
+
+    /// The index in `routes` of [`Server::route`]'s answer.
+    pub fn route_index(&self, path: &[u8]) -> Option<usize> {
         self.routes
             .iter()
-            .find(|r| path.starts_with(r.prefix.as_bytes()))
+            .position(|r| path.starts_with(r.prefix.as_bytes()))
     }
 }

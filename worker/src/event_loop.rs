@@ -1,0 +1,465 @@
+//! The worker's mio loop: accept connections, dispatch readiness to them, expire
+//! deadlines, react to signals, and drain when told to stop.
+
+use crate::access_log::AccessLogs;
+use crate::buffers::BufferPool;
+use crate::clock::Clock;
+use crate::conn::{Conn, Verdict};
+use crate::file_cache::FileCache;
+use crate::setup::InitError;
+use crate::timers::Timers;
+use crate::WorkerInit;
+use forkd_shared::config::Config;
+use forkd_shared::exit;
+use forkd_shared::sys::epoll;
+use mio::net::TcpListener;
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
+use nix::sys::signal::Signal;
+use nix::sys::signalfd::SignalFd;
+use slab::Slab;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+const SIGNALS: Token = Token(usize::MAX);
+/// Listener `i` reports `Token(LISTENER_BASE - i)`; connections use their slab key.
+const LISTENER_BASE: usize = usize::MAX - 1;
+/// With a shared queue, re-add the listener after this many accepts: the kernel wakes
+/// exclusive waiters LIFO, and re-adding moves this worker to the back of the queue,
+/// which spreads connections over the workers.
+const REARM_EVERY: u32 = 16;
+/// After EMFILE/ENFILE, wait this long before accepting again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Which servers a listener's connections may be routed to.
+pub struct Routing {
+    pub servers: Vec<usize>,
+    /// The first server on the address: used when no name matches.
+    pub default: usize,
+}
+
+/// Per-worker state every connection uses.
+pub struct Services {
+    pub config: Config,
+    pub routing: Vec<Routing>,
+    pub cache: FileCache,
+    pub in_pool: BufferPool,
+    pub out_pool: BufferPool,
+    pub logs: AccessLogs,
+    pub clock: Clock,
+    pub timers: Timers,
+    /// Readiness answers 503 (a stop was requested).
+    pub not_ready: bool,
+    /// Responses carry `Connection: close`; idle connections are closed.
+    pub draining: bool,
+}
+
+struct ListenerSlot {
+    sock: TcpListener,
+    accepts_since_rearm: u32,
+}
+
+/// Where the worker is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Run {
+    Serving,
+    /// Stop requested: still serving until `drain_at` (`shutdown_delay`).
+    Stopping { drain_at: Instant },
+    /// Not accepting; finishing connections until empty or `deadline`.
+    Draining { deadline: Instant },
+}
+
+pub struct EventLoop {
+    poll: Poll,
+    events: Events,
+    signals: SignalFd,
+    listeners: Vec<ListenerSlot>,
+    /// Listeners are registered with the poll.
+    accepting: bool,
+    /// Accepting was paused (EMFILE) until then.
+    accept_retry_at: Option<Instant>,
+    exclusive: bool,
+    conns: Slab<Conn>,
+    svc: Services,
+    run: Run,
+    expired: Vec<usize>,
+}
+
+impl EventLoop {
+    pub fn new(init: WorkerInit, signals: SignalFd) -> Result<EventLoop, InitError> {
+        let config = init.config;
+        let poll = Poll::new().map_err(InitError::Poll)?;
+        poll.registry()
+            .register(&mut SourceFd(&signals.as_raw_fd()), SIGNALS, Interest::READABLE)
+            .map_err(|source| InitError::Register {
+                what: "signalfd",
+                source,
+            })?;
+        let routing = config
+            .listeners
+            .iter()
+            .map(|l| {
+                let servers: Vec<usize> = (0..config.servers.len())
+                    .filter(|&s| config.servers[s].listen.contains(&l.addr))
+                    .collect();
+                Routing {
+                    default: servers[0],
+                    servers,
+                }
+            })
+            .collect();
+        let listeners = init
+            .listeners
+            .into_iter()
+            .map(|sock| {
+                // Accepted sockets must be non-blocking; the listener itself too, so
+                // `accept` reports WouldBlock when the queue is empty.
+                let _ = sock.set_nonblocking(true);
+                ListenerSlot {
+                    sock: TcpListener::from_std(sock),
+                    accepts_since_rearm: 0,
+                }
+            })
+            .collect();
+        let max_header = config
+            .servers
+            .iter()
+            .map(|s| s.max_header_bytes)
+            .max()
+            .unwrap_or(16384);
+        let logs = AccessLogs::open(&config.servers).map_err(InitError::AccessLog)?;
+        let capacity = config.worker_connections.get();
+        let mut event_loop = EventLoop {
+            poll,
+            events: Events::with_capacity(1024),
+            signals,
+            listeners,
+            accepting: false,
+            accept_retry_at: None,
+            exclusive: init.exclusive,
+            conns: Slab::with_capacity(capacity.min(1024)),
+            svc: Services {
+                config,
+                routing,
+                cache: FileCache::default(),
+                in_pool: BufferPool::new_full_length(max_header, 256),
+                out_pool: BufferPool::new(16 * 1024, 256),
+                logs,
+                clock: Clock::new(),
+                timers: Timers::default(),
+                not_ready: false,
+                draining: false,
+            },
+            run: Run::Serving,
+            expired: Vec::new(),
+        };
+        event_loop.resume_accepting().map_err(|source| InitError::Register {
+            what: "listener",
+            source,
+        })?;
+        Ok(event_loop)
+    }
+
+    /// Runs until stopped; returns the exit code.
+    pub fn run(&mut self) -> i32 {
+        forkd_shared::debug!("worker serving");
+        loop {
+            let timeout = self.poll_timeout();
+            if let Err(e) = self.poll.poll(&mut self.events, Some(timeout)) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    forkd_shared::alert!("epoll_wait failed: {e}");
+                    self.svc.logs.flush();
+                    return exit::FATAL_INIT;
+                }
+            }
+            if self.svc.clock.tick() {
+                self.svc.logs.flush();
+            }
+            let mut fast_exit = false;
+            let events = std::mem::replace(&mut self.events, Events::with_capacity(0));
+            for event in events.iter() {
+                match event.token() {
+                    SIGNALS => fast_exit |= self.on_signals(),
+                    Token(t) if t > LISTENER_BASE - self.listeners.len() && t <= LISTENER_BASE => {
+                        self.accept_on(LISTENER_BASE - t);
+                    }
+                    Token(key) => {
+                        let Some(conn) = self.conns.get_mut(key) else {
+                            continue;
+                        };
+                        if event.is_readable() || event.is_read_closed() || event.is_error() {
+                            conn.readable = true;
+                        }
+                        let verdict = conn.drive(key, &mut self.svc);
+                        self.settle(key, verdict);
+                    }
+                }
+            }
+            self.events = events;
+            if fast_exit {
+                self.svc.logs.flush();
+                return exit::OK;
+            }
+            self.expire_deadlines();
+            self.advance_run();
+            if let Run::Draining { deadline } = self.run {
+                if self.conns.is_empty() {
+                    self.svc.logs.flush();
+                    return exit::OK;
+                }
+                if self.svc.clock.now >= deadline {
+                    forkd_shared::warn!(
+                        "drain_timeout reached: closing {} connection(s) still open",
+                        self.conns.len()
+                    );
+                    self.svc.logs.flush();
+                    return exit::OK;
+                }
+            }
+            if !self.accepting && !matches!(self.run, Run::Draining { .. }) {
+                self.maybe_resume_accepting();
+            }
+        }
+    }
+
+    /// Until the next deadline, but at least once a second (access-log flush, date).
+    fn poll_timeout(&self) -> Duration {
+        let now = Instant::now();
+        let mut until = now + Duration::from_secs(1);
+        if let Some(due) = self.svc.timers.next_due() {
+            until = until.min(due);
+        }
+        match self.run {
+            Run::Stopping { drain_at } => until = until.min(drain_at),
+            Run::Draining { deadline } => until = until.min(deadline),
+            Run::Serving => {}
+        }
+        if let Some(at) = self.accept_retry_at {
+            until = until.min(at);
+        }
+        // Round up to the next millisecond so a deadline is never polled for as 0 ms early.
+        until.saturating_duration_since(now) + Duration::from_micros(500)
+    }
+
+    /// Reads pending signals. Returns true for a fast stop.
+    fn on_signals(&mut self) -> bool {
+        let mut fast = false;
+        while let Ok(Some(info)) = self.signals.read_signal() {
+            match Signal::try_from(info.ssi_signo as i32) {
+                Ok(Signal::SIGQUIT) => self.begin_stop(),
+                Ok(Signal::SIGTERM | Signal::SIGINT) => fast = true,
+                Ok(Signal::SIGUSR1) => {
+                    if let Err(e) = forkd_shared::log::reopen() {
+                        forkd_shared::error!("reopening the error log failed: {e}");
+                    }
+                    self.svc.logs.reopen();
+                }
+                _ => {} // HUP, USR2, WINCH: the master's business
+            }
+        }
+        fast
+    }
+
+    /// A graceful stop: readiness fails now; draining starts after `shutdown_delay`.
+    fn begin_stop(&mut self) {
+        if self.run != Run::Serving {
+            return;
+        }
+        self.svc.not_ready = true;
+        let drain_at = self.svc.clock.now + self.svc.config.shutdown_delay;
+        self.run = Run::Stopping { drain_at };
+        self.advance_run();
+    }
+
+    fn advance_run(&mut self) {
+        let Run::Stopping { drain_at } = self.run else {
+            return;
+        };
+        if self.svc.clock.now < drain_at {
+            return;
+        }
+        let deadline = drain_at + self.svc.config.drain_timeout;
+        self.run = Run::Draining { deadline };
+        self.svc.draining = true;
+        self.pause_accepting();
+        // Close our copies of the listening sockets: the master keeps its own, so the
+        // queue survives for the workers that stay (or the next generation).
+        self.listeners.clear();
+        let idle: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.on_drain() == Verdict::Close)
+            .map(|(k, _)| k)
+            .collect();
+        for key in idle {
+            self.close(key);
+        }
+        forkd_shared::info!("draining {} connection(s)", self.conns.len());
+    }
+
+    fn accept_on(&mut self, index: usize) {
+        let max = self.svc.config.worker_connections.get();
+        for _ in 0..self.svc.config.multi_accept.get() {
+            if self.conns.len() >= max {
+                self.pause_accepting();
+                return;
+            }
+            let Some(slot) = self.listeners.get_mut(index) else {
+                return;
+            };
+            let (stream, peer) = match slot.sock.accept() {
+                Ok(accepted) => accepted,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted) => continue,
+                Err(e) => {
+                    // EMFILE, ENFILE, ENOBUFS, ENOMEM: leave the queue to the kernel (and
+                    // the other workers) for a moment instead of spinning on it.
+                    forkd_shared::error!("accept() failed: {e}; pausing accepts for {ACCEPT_BACKOFF:?}");
+                    self.pause_accepting();
+                    self.accept_retry_at = Some(self.svc.clock.now + ACCEPT_BACKOFF);
+                    return;
+                }
+            };
+            slot.accepts_since_rearm += 1;
+            let rearm = self.exclusive && slot.accepts_since_rearm >= REARM_EVERY;
+            if rearm {
+                slot.accepts_since_rearm = 0;
+            }
+            let entry = self.conns.vacant_entry();
+            let key = entry.key();
+            let mut conn = Conn::new(stream, peer, index, self.svc.clock.now);
+            // The request usually arrives with the connection (TCP_DEFER_ACCEPT): answer
+            // it before paying for registration, which a one-request connection skips.
+            match conn.drive(key, &mut self.svc) {
+                Verdict::Close => conn.release(&mut self.svc),
+                Verdict::Keep => {
+                    entry.insert(conn);
+                    self.settle(key, Verdict::Keep);
+                }
+            }
+            if rearm {
+                self.rearm_listener(index);
+            }
+        }
+    }
+
+    /// Moves this worker to the back of the listener's exclusive wait queue.
+    fn rearm_listener(&mut self, index: usize) {
+        if !self.accepting {
+            return;
+        }
+        let epfd = self.poll.as_raw_fd();
+        let fd = self.listeners[index].sock.as_raw_fd();
+        let token = LISTENER_BASE - index;
+        if let Err(e) = epoll::remove(epfd, fd).and_then(|()| epoll::add(epfd, fd, token, true)) {
+            forkd_shared::error!("re-adding listener to epoll failed: {e}");
+        }
+    }
+
+    /// After a drive: close, or make sure the poll reports what the connection waits for.
+    fn settle(&mut self, key: usize, verdict: Verdict) {
+        if verdict == Verdict::Close || (self.svc.draining && self.conns[key].is_idle()) {
+            self.close(key);
+            return;
+        }
+        let conn = &mut self.conns[key];
+        let want_write = conn.wants_write();
+        if !conn.registered {
+            let interest = if want_write {
+                Interest::READABLE | Interest::WRITABLE
+            } else {
+                Interest::READABLE
+            };
+            match self.poll.registry().register(conn.stream(), Token(key), interest) {
+                Ok(()) => {
+                    conn.registered = true;
+                    conn.write_interest = want_write;
+                }
+                Err(e) => {
+                    forkd_shared::error!("epoll_ctl(ADD) for a connection failed: {e}");
+                    self.close(key);
+                }
+            }
+        } else if want_write && !conn.write_interest {
+            // Once a connection has had to wait for the socket, it stays registered for
+            // writability: one epoll_ctl per slow client, not one per response.
+            match self.poll.registry().reregister(
+                conn.stream(),
+                Token(key),
+                Interest::READABLE | Interest::WRITABLE,
+            ) {
+                Ok(()) => conn.write_interest = true,
+                Err(e) => {
+                    forkd_shared::error!("epoll_ctl(MOD) for a connection failed: {e}");
+                    self.close(key);
+                }
+            }
+        }
+    }
+
+    fn close(&mut self, key: usize) {
+        if let Some(mut conn) = self.conns.try_remove(key) {
+            conn.release(&mut self.svc);
+            // Dropping the stream closes it, which also removes it from the epoll set.
+        }
+    }
+
+    fn expire_deadlines(&mut self) {
+        let now = self.svc.clock.now;
+        while let Some(entry) = self.svc.timers.pop_due(now) {
+            let key = entry.1;
+            let Some(conn) = self.conns.get_mut(key) else {
+                continue;
+            };
+            if self.svc.timers.settle(entry, &mut conn.deadline, now) {
+                self.expired.push(key);
+            }
+        }
+        while let Some(key) = self.expired.pop() {
+            if let Some(conn) = self.conns.get_mut(key) {
+                let verdict = conn.on_timeout(key, &mut self.svc);
+                self.settle(key, verdict);
+            }
+        }
+    }
+
+    fn maybe_resume_accepting(&mut self) {
+        if let Some(at) = self.accept_retry_at {
+            if self.svc.clock.now < at {
+                return;
+            }
+            self.accept_retry_at = None;
+        }
+        if self.conns.len() < self.svc.config.worker_connections.get() {
+            if let Err(e) = self.resume_accepting() {
+                forkd_shared::error!("resuming accepts failed: {e}");
+            }
+        }
+    }
+
+    fn resume_accepting(&mut self) -> io::Result<()> {
+        if self.accepting {
+            return Ok(());
+        }
+        let epfd = self.poll.as_raw_fd();
+        for (i, slot) in self.listeners.iter().enumerate() {
+            epoll::add(epfd, slot.sock.as_raw_fd(), LISTENER_BASE - i, self.exclusive)?;
+        }
+        self.accepting = true;
+        Ok(())
+    }
+
+    fn pause_accepting(&mut self) {
+        if !self.accepting {
+            return;
+        }
+        let epfd = self.poll.as_raw_fd();
+        for slot in &self.listeners {
+            if let Err(e) = epoll::remove(epfd, slot.sock.as_raw_fd()) {
+                forkd_shared::error!("removing listener from epoll failed: {e}");
+            }
+        }
+        self.accepting = false;
+    }
+}

@@ -1,0 +1,193 @@
+//! A per-worker cache of open files and their prebuilt response headers.
+//!
+//! Keyed by route and raw request path, so a hit costs one hash lookup: no path
+//! decoding, no `open`/`fstat`/`close`. Small files keep their bytes in memory and are
+//! answered with one `write`; larger ones are sent with `sendfile` from the cached
+//! descriptor. An entry is revalidated with one `stat` at most once a second, so an
+//! edited or replaced file is served fresh within a second.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+
+/// Files up to this size are kept in memory.
+pub const MEMORY_LIMIT: u64 = 64 * 1024;
+/// Entries per worker before the cache is cleared and refilled.
+const MAX_ENTRIES: usize = 4096;
+/// Bytes held in memory per worker before the cache is cleared and refilled.
+const MAX_MEMORY: usize = 32 << 20;
+
+/// An open file with what every response for it needs.
+pub struct CachedFile {
+    pub path: PathBuf,
+    pub file: File,
+    pub size: u64,
+    /// Its bytes, when it is small enough.
+    pub body: Option<Box<[u8]>>,
+    pub mtime: i64,
+    ino: u64,
+    dev: u64,
+    mtime_nsec: i64,
+    /// `Content-Type`, `Last-Modified`, `ETag`, `Accept-Ranges` lines.
+    pub headers: Box<[u8]>,
+    pub content_type: &'static str,
+    pub etag: Box<[u8]>,
+    pub last_modified: Box<[u8]>,
+    /// Wall-clock second of the last check against the file system.
+    checked: Cell<u64>,
+}
+
+impl CachedFile {
+    /// Opens `path` (a regular file) and prepares its headers.
+    pub fn open(path: PathBuf, file: File, meta: &std::fs::Metadata, now_secs: u64) -> io::Result<CachedFile> {
+        let size = meta.len();
+        let body = if size <= MEMORY_LIMIT {
+            let mut bytes = Vec::with_capacity(size as usize);
+            (&file).take(size).read_to_end(&mut bytes)?;
+            if bytes.len() as u64 != size {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "file changed while read"));
+            }
+            Some(bytes.into_boxed_slice())
+        } else {
+            None
+        };
+        let content_type = mime_guess::from_path(&path)
+            .first_raw()
+            .unwrap_or("application/octet-stream");
+        let mtime = meta.mtime();
+        let etag = format!("\"{:x}-{:x}\"", mtime, size).into_bytes().into_boxed_slice();
+        let last_modified = httpdate::fmt_http_date(
+            std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime.max(0) as u64),
+        )
+        .into_bytes()
+        .into_boxed_slice();
+        let mut headers = Vec::with_capacity(160);
+        headers.extend_from_slice(b"Content-Type: ");
+        headers.extend_from_slice(content_type.as_bytes());
+        if content_type.starts_with("text/") {
+            headers.extend_from_slice(b"; charset=utf-8");
+        }
+        headers.extend_from_slice(b"\r\nLast-Modified: ");
+        headers.extend_from_slice(&last_modified);
+        headers.extend_from_slice(b"\r\nETag: ");
+        headers.extend_from_slice(&etag);
+        headers.extend_from_slice(b"\r\nAccept-Ranges: bytes\r\n");
+        Ok(CachedFile {
+            path,
+            file,
+            size,
+            body,
+            mtime,
+            ino: meta.ino(),
+            dev: meta.dev(),
+            mtime_nsec: meta.mtime_nsec(),
+            headers: headers.into_boxed_slice(),
+            content_type,
+            etag,
+            last_modified,
+            checked: Cell::new(now_secs),
+        })
+    }
+
+    fn same_as(&self, meta: &std::fs::Metadata) -> bool {
+        meta.ino() == self.ino
+            && meta.dev() == self.dev
+            && meta.len() == self.size
+            && meta.mtime() == self.mtime
+            && meta.mtime_nsec() == self.mtime_nsec
+    }
+
+    fn memory(&self) -> usize {
+        self.body.as_ref().map_or(0, |b| b.len())
+    }
+}
+
+/// The cache: one map per route, from raw request path to file.
+#[derive(Default)]
+pub struct FileCache {
+    maps: HashMap<usize, HashMap<Box<[u8]>, std::rc::Rc<CachedFile>>>,
+    entries: usize,
+    memory: usize,
+}
+
+impl FileCache {
+    /// The cached file for `route`/`raw_path`, if it is still current. Checks the file
+    /// system at most once a second per entry; a stale entry is dropped.
+    pub fn get(&mut self, route: usize, raw_path: &[u8], now_secs: u64) -> Option<std::rc::Rc<CachedFile>> {
+        let map = self.maps.get_mut(&route)?;
+        let entry = map.get_mut(raw_path)?;
+        if entry.checked.get() == now_secs {
+            return Some(entry.clone());
+        }
+        if std::fs::metadata(&entry.path).is_ok_and(|m| entry.same_as(&m)) {
+            entry.checked.set(now_secs);
+            return Some(entry.clone());
+        }
+        // Changed or gone: drop it and let the caller open the file afresh.
+        let removed = map.remove(raw_path)?;
+        self.entries -= 1;
+        self.memory -= removed.memory();
+        None
+    }
+
+    /// Adds an entry, clearing the cache first when it is full.
+    pub fn insert(&mut self, route: usize, raw_path: &[u8], file: std::rc::Rc<CachedFile>) {
+        if self.entries >= MAX_ENTRIES || self.memory + file.memory() > MAX_MEMORY {
+            self.maps.clear();
+            self.entries = 0;
+            self.memory = 0;
+        }
+        self.memory += file.memory();
+        self.entries += 1;
+        if let Some(old) = self.maps.entry(route).or_default().insert(raw_path.into(), file) {
+            self.entries -= 1;
+            self.memory -= old.memory();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::rc::Rc;
+
+    fn temp_file(name: &str, content: &[u8]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("forkd-cache-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, content).unwrap();
+        p
+    }
+
+    fn open(p: &std::path::Path, now: u64) -> Rc<CachedFile> {
+        let f = File::open(p).unwrap();
+        let m = f.metadata().unwrap();
+        Rc::new(CachedFile::open(p.to_path_buf(), f, &m, now).unwrap())
+    }
+
+    #[test]
+    fn small_file_is_held_in_memory_with_headers() {
+        let p = temp_file("a.html", b"hello");
+        let f = open(&p, 1);
+        assert_eq!(f.body.as_deref(), Some(&b"hello"[..]));
+        let h = String::from_utf8(f.headers.to_vec()).unwrap();
+        assert!(h.starts_with("Content-Type: text/html; charset=utf-8\r\nLast-Modified: "), "{h}");
+        assert!(h.contains("ETag: \""), "{h}");
+    }
+
+    #[test]
+    fn a_changed_file_is_noticed_on_the_next_second() {
+        let p = temp_file("b.txt", b"one");
+        let mut cache = FileCache::default();
+        cache.insert(0, b"/b.txt", open(&p, 10));
+        assert!(cache.get(0, b"/b.txt", 10).is_some());
+        std::fs::write(&p, b"changed!").unwrap();
+        // same second: not checked yet
+        assert!(cache.get(0, b"/b.txt", 10).is_some());
+        assert!(cache.get(0, b"/b.txt", 11).is_none());
+        assert!(cache.get(0, b"/b.txt", 11).is_none());
+    }
+}

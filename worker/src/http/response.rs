@@ -1,0 +1,185 @@
+//! Writing responses: status lines, header fields and the small error pages.
+//!
+//! Everything is appended to a byte buffer the connection later writes in one go, so a
+//! batch of pipelined responses costs one `write`.
+
+/// An HTTP status code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Status(pub u16);
+
+impl Status {
+    pub const CONTINUE: Status = Status(100);
+    pub const OK: Status = Status(200);
+    pub const PARTIAL_CONTENT: Status = Status(206);
+    pub const MOVED_PERMANENTLY: Status = Status(301);
+    pub const NOT_MODIFIED: Status = Status(304);
+    pub const BAD_REQUEST: Status = Status(400);
+    pub const FORBIDDEN: Status = Status(403);
+    pub const NOT_FOUND: Status = Status(404);
+    pub const METHOD_NOT_ALLOWED: Status = Status(405);
+    pub const REQUEST_TIMEOUT: Status = Status(408);
+    pub const CONTENT_TOO_LARGE: Status = Status(413);
+    pub const URI_TOO_LONG: Status = Status(414);
+    pub const RANGE_NOT_SATISFIABLE: Status = Status(416);
+    pub const EXPECTATION_FAILED: Status = Status(417);
+    pub const MISDIRECTED_REQUEST: Status = Status(421);
+    pub const HEADER_FIELDS_TOO_LARGE: Status = Status(431);
+    pub const INTERNAL_SERVER_ERROR: Status = Status(500);
+    pub const NOT_IMPLEMENTED: Status = Status(501);
+    pub const SERVICE_UNAVAILABLE: Status = Status(503);
+    pub const HTTP_VERSION_NOT_SUPPORTED: Status = Status(505);
+
+    /// The status line, without the trailing CRLF: `HTTP/1.1 200 OK`.
+    pub fn line(self) -> &'static str {
+        match self.0 {
+            100 => "HTTP/1.1 100 Continue",
+            200 => "HTTP/1.1 200 OK",
+            206 => "HTTP/1.1 206 Partial Content",
+            301 => "HTTP/1.1 301 Moved Permanently",
+            304 => "HTTP/1.1 304 Not Modified",
+            400 => "HTTP/1.1 400 Bad Request",
+            403 => "HTTP/1.1 403 Forbidden",
+            404 => "HTTP/1.1 404 Not Found",
+            405 => "HTTP/1.1 405 Method Not Allowed",
+            408 => "HTTP/1.1 408 Request Timeout",
+            413 => "HTTP/1.1 413 Content Too Large",
+            414 => "HTTP/1.1 414 URI Too Long",
+            416 => "HTTP/1.1 416 Range Not Satisfiable",
+            417 => "HTTP/1.1 417 Expectation Failed",
+            421 => "HTTP/1.1 421 Misdirected Request",
+            431 => "HTTP/1.1 431 Request Header Fields Too Large",
+            501 => "HTTP/1.1 501 Not Implemented",
+            503 => "HTTP/1.1 503 Service Unavailable",
+            505 => "HTTP/1.1 505 HTTP Version Not Supported",
+            _ => "HTTP/1.1 500 Internal Server Error",
+        }
+    }
+
+    /// The reason phrase: `OK`, `Not Found`.
+    pub fn reason(self) -> &'static str {
+        &self.line()[13..]
+    }
+}
+
+/// What the `Connection` header of a response says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persistence {
+    /// HTTP/1.1 default: no header needed.
+    KeepAlive11,
+    /// An HTTP/1.0 client asked for keep-alive: `Connection: keep-alive`.
+    KeepAlive10,
+    /// `Connection: close`, and the connection is closed after the response.
+    Close,
+}
+
+/// `HTTP/1.1 200 OK`, `Server` and `Date`: the start of every response.
+pub fn start(out: &mut Vec<u8>, status: Status, date: &[u8]) {
+    out.extend_from_slice(status.line().as_bytes());
+    out.extend_from_slice(b"\r\nServer: forkd\r\nDate: ");
+    out.extend_from_slice(date);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// One header field.
+pub fn header(out: &mut Vec<u8>, name: &str, value: &[u8]) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `Content-Length`, formatted without allocating.
+pub fn content_length(out: &mut Vec<u8>, len: u64) {
+    out.extend_from_slice(b"Content-Length: ");
+    push_decimal(out, len);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The `Connection` header (if any) and the empty line that ends the head.
+pub fn finish(out: &mut Vec<u8>, persistence: Persistence) {
+    match persistence {
+        Persistence::KeepAlive11 => out.extend_from_slice(b"\r\n"),
+        Persistence::KeepAlive10 => out.extend_from_slice(b"Connection: keep-alive\r\n\r\n"),
+        Persistence::Close => out.extend_from_slice(b"Connection: close\r\n\r\n"),
+    }
+}
+
+/// Appends `n` in decimal.
+pub fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// The body of an error page: small, HTML, naming the status.
+pub fn error_body(status: Status) -> String {
+    let title = &status.line()[9..];
+    format!("<html><head><title>{title}</title></head><body><h1>{title}</h1><hr>forkd</body></html>\n")
+}
+
+/// A complete error response (with `extra` header fields). Returns the body length.
+pub fn error(
+    out: &mut Vec<u8>,
+    status: Status,
+    date: &[u8],
+    persistence: Persistence,
+    extra: &[(&str, &[u8])],
+    head_only: bool,
+) -> u64 {
+    let body = error_body(status);
+    start(out, status, date);
+    out.extend_from_slice(b"Content-Type: text/html\r\n");
+    content_length(out, body.len() as u64);
+    for (name, value) in extra {
+        header(out, name, value);
+    }
+    finish(out, persistence);
+    if head_only {
+        return 0;
+    }
+    out.extend_from_slice(body.as_bytes());
+    body.len() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_lines_and_reasons() {
+        assert_eq!(Status::NOT_FOUND.line(), "HTTP/1.1 404 Not Found");
+        assert_eq!(Status::NOT_FOUND.reason(), "Not Found");
+        assert_eq!(Status(599).line(), "HTTP/1.1 500 Internal Server Error");
+    }
+
+    #[test]
+    fn decimal_formatting() {
+        for n in [0u64, 7, 10, 1024, u64::MAX] {
+            let mut v = Vec::new();
+            push_decimal(&mut v, n);
+            assert_eq!(v, n.to_string().as_bytes());
+        }
+    }
+
+    #[test]
+    fn error_response_bytes() {
+        let mut out = Vec::new();
+        let date = b"Sun, 29 Nov 2026 22:00:00 GMT";
+        let n = error(&mut out, Status::METHOD_NOT_ALLOWED, date, Persistence::KeepAlive11, &[("Allow", b"GET, HEAD")], false);
+        let body = error_body(Status::METHOD_NOT_ALLOWED);
+        assert_eq!(n as usize, body.len());
+        let expected = format!(
+            "HTTP/1.1 405 Method Not Allowed\r\nServer: forkd\r\nDate: Sun, 29 Nov 2026 22:00:00 GMT\r\nContent-Type: text/html\r\nContent-Length: {}\r\nAllow: GET, HEAD\r\n\r\n{body}",
+            body.len()
+        );
+        assert_eq!(String::from_utf8(out).unwrap(), expected);
+    }
+}

@@ -1,0 +1,179 @@
+//! A connection's pending output: response bytes in one buffer, interleaved with file
+//! ranges sent by `sendfile`. Consecutive responses from memory are written with one
+//! `write`, however many pipelined requests produced them.
+
+use crate::file_cache::CachedFile;
+use std::collections::VecDeque;
+use std::io::{self, Write};
+use std::os::fd::AsFd;
+use std::rc::Rc;
+
+/// The most one `sendfile` call is asked for: about a socket buffer's worth, so a large
+/// file does not monopolise the loop (and the kernel would not take more anyway).
+const SENDFILE_CHUNK: usize = 512 * 1024;
+
+enum Segment {
+    /// Bytes of `buf` up to this offset.
+    Mem { end: usize },
+    /// A range of a cached file.
+    File {
+        file: Rc<CachedFile>,
+        offset: u64,
+        remaining: u64,
+    },
+}
+
+#[derive(Default)]
+pub struct OutQueue {
+    buf: Vec<u8>,
+    /// Bytes of `buf` already written.
+    written: usize,
+    /// End of the bytes of `buf` that belong to a sealed segment.
+    sealed: usize,
+    segments: VecDeque<Segment>,
+}
+
+/// How far a flush got.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Flush {
+    /// Everything was written.
+    Done,
+    /// The socket is full; wait for it to become writable.
+    Blocked,
+}
+
+impl OutQueue {
+    pub fn is_empty(&self) -> bool {
+        self.segments.is_empty() && self.buf.len() == self.written
+    }
+
+    /// Whether a file range is queued (its response is large: write before adding more).
+    pub fn has_file(&self) -> bool {
+        self.segments.iter().any(|s| matches!(s, Segment::File { .. }))
+    }
+
+    /// Whether this queue owns a buffer (to hand back to the pool when empty).
+    pub fn has_buffer(&self) -> bool {
+        self.buf.capacity() > 0
+    }
+
+    /// Installs `buf` (empty) as the memory buffer.
+    pub fn attach(&mut self, buf: Vec<u8>) {
+        debug_assert!(self.is_empty());
+        self.buf = buf;
+        self.written = 0;
+        self.sealed = 0;
+    }
+
+    /// Takes the memory buffer back out, if the queue is empty.
+    pub fn detach(&mut self) -> Option<Vec<u8>> {
+        if !self.is_empty() || !self.has_buffer() {
+            return None;
+        }
+        self.written = 0;
+        self.sealed = 0;
+        Some(std::mem::take(&mut self.buf))
+    }
+
+    /// The buffer to append response bytes to.
+    pub fn bytes(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
+    }
+
+    /// Bytes queued so far in memory (to measure what a response appended).
+    pub fn mem_len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Drops everything appended after `len` (a response replaced before it was sent).
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.sealed {
+            self.buf.truncate(len);
+        }
+    }
+
+    fn seal(&mut self) {
+        if self.buf.len() > self.sealed {
+            self.sealed = self.buf.len();
+            match self.segments.back_mut() {
+                Some(Segment::Mem { end }) => *end = self.sealed,
+                _ => self.segments.push_back(Segment::Mem { end: self.sealed }),
+            }
+        }
+    }
+
+    /// Queues `len` bytes of `file` from `offset`, after what is queued so far.
+    pub fn push_file(&mut self, file: Rc<CachedFile>, offset: u64, len: u64) {
+        self.seal();
+        if len > 0 {
+            self.segments.push_back(Segment::File {
+                file,
+                offset,
+                remaining: len,
+            });
+        }
+    }
+
+    /// Writes as much as the socket takes. Returns bytes written in `sent`.
+    pub fn flush<S: Write + AsFd>(&mut self, sock: &mut S, sent: &mut u64) -> io::Result<Flush> {
+        self.seal();
+        while let Some(front) = self.segments.front_mut() {
+            match front {
+                Segment::Mem { end } => {
+                    let end = *end;
+                    while self.written < end {
+                        match sock.write(&self.buf[self.written..end]) {
+                            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                            Ok(n) => {
+                                self.written += n;
+                                *sent += n as u64;
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                return Ok(Flush::Blocked)
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
+                Segment::File {
+                    file,
+                    offset,
+                    remaining,
+                } => {
+                    while *remaining > 0 {
+                        let mut off = *offset as i64;
+                        let count = (*remaining).min(SENDFILE_CHUNK as u64) as usize;
+                        match nix::sys::sendfile::sendfile(
+                            sock.as_fd(),
+                            file.file.as_fd(),
+                            Some(&mut off),
+                            count,
+                        ) {
+                            Ok(0) => {
+                                // The file shrank under us: the response cannot be completed.
+                                return Err(io::Error::new(
+                                    io::ErrorKind::UnexpectedEof,
+                                    "file truncated while being sent",
+                                ));
+                            }
+                            Ok(n) => {
+                                *offset += n as u64;
+                                *remaining -= n as u64;
+                                *sent += n as u64;
+                            }
+                            Err(nix::errno::Errno::EAGAIN) => return Ok(Flush::Blocked),
+                            Err(nix::errno::Errno::EINTR) => {}
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                }
+            }
+            self.segments.pop_front();
+        }
+        self.buf.clear();
+        self.written = 0;
+        self.sealed = 0;
+        Ok(Flush::Done)
+    }
+}

@@ -1,0 +1,103 @@
+//! Command-line arguments: `forkd [-c FILE] [-t] [-s SIGNAL] [-V]`.
+
+use std::path::PathBuf;
+
+pub const USAGE: &str = "usage: forkd [-c FILE] [-t] [-s stop|quit|reload|reopen] [-V] [-h]
+  -c FILE   configuration file (default: conf/forkd.ron)
+  -t        test the configuration and exit
+  -s SIGNAL send a signal to the running master: stop (fast), quit (graceful),
+            reload (re-read the configuration), reopen (re-open log files)
+  -V        print the version and exit
+  -h        print this help and exit";
+
+/// What the master is asked to send with `-s`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlSignal {
+    Stop,
+    Quit,
+    Reload,
+    Reopen,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Run,
+    Test,
+    Signal(ControlSignal),
+    Version,
+    Help,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct Cli {
+    pub config: PathBuf,
+    pub action: Action,
+}
+
+pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Cli, String> {
+    let mut config = PathBuf::from("conf/forkd.ron");
+    let mut action = Action::Run;
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "-c" => config = args.next().ok_or("-c needs a file name")?.into(),
+            "-t" => action = Action::Test,
+            "-V" | "--version" => action = Action::Version,
+            "-h" | "--help" => action = Action::Help,
+            "-s" => {
+                let name = args.next().ok_or("-s needs a signal name")?;
+                action = Action::Signal(match name.as_str() {
+                    "stop" => ControlSignal::Stop,
+                    "quit" => ControlSignal::Quit,
+                    "reload" => ControlSignal::Reload,
+                    "reopen" => ControlSignal::Reopen,
+                    other => {
+                        return Err(format!(
+                            "unknown signal `{other}`: use stop, quit, reload or reopen"
+                        ))
+                    }
+                });
+            }
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+    }
+    Ok(Cli { config, action })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(args: &[&str]) -> Result<Cli, String> {
+        parse(args.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn defaults_to_running_the_bundled_config() {
+        assert_eq!(
+            p(&[]),
+            Ok(Cli {
+                config: "conf/forkd.ron".into(),
+                action: Action::Run
+            })
+        );
+    }
+
+    #[test]
+    fn flags() {
+        assert_eq!(p(&["-c", "x.ron", "-t"]).unwrap().action, Action::Test);
+        assert_eq!(p(&["-c", "x.ron", "-t"]).unwrap().config, PathBuf::from("x.ron"));
+        assert_eq!(
+            p(&["-s", "reload"]).unwrap().action,
+            Action::Signal(ControlSignal::Reload)
+        );
+        assert_eq!(p(&["-V"]).unwrap().action, Action::Version);
+    }
+
+    #[test]
+    fn bad_arguments() {
+        assert!(p(&["-s", "kill"]).unwrap_err().contains("unknown signal"));
+        assert!(p(&["-c"]).is_err());
+        assert!(p(&["--frobnicate"]).is_err());
+    }
+}

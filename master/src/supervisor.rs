@@ -1,0 +1,343 @@
+//! The master's loop: start the workers, then react to signals and to workers ending.
+//!
+//! | signal      | action                                                           |
+//! |-------------|------------------------------------------------------------------|
+//! | TERM, QUIT  | graceful stop: workers drain (QUIT), forced at `drain_timeout`   |
+//! | INT         | fast stop: workers exit at once                                  |
+//! | HUP         | reload: validate the new file; on success a new generation of    |
+//! |             | workers starts, then the old one drains; on error nothing changes |
+//! | USR1        | re-open log files, here and in every worker                      |
+//! | CHLD        | reap; respawn a worker in its slot (backing off if it keeps dying)|
+//!
+//! Signal handling only collects signals (signalfd); all work happens here.
+
+use crate::daemon::PidFile;
+use crate::listeners::Sockets;
+use crate::process::{self, Ended};
+use crate::signals::Signals;
+use forkd_shared::config::Config;
+use forkd_shared::exit;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// A worker that dies this many times within `CRASH_WINDOW` is respawned with backoff.
+const CRASH_LIMIT: usize = 5;
+const CRASH_WINDOW: Duration = Duration::from_secs(10);
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// After `drain_timeout`, workers still alive get this long before SIGKILL.
+const KILL_GRACE: Duration = Duration::from_secs(1);
+
+/// One place in the current generation of workers.
+struct Slot {
+    pid: Option<Pid>,
+    /// Recent deaths, for backoff.
+    deaths: VecDeque<Instant>,
+    respawn_at: Option<Instant>,
+    /// The worker failed to initialise: respawning would fail the same way.
+    failed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Running,
+    /// Graceful stop: workers were sent QUIT; SIGKILL at `kill_at`.
+    Stopping { kill_at: Instant },
+    /// Fast stop: workers were sent INT; SIGKILL at `kill_at`.
+    FastStopping { kill_at: Instant },
+}
+
+struct Supervisor {
+    config: Config,
+    sockets: Sockets,
+    slots: Vec<Slot>,
+    /// Workers of earlier generations, draining after a reload.
+    retiring: Vec<Pid>,
+    state: State,
+    respawns: u64,
+}
+
+/// Runs the master until it stops; returns the exit code.
+pub fn run(config: Config) -> i32 {
+    if let Err(e) = forkd_shared::log::init(&config.error_log, config.log_level, "-") {
+        eprintln!("forkd: cannot open the error log: {e}");
+        return 1;
+    }
+    if let Err(e) = PidFile::check_free(&config.pid_file) {
+        forkd_shared::log_at!(forkd_shared::config::LogLevel::Emerg, "{e}");
+        return 1;
+    }
+    let sockets = match Sockets::open(&config, None) {
+        Ok(s) => s,
+        Err(e) => {
+            forkd_shared::log_at!(forkd_shared::config::LogLevel::Emerg, "{e}");
+            return 1;
+        }
+    };
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            forkd_shared::log_at!(forkd_shared::config::LogLevel::Emerg, "signalfd failed: {e}");
+            return 1;
+        }
+    };
+    let pid_file = match PidFile::write(&config.pid_file) {
+        Ok(p) => p,
+        Err(e) => {
+            forkd_shared::log_at!(forkd_shared::config::LogLevel::Emerg, "{e}");
+            return 1;
+        }
+    };
+    let mut sup = Supervisor {
+        slots: Vec::new(),
+        retiring: Vec::new(),
+        state: State::Running,
+        respawns: 0,
+        sockets,
+        config,
+    };
+    sup.start_generation();
+    forkd_shared::notice!(
+        "forkd {} started: {} worker(s), accept {:?}, listening on {}",
+        env!("CARGO_PKG_VERSION"),
+        sup.slots.len(),
+        sup.config.accept,
+        sup.sockets.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", ")
+    );
+    let code = sup.run(&mut signals);
+    drop(pid_file);
+    forkd_shared::notice!("forkd exited");
+    code
+}
+
+impl Supervisor {
+    fn run(&mut self, signals: &mut Signals) -> i32 {
+        loop {
+            for signal in signals.wait(self.wait_time()) {
+                self.on_signal(signal);
+            }
+            for (pid, how) in process::reap_children() {
+                self.on_child_ended(pid, how);
+            }
+            let now = Instant::now();
+            match self.state {
+                State::Running => {
+                    self.respawn_due(now);
+                    if !self.slots.is_empty() && self.slots.iter().all(|s| s.failed) {
+                        forkd_shared::alert!("no worker can start; exiting");
+                        self.signal_all(Signal::SIGKILL);
+                        return 1;
+                    }
+                }
+                State::Stopping { kill_at } | State::FastStopping { kill_at } => {
+                    if self.live_workers() == 0 {
+                        return exit::OK;
+                    }
+                    if now >= kill_at {
+                        forkd_shared::warn!(
+                            "{} worker(s) still running at the stop deadline: killing them",
+                            self.live_workers()
+                        );
+                        self.signal_all(Signal::SIGKILL);
+                        self.state = State::FastStopping {
+                            kill_at: now + Duration::from_secs(3600),
+                        };
+                    }
+                }
+            }
+        }
+    }
+
+    /// How long to wait for signals: until the next respawn or deadline, at most 1 s.
+    fn wait_time(&self) -> Duration {
+        let now = Instant::now();
+        let mut until = now + Duration::from_secs(1);
+        for at in self.slots.iter().filter_map(|s| s.respawn_at) {
+            until = until.min(at);
+        }
+        if let State::Stopping { kill_at } | State::FastStopping { kill_at } = self.state {
+            until = until.min(kill_at);
+        }
+        until.saturating_duration_since(now)
+    }
+
+    fn live_workers(&self) -> usize {
+        self.slots.iter().filter(|s| s.pid.is_some()).count() + self.retiring.len()
+    }
+
+    fn on_signal(&mut self, signal: Signal) {
+        match signal {
+            Signal::SIGCHLD => {} // reaped right after
+            Signal::SIGTERM | Signal::SIGQUIT => self.stop_gracefully(),
+            Signal::SIGINT => self.stop_fast(),
+            Signal::SIGHUP => self.reload(),
+            Signal::SIGUSR1 => {
+                if let Err(e) = forkd_shared::log::reopen() {
+                    forkd_shared::error!("reopening the error log failed: {e}");
+                }
+                forkd_shared::notice!("reopening logs");
+                self.signal_all(Signal::SIGUSR1);
+            }
+            other => forkd_shared::notice!("{other} ignored: not supported yet"),
+        }
+    }
+
+    fn stop_gracefully(&mut self) {
+        if self.state != State::Running {
+            return;
+        }
+        forkd_shared::notice!("graceful stop: draining workers");
+        let kill_at = Instant::now() + self.config.shutdown_delay + self.config.drain_timeout + KILL_GRACE;
+        self.state = State::Stopping { kill_at };
+        self.signal_all(Signal::SIGQUIT);
+    }
+
+    fn stop_fast(&mut self) {
+        if matches!(self.state, State::FastStopping { .. }) {
+            return;
+        }
+        forkd_shared::notice!("fast stop");
+        self.state = State::FastStopping {
+            kill_at: Instant::now() + Duration::from_secs(5),
+        };
+        self.signal_all(Signal::SIGINT);
+    }
+
+    fn signal_all(&self, signal: Signal) {
+        let pids = self.slots.iter().filter_map(|s| s.pid).chain(self.retiring.iter().copied());
+        for pid in pids {
+            if let Err(e) = kill(pid, signal) {
+                forkd_shared::warn!("kill({pid}, {signal}) failed: {e}");
+            }
+        }
+    }
+
+    /// Spawns a full set of workers for the current configuration.
+    fn start_generation(&mut self) {
+        self.slots = (0..self.config.workers.get())
+            .map(|_| Slot {
+                pid: None,
+                deaths: VecDeque::new(),
+                respawn_at: None,
+                failed: false,
+            })
+            .collect();
+        for slot in 0..self.slots.len() {
+            self.spawn(slot);
+        }
+    }
+
+    fn spawn(&mut self, slot: usize) {
+        match process::spawn_worker(slot, &self.config, &self.sockets) {
+            Ok(pid) => {
+                self.slots[slot].pid = Some(pid);
+                self.slots[slot].respawn_at = None;
+                forkd_shared::debug!("worker {slot} started as process {pid}");
+            }
+            Err(e) => {
+                forkd_shared::alert!("fork() for worker {slot} failed: {e}; retrying");
+                self.slots[slot].respawn_at = Some(Instant::now() + BACKOFF_MIN);
+            }
+        }
+    }
+
+    fn on_child_ended(&mut self, pid: Pid, how: Ended) {
+        if let Some(i) = self.retiring.iter().position(|&p| p == pid) {
+            self.retiring.swap_remove(i);
+            forkd_shared::info!("old worker {pid} exited ({how:?})");
+            return;
+        }
+        let Some(slot) = self.slots.iter().position(|s| s.pid == Some(pid)) else {
+            // As PID 1, orphans of other processes are re-parented to us: reaped, ignored.
+            return;
+        };
+        self.slots[slot].pid = None;
+        if self.state != State::Running {
+            forkd_shared::info!("worker {slot} ({pid}) exited ({how:?})");
+            return;
+        }
+        if how == Ended::Exited(exit::FATAL_INIT) {
+            forkd_shared::alert!("worker {slot} ({pid}) could not start; not respawning it");
+            self.slots[slot].failed = true;
+            return;
+        }
+        let now = Instant::now();
+        let s = &mut self.slots[slot];
+        s.deaths.push_back(now);
+        while s.deaths.front().is_some_and(|&t| now - t > CRASH_WINDOW) {
+            s.deaths.pop_front();
+        }
+        let delay = if s.deaths.len() >= CRASH_LIMIT {
+            let doublings = (s.deaths.len() - CRASH_LIMIT).min(16) as u32;
+            (BACKOFF_MIN * 2u32.pow(doublings)).min(BACKOFF_MAX)
+        } else {
+            Duration::ZERO
+        };
+        self.respawns += 1;
+        if delay.is_zero() {
+            forkd_shared::alert!("worker {slot} ({pid}) died ({how:?}); respawning");
+            self.spawn(slot);
+        } else {
+            forkd_shared::alert!(
+                "worker {slot} ({pid}) died ({how:?}), {} times in {CRASH_WINDOW:?}; respawning in {delay:?}",
+                s.deaths.len()
+            );
+            s.respawn_at = Some(now + delay);
+        }
+    }
+
+    fn respawn_due(&mut self, now: Instant) {
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].pid.is_none()
+                && !self.slots[slot].failed
+                && self.slots[slot].respawn_at.is_some_and(|at| at <= now)
+            {
+                self.spawn(slot);
+            }
+        }
+    }
+
+    /// Re-reads the configuration; on any error keeps everything as it is.
+    fn reload(&mut self) {
+        if self.state != State::Running {
+            return;
+        }
+        let config = match Config::load(&self.config.file) {
+            Ok(c) => c,
+            Err(errors) => {
+                for e in &errors.0 {
+                    forkd_shared::error!("reload failed, keeping the running configuration: {e}");
+                }
+                return;
+            }
+        };
+        if config.pid_file != self.config.pid_file {
+            forkd_shared::warn!("pid_file cannot change on reload; keeping {}", self.config.pid_file.display());
+        }
+        let sockets = match Sockets::open(&config, Some(&self.sockets)) {
+            Ok(s) => s,
+            Err(e) => {
+                forkd_shared::error!("reload failed, keeping the running configuration: {e}");
+                return;
+            }
+        };
+        if config.error_log != self.config.error_log || config.log_level != self.config.log_level {
+            if let Err(e) = forkd_shared::log::init(&config.error_log, config.log_level, "-") {
+                forkd_shared::error!("reload: opening the new error log failed, keeping the old one: {e}");
+            }
+        }
+        // The new generation starts serving before the old one is told to drain.
+        self.retiring.extend(self.slots.iter().filter_map(|s| s.pid));
+        let old: Vec<Pid> = self.retiring.clone();
+        self.config = config;
+        // Sockets not reused are closed here; draining workers hold their own copies.
+        self.sockets = sockets;
+        self.start_generation();
+        for pid in old {
+            let _ = kill(pid, Signal::SIGQUIT);
+        }
+        forkd_shared::notice!("reloaded {}: {} new worker(s)", self.config.file.display(), self.slots.len());
+    }
+}

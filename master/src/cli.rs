@@ -86,7 +86,10 @@ mod tests {
     #[test]
     fn flags() {
         assert_eq!(p(&["-c", "x.ron", "-t"]).unwrap().action, Action::Test);
-        assert_eq!(p(&["-c", "x.ron", "-t"]).unwrap().config, PathBuf::from("x.ron"));
+        assert_eq!(
+            p(&["-c", "x.ron", "-t"]).unwrap().config,
+            PathBuf::from("x.ron")
+        );
         assert_eq!(
             p(&["-s", "reload"]).unwrap().action,
             Action::Signal(ControlSignal::Reload)

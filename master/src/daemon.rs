@@ -11,22 +11,47 @@ use std::path::{Path, PathBuf};
 #[derive(Debug)]
 pub enum PidFileError {
     Missing(PathBuf),
-    Read { path: PathBuf, source: io::Error },
-    Garbled { path: PathBuf, content: String },
+    Read {
+        path: PathBuf,
+        source: io::Error,
+    },
+    Garbled {
+        path: PathBuf,
+        content: String,
+    },
     /// The file names a process that does not exist.
-    Stale { path: PathBuf, pid: i32 },
+    Stale {
+        path: PathBuf,
+        pid: i32,
+    },
     /// Another master is running.
-    Running { path: PathBuf, pid: i32 },
-    Write { path: PathBuf, source: io::Error },
+    Running {
+        path: PathBuf,
+        pid: i32,
+    },
+    Write {
+        path: PathBuf,
+        source: io::Error,
+    },
 }
 
 impl fmt::Display for PidFileError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PidFileError::Missing(p) => write!(f, "pid file {} does not exist: is forkd running?", p.display()),
-            PidFileError::Read { path, source } => write!(f, "cannot read pid file {}: {source}", path.display()),
+            PidFileError::Missing(p) => write!(
+                f,
+                "pid file {} does not exist: is forkd running?",
+                p.display()
+            ),
+            PidFileError::Read { path, source } => {
+                write!(f, "cannot read pid file {}: {source}", path.display())
+            }
             PidFileError::Garbled { path, content } => {
-                write!(f, "pid file {} does not hold a pid: {content:?}", path.display())
+                write!(
+                    f,
+                    "pid file {} does not hold a pid: {content:?}",
+                    path.display()
+                )
             }
             PidFileError::Stale { path, pid } => write!(
                 f,
@@ -38,7 +63,9 @@ impl fmt::Display for PidFileError {
                 "forkd is already running as process {pid} (pid file {})",
                 path.display()
             ),
-            PidFileError::Write { path, source } => write!(f, "cannot write pid file {}: {source}", path.display()),
+            PidFileError::Write { path, source } => {
+                write!(f, "cannot write pid file {}: {source}", path.display())
+            }
         }
     }
 }
@@ -47,19 +74,32 @@ impl fmt::Display for PidFileError {
 pub fn read_live(path: &Path) -> Result<Pid, PidFileError> {
     let content = match std::fs::read_to_string(path) {
         Ok(c) => c,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(PidFileError::Missing(path.into())),
-        Err(source) => return Err(PidFileError::Read { path: path.into(), source }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(PidFileError::Missing(path.into()))
+        }
+        Err(source) => {
+            return Err(PidFileError::Read {
+                path: path.into(),
+                source,
+            })
+        }
     };
     let pid: i32 = content.trim().parse().map_err(|_| PidFileError::Garbled {
         path: path.into(),
         content: content.clone(),
     })?;
     if pid <= 0 {
-        return Err(PidFileError::Garbled { path: path.into(), content });
+        return Err(PidFileError::Garbled {
+            path: path.into(),
+            content,
+        });
     }
     match kill(Pid::from_raw(pid), None) {
         Ok(()) | Err(Errno::EPERM) => Ok(Pid::from_raw(pid)),
-        Err(_) => Err(PidFileError::Stale { path: path.into(), pid }),
+        Err(_) => Err(PidFileError::Stale {
+            path: path.into(),
+            pid,
+        }),
     }
 }
 
@@ -82,7 +122,10 @@ impl PidFile {
 
     /// Writes our pid (via a temporary file and rename, so a reader never sees half).
     pub fn write(path: &Path) -> Result<PidFile, PidFileError> {
-        let err = |source| PidFileError::Write { path: path.into(), source };
+        let err = |source| PidFileError::Write {
+            path: path.into(),
+            source,
+        };
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(err)?;
         }

@@ -100,12 +100,19 @@ fn somaxconn() -> Option<u32> {
 
 /// socket + SO_REUSEADDR (+ SO_REUSEPORT) + bind + listen, and TCP_DEFER_ACCEPT.
 fn bind_listener(l: &Listener, reuseport: bool) -> Result<TcpListener, ListenError> {
-    let err = |call| move |source| ListenError { call, addr: l.addr, source };
+    let err = |call| {
+        move |source| ListenError {
+            call,
+            addr: l.addr,
+            source,
+        }
+    };
     let family = match l.addr {
         SocketAddr::V4(_) => AddressFamily::Inet,
         SocketAddr::V6(_) => AddressFamily::Inet6,
     };
-    let fd: OwnedFd = socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).map_err(err("socket"))?;
+    let fd: OwnedFd =
+        socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).map_err(err("socket"))?;
     setsockopt(&fd, sockopt::ReuseAddr, &true).map_err(err("setsockopt(SO_REUSEADDR)"))?;
     if reuseport {
         setsockopt(&fd, sockopt::ReusePort, &true).map_err(err("setsockopt(SO_REUSEPORT)"))?;

@@ -1,12 +1,12 @@
 //! `forkd`: the master process and the command line.
 //!
-//! - [`cli`]: arguments.
-//! - [`control`]: `-s`: signalling a running master through its pid file.
-//! - [`supervisor`]: the master's loop: signals, workers, reload, stop.
-//! - [`process`]: forking a worker (the only `fork`) and reaping.
-//! - [`signals`]: the master's signalfd.
-//! - [`listeners`]: binding the listening sockets.
-//! - [`daemon`]: the pid file.
+//! - `cli`: arguments.
+//! - `control`: `-s`: signalling a running master through its pid file.
+//! - `supervisor`: the master's loop: signals, workers, reload, stop.
+//! - `process`: forking a worker (the only `fork`) and reaping.
+//! - `signals`: the master's signalfd.
+//! - `listeners`: binding the listening sockets.
+//! - `daemon`: the pid file.
 
 mod cli;
 mod control;

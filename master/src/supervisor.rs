@@ -44,9 +44,13 @@ struct Slot {
 enum State {
     Running,
     /// Graceful stop: workers were sent QUIT; SIGKILL at `kill_at`.
-    Stopping { kill_at: Instant },
+    Stopping {
+        kill_at: Instant,
+    },
     /// Fast stop: workers were sent INT; SIGKILL at `kill_at`.
-    FastStopping { kill_at: Instant },
+    FastStopping {
+        kill_at: Instant,
+    },
 }
 
 struct Supervisor {
@@ -79,7 +83,10 @@ pub fn run(config: Config) -> i32 {
     let mut signals = match Signals::install() {
         Ok(s) => s,
         Err(e) => {
-            forkd_shared::log_at!(forkd_shared::config::LogLevel::Emerg, "signalfd failed: {e}");
+            forkd_shared::log_at!(
+                forkd_shared::config::LogLevel::Emerg,
+                "signalfd failed: {e}"
+            );
             return 1;
         }
     };
@@ -104,7 +111,12 @@ pub fn run(config: Config) -> i32 {
         env!("CARGO_PKG_VERSION"),
         sup.slots.len(),
         sup.config.accept,
-        sup.sockets.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", ")
+        sup.sockets
+            .addrs
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let code = sup.run(&mut signals);
     drop(pid_file);
@@ -189,7 +201,8 @@ impl Supervisor {
             return;
         }
         forkd_shared::notice!("graceful stop: draining workers");
-        let kill_at = Instant::now() + self.config.shutdown_delay + self.config.drain_timeout + KILL_GRACE;
+        let kill_at =
+            Instant::now() + self.config.shutdown_delay + self.config.drain_timeout + KILL_GRACE;
         self.state = State::Stopping { kill_at };
         self.signal_all(Signal::SIGQUIT);
     }
@@ -206,7 +219,11 @@ impl Supervisor {
     }
 
     fn signal_all(&self, signal: Signal) {
-        let pids = self.slots.iter().filter_map(|s| s.pid).chain(self.retiring.iter().copied());
+        let pids = self
+            .slots
+            .iter()
+            .filter_map(|s| s.pid)
+            .chain(self.retiring.iter().copied());
         for pid in pids {
             if let Err(e) = kill(pid, signal) {
                 forkd_shared::warn!("kill({pid}, {signal}) failed: {e}");
@@ -314,7 +331,10 @@ impl Supervisor {
             }
         };
         if config.pid_file != self.config.pid_file {
-            forkd_shared::warn!("pid_file cannot change on reload; keeping {}", self.config.pid_file.display());
+            forkd_shared::warn!(
+                "pid_file cannot change on reload; keeping {}",
+                self.config.pid_file.display()
+            );
         }
         let sockets = match Sockets::open(&config, Some(&self.sockets)) {
             Ok(s) => s,
@@ -325,11 +345,14 @@ impl Supervisor {
         };
         if config.error_log != self.config.error_log || config.log_level != self.config.log_level {
             if let Err(e) = forkd_shared::log::init(&config.error_log, config.log_level, "-") {
-                forkd_shared::error!("reload: opening the new error log failed, keeping the old one: {e}");
+                forkd_shared::error!(
+                    "reload: opening the new error log failed, keeping the old one: {e}"
+                );
             }
         }
         // The new generation starts serving before the old one is told to drain.
-        self.retiring.extend(self.slots.iter().filter_map(|s| s.pid));
+        self.retiring
+            .extend(self.slots.iter().filter_map(|s| s.pid));
         let old: Vec<Pid> = self.retiring.clone();
         self.config = config;
         // Sockets not reused are closed here; draining workers hold their own copies.
@@ -338,6 +361,10 @@ impl Supervisor {
         for pid in old {
             let _ = kill(pid, Signal::SIGQUIT);
         }
-        forkd_shared::notice!("reloaded {}: {} new worker(s)", self.config.file.display(), self.slots.len());
+        forkd_shared::notice!(
+            "reloaded {}: {} new worker(s)",
+            self.config.file.display(),
+            self.slots.len()
+        );
     }
 }

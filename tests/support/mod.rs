@@ -40,7 +40,11 @@ impl Drop for TempDir {
 
 /// A port nothing listens on right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// How to configure a test daemon. `{port}` in any text is replaced by `port`.
@@ -202,7 +206,10 @@ impl TestDaemon {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("forkd exited during startup ({status}): {}", self.error_log());
+                panic!(
+                    "forkd exited during startup ({status}): {}",
+                    self.error_log()
+                );
             }
             if self.pid_file().exists() && self.workers().len() == self.builder.workers {
                 if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
@@ -215,7 +222,11 @@ impl TestDaemon {
                     }
                 }
             }
-            assert!(Instant::now() < deadline, "forkd not ready within 10 s: {}", self.error_log());
+            assert!(
+                Instant::now() < deadline,
+                "forkd not ready within 10 s: {}",
+                self.error_log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -280,9 +291,7 @@ impl TestDaemon {
 
     /// Graceful stop (QUIT), waiting for exit; SIGKILL after 10 s.
     pub fn stop(&mut self) -> Option<ExitStatus> {
-        if self.child.is_none() {
-            return None;
-        }
+        self.child.as_ref()?;
         self.signal("QUIT");
         let status = self.wait_exit(Duration::from_secs(10));
         if status.is_none() {
@@ -298,17 +307,27 @@ impl TestDaemon {
 
 impl Drop for TestDaemon {
     fn drop(&mut self) {
-        let workers = if self.child.is_some() { self.workers() } else { vec![] };
+        let workers = if self.child.is_some() {
+            self.workers()
+        } else {
+            vec![]
+        };
         self.stop();
         for w in workers.into_iter().filter(|&w| alive(w)) {
-            let _ = Command::new("kill").arg("-KILL").arg(w.to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .arg(w.to_string())
+                .status();
         }
         if std::thread::panicking() || self.expect_alerts {
             return;
         }
         let log = self.error_log();
         for bad in ["[alert]", "[crit]", "[emerg]"] {
-            assert!(!log.contains(bad), "unexpected {bad} in the error log:\n{log}");
+            assert!(
+                !log.contains(bad),
+                "unexpected {bad} in the error log:\n{log}"
+            );
         }
     }
 }
@@ -404,7 +423,10 @@ pub fn read_response(s: &mut TcpStream, head_request: bool) -> Option<Response> 
         match s.read(&mut byte) {
             Ok(0) => return None,
             Ok(_) => head.push(byte[0]),
-            Err(e) => panic!("reading a response head: {e} (got {:?})", String::from_utf8_lossy(&head)),
+            Err(e) => panic!(
+                "reading a response head: {e} (got {:?})",
+                String::from_utf8_lossy(&head)
+            ),
         }
     }
     let head = String::from_utf8(head).expect("ASCII head");
@@ -418,11 +440,19 @@ pub fn read_response(s: &mut TcpStream, head_request: bool) -> Option<Response> 
             (n.to_string(), v.trim().to_string())
         })
         .collect();
-    let mut r = Response { status, head, headers, body: Vec::new() };
+    let mut r = Response {
+        status,
+        head,
+        headers,
+        body: Vec::new(),
+    };
     if head_request || status < 200 || status == 204 || status == 304 {
         return Some(r);
     }
-    match r.header("Content-Length").map(|v| v.parse::<usize>().unwrap()) {
+    match r
+        .header("Content-Length")
+        .map(|v| v.parse::<usize>().unwrap())
+    {
         Some(n) => {
             r.body = vec![0; n];
             s.read_exact(&mut r.body).expect("the whole body");

@@ -124,7 +124,9 @@ impl AccessLogs {
             if let LogTarget::File(path) = &sink.target {
                 match open_writer(&sink.target) {
                     Ok(w) => sink.writer = w,
-                    Err(e) => forkd_shared::error!("reopening access log {} failed: {e}", path.display()),
+                    Err(e) => {
+                        forkd_shared::error!("reopening access log {} failed: {e}", path.display())
+                    }
                 }
             }
         }
@@ -150,7 +152,10 @@ fn flush_sink(sink: &mut Sink) {
         }
     };
     if let Err(e) = result {
-        forkd_shared::error!("writing the access log failed, {} bytes lost: {e}", sink.buf.len());
+        forkd_shared::error!(
+            "writing the access log failed, {} bytes lost: {e}",
+            sink.buf.len()
+        );
     }
     sink.buf.clear();
 }
@@ -164,7 +169,11 @@ pub fn format_line(out: &mut Vec<u8>, e: &Entry, time: &[u8]) {
     escape(out, e.method.as_bytes());
     out.push(b' ');
     escape(out, e.target);
-    out.extend_from_slice(if e.http10 { b" HTTP/1.0\" " } else { b" HTTP/1.1\" " });
+    out.extend_from_slice(if e.http10 {
+        b" HTTP/1.0\" "
+    } else {
+        b" HTTP/1.1\" "
+    });
     let _ = write!(out, "{} {} \"", e.status, e.body_bytes);
     escape(out, e.referer.unwrap_or(b"-"));
     out.extend_from_slice(b"\" \"");
@@ -176,7 +185,7 @@ pub fn format_line(out: &mut Vec<u8>, e: &Entry, time: &[u8]) {
 fn escape(out: &mut Vec<u8>, value: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for &b in value {
-        if b < 0x20 || b >= 0x7f || b == b'"' || b == b'\\' {
+        if !(0x20..0x7f).contains(&b) || b == b'"' || b == b'\\' {
             out.extend_from_slice(&[b'\\', b'x', HEX[(b >> 4) as usize], HEX[(b & 15) as usize]]);
         } else {
             out.push(b);

@@ -36,7 +36,8 @@ impl Clock {
         self.unix_secs = secs;
         let date = httpdate::fmt_http_date(UNIX_EPOCH + std::time::Duration::from_secs(secs));
         self.http_date.copy_from_slice(&date.as_bytes()[..29]);
-        self.log_time.copy_from_slice(format_log_time(secs).as_bytes());
+        self.log_time
+            .copy_from_slice(format_log_time(secs).as_bytes());
         true
     }
 
@@ -78,7 +79,10 @@ mod tests {
 
     #[test]
     fn log_time_format() {
-        assert_eq!(format_log_time(20_786 * 86400 + 3661), "29/Nov/2026:01:01:01 +0000");
+        assert_eq!(
+            format_log_time(20_786 * 86400 + 3661),
+            "29/Nov/2026:01:01:01 +0000"
+        );
     }
 
     #[test]

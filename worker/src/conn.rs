@@ -364,7 +364,8 @@ impl Conn {
         if !done {
             return None;
         }
-        let Phase::ReadBody { head, .. } = std::mem::replace(&mut self.phase, Phase::ReadHead) else {
+        let Phase::ReadBody { head, .. } = std::mem::replace(&mut self.phase, Phase::ReadHead)
+        else {
             unreachable!("checked above");
         };
         let max_header = head.len();
@@ -432,7 +433,10 @@ impl Conn {
 
     /// Returns buffers to the pools when they are empty, so an idle connection holds none.
     fn park(&mut self, svc: &mut Services) {
-        if self.in_start == self.in_end && self.inbuf.capacity() > 0 && !matches!(self.phase, Phase::Linger) {
+        if self.in_start == self.in_end
+            && self.inbuf.capacity() > 0
+            && !matches!(self.phase, Phase::Linger)
+        {
             self.in_start = 0;
             self.in_end = 0;
             svc.in_pool.give(std::mem::take(&mut self.inbuf));
@@ -594,7 +598,9 @@ fn answer(mut c: Parts, svc: &mut Services, req: &Request, head: &[u8]) -> Next 
             c.out.attach(svc.out_pool.take());
         }
         if req.expect_continue {
-            c.out.bytes().extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            c.out
+                .bytes()
+                .extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
         }
         *c.phase = Phase::ReadBody {
             head: Box::from(head),
@@ -647,8 +653,12 @@ fn respond(c: Parts, svc: &mut Services, req: &Request, server_index: usize) -> 
     let outcome = match server.route_index(req.path) {
         None => reply.error(Status::NOT_FOUND, &[]),
         Some(route_index) => match &server.routes[route_index].handler {
-            Handler::Liveness => health::serve(Probe::Liveness, req.method, svc.draining, &mut reply),
-            Handler::Readiness => health::serve(Probe::Readiness, req.method, svc.draining, &mut reply),
+            Handler::Liveness => {
+                health::serve(Probe::Liveness, req.method, svc.draining, &mut reply)
+            }
+            Handler::Readiness => {
+                health::serve(Probe::Readiness, req.method, svc.draining, &mut reply)
+            }
             Handler::Static { root, index } => {
                 let id = server_index << 16 | route_index;
                 let route = StaticRoute { id, root, index };
@@ -662,7 +672,13 @@ fn respond(c: Parts, svc: &mut Services, req: &Request, server_index: usize) -> 
     persistence
 }
 
-fn log_request(svc: &mut Services, server: usize, peer: SocketAddr, req: &Request, outcome: &Outcome) {
+fn log_request(
+    svc: &mut Services,
+    server: usize,
+    peer: SocketAddr,
+    req: &Request,
+    outcome: &Outcome,
+) {
     if !svc.logs.enabled(server) {
         return;
     }

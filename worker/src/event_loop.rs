@@ -65,9 +65,13 @@ struct ListenerSlot {
 enum Run {
     Serving,
     /// Stop requested: still serving until `drain_at` (`shutdown_delay`).
-    Stopping { drain_at: Instant },
+    Stopping {
+        drain_at: Instant,
+    },
     /// Not accepting; finishing connections until empty or `deadline`.
-    Draining { deadline: Instant },
+    Draining {
+        deadline: Instant,
+    },
 }
 
 pub struct EventLoop {
@@ -91,7 +95,11 @@ impl EventLoop {
         let config = init.config;
         let poll = Poll::new().map_err(InitError::Poll)?;
         poll.registry()
-            .register(&mut SourceFd(&signals.as_raw_fd()), SIGNALS, Interest::READABLE)
+            .register(
+                &mut SourceFd(&signals.as_raw_fd()),
+                SIGNALS,
+                Interest::READABLE,
+            )
             .map_err(|source| InitError::Register {
                 what: "signalfd",
                 source,
@@ -154,10 +162,12 @@ impl EventLoop {
             run: Run::Serving,
             expired: Vec::new(),
         };
-        event_loop.resume_accepting().map_err(|source| InitError::Register {
-            what: "listener",
-            source,
-        })?;
+        event_loop
+            .resume_accepting()
+            .map_err(|source| InitError::Register {
+                what: "listener",
+                source,
+            })?;
         Ok(event_loop)
     }
 
@@ -311,11 +321,20 @@ impl EventLoop {
             let (stream, peer) = match slot.sock.accept() {
                 Ok(accepted) => accepted,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted) => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                    ) =>
+                {
+                    continue
+                }
                 Err(e) => {
                     // EMFILE, ENFILE, ENOBUFS, ENOMEM: leave the queue to the kernel (and
                     // the other workers) for a moment instead of spinning on it.
-                    forkd_shared::error!("accept() failed: {e}; pausing accepts for {ACCEPT_BACKOFF:?}");
+                    forkd_shared::error!(
+                        "accept() failed: {e}; pausing accepts for {ACCEPT_BACKOFF:?}"
+                    );
                     self.pause_accepting();
                     self.accept_retry_at = Some(self.svc.clock.now + ACCEPT_BACKOFF);
                     return;
@@ -371,7 +390,11 @@ impl EventLoop {
             } else {
                 Interest::READABLE
             };
-            match self.poll.registry().register(conn.stream(), Token(key), interest) {
+            match self
+                .poll
+                .registry()
+                .register(conn.stream(), Token(key), interest)
+            {
                 Ok(()) => {
                     conn.registered = true;
                     conn.write_interest = want_write;
@@ -444,7 +467,12 @@ impl EventLoop {
         }
         let epfd = self.poll.as_raw_fd();
         for (i, slot) in self.listeners.iter().enumerate() {
-            epoll::add(epfd, slot.sock.as_raw_fd(), LISTENER_BASE - i, self.exclusive)?;
+            epoll::add(
+                epfd,
+                slot.sock.as_raw_fd(),
+                LISTENER_BASE - i,
+                self.exclusive,
+            )?;
         }
         self.accepting = true;
         Ok(())

@@ -42,13 +42,21 @@ pub struct CachedFile {
 
 impl CachedFile {
     /// Opens `path` (a regular file) and prepares its headers.
-    pub fn open(path: PathBuf, file: File, meta: &std::fs::Metadata, now_secs: u64) -> io::Result<CachedFile> {
+    pub fn open(
+        path: PathBuf,
+        file: File,
+        meta: &std::fs::Metadata,
+        now_secs: u64,
+    ) -> io::Result<CachedFile> {
         let size = meta.len();
         let body = if size <= MEMORY_LIMIT {
             let mut bytes = Vec::with_capacity(size as usize);
             (&file).take(size).read_to_end(&mut bytes)?;
             if bytes.len() as u64 != size {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "file changed while read"));
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "file changed while read",
+                ));
             }
             Some(bytes.into_boxed_slice())
         } else {
@@ -58,7 +66,9 @@ impl CachedFile {
             .first_raw()
             .unwrap_or("application/octet-stream");
         let mtime = meta.mtime();
-        let etag = format!("\"{:x}-{:x}\"", mtime, size).into_bytes().into_boxed_slice();
+        let etag = format!("\"{:x}-{:x}\"", mtime, size)
+            .into_bytes()
+            .into_boxed_slice();
         let last_modified = httpdate::fmt_http_date(
             std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime.max(0) as u64),
         )
@@ -116,7 +126,12 @@ pub struct FileCache {
 impl FileCache {
     /// The cached file for `route`/`raw_path`, if it is still current. Checks the file
     /// system at most once a second per entry; a stale entry is dropped.
-    pub fn get(&mut self, route: usize, raw_path: &[u8], now_secs: u64) -> Option<std::rc::Rc<CachedFile>> {
+    pub fn get(
+        &mut self,
+        route: usize,
+        raw_path: &[u8],
+        now_secs: u64,
+    ) -> Option<std::rc::Rc<CachedFile>> {
         let map = self.maps.get_mut(&route)?;
         let entry = map.get_mut(raw_path)?;
         if entry.checked.get() == now_secs {
@@ -142,7 +157,12 @@ impl FileCache {
         }
         self.memory += file.memory();
         self.entries += 1;
-        if let Some(old) = self.maps.entry(route).or_default().insert(raw_path.into(), file) {
+        if let Some(old) = self
+            .maps
+            .entry(route)
+            .or_default()
+            .insert(raw_path.into(), file)
+        {
             self.entries -= 1;
             self.memory -= old.memory();
         }
@@ -174,7 +194,10 @@ mod tests {
         let f = open(&p, 1);
         assert_eq!(f.body.as_deref(), Some(&b"hello"[..]));
         let h = String::from_utf8(f.headers.to_vec()).unwrap();
-        assert!(h.starts_with("Content-Type: text/html; charset=utf-8\r\nLast-Modified: "), "{h}");
+        assert!(
+            h.starts_with("Content-Type: text/html; charset=utf-8\r\nLast-Modified: "),
+            "{h}"
+        );
         assert!(h.contains("ETag: \""), "{h}");
     }
 

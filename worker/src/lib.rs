@@ -1,10 +1,10 @@
 //! `forkd-worker`: one worker process. The master forks, then calls [`run`].
 //!
-//! - [`setup`]: signals, parent-death signal, CPU pinning, fd limit.
-//! - [`event_loop`]: the mio loop: accepting, dispatching events, deadlines, drain.
-//! - [`conn`]: a connection's state machine and I/O.
-//! - [`http`]: sans-io HTTP/1.x parsing and response writing.
-//! - [`handlers`]: what routes do (static files, health probes).
+//! - `setup`: signals, parent-death signal, CPU pinning, fd limit.
+//! - `event_loop`: the mio loop: accepting, dispatching events, deadlines, drain.
+//! - `conn`: a connection's state machine and I/O.
+//! - `http`: sans-io HTTP/1.x parsing and response writing.
+//! - `handlers`: what routes do (static files, health probes).
 //! - [`file_cache`], [`out`], [`buffers`], [`timers`], [`clock`], [`access_log`]:
 //!   the per-worker machinery those use.
 #![forbid(unsafe_code)]

@@ -49,7 +49,9 @@ impl OutQueue {
 
     /// Whether a file range is queued (its response is large: write before adding more).
     pub fn has_file(&self) -> bool {
-        self.segments.iter().any(|s| matches!(s, Segment::File { .. }))
+        self.segments
+            .iter()
+            .any(|s| matches!(s, Segment::File { .. }))
     }
 
     /// Whether this queue owns a buffer (to hand back to the pool when empty).

@@ -14,9 +14,15 @@ pub enum InitError {
     ParentDeathSignal(nix::Error),
     /// The master died between `fork` and this point.
     Orphaned,
-    Affinity { cpu: usize, source: nix::Error },
+    Affinity {
+        cpu: usize,
+        source: nix::Error,
+    },
     Poll(std::io::Error),
-    Register { what: &'static str, source: std::io::Error },
+    Register {
+        what: &'static str,
+        source: std::io::Error,
+    },
     AccessLog(std::io::Error),
 }
 
@@ -100,8 +106,6 @@ pub fn raise_nofile(want: u64) {
     if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
         forkd_shared::warn!("setrlimit(RLIMIT_NOFILE, {hard}) failed: {e}");
     } else {
-        forkd_shared::warn!(
-            "rlimit_nofile {want} is above the hard limit {hard}: using {hard}"
-        );
+        forkd_shared::warn!("rlimit_nofile {want} is above the hard limit {hard}: using {hard}");
     }
 }

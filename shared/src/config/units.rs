@@ -152,6 +152,8 @@ mod tests {
     fn ambiguous_or_bad_sizes_are_rejected() {
         assert!(parse_size("16KB").unwrap_err().contains("KiB"));
         assert!(parse_size("lots").is_err());
-        assert!(parse_size("99999999999999GiB").unwrap_err().contains("too large"));
+        assert!(parse_size("99999999999999GiB")
+            .unwrap_err()
+            .contains("too large"));
     }
 }

@@ -226,7 +226,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
             });
         }
         route_seen += routes.len();
-        routes.sort_by(|a, b| b.prefix.len().cmp(&a.prefix.len()));
+        routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
 
         servers.push(Server {
             listen: s.listen.iter().map(|l| l.0).collect(),
@@ -366,9 +366,18 @@ mod tests {
         let err = parse(&d.0, text).unwrap_err();
         let lines: Vec<&str> = err.lines().collect();
         assert_eq!(lines.len(), 3, "{err}");
-        assert!(lines[0].contains("forkd.ron:4:9: servers[0].backlog"), "{err}");
-        assert!(lines[1].contains(":6:") && lines[1].contains("not a directory"), "{err}");
-        assert!(lines[2].contains(":7:") && lines[2].contains("routed twice"), "{err}");
+        assert!(
+            lines[0].contains("forkd.ron:4:9: servers[0].backlog"),
+            "{err}"
+        );
+        assert!(
+            lines[1].contains(":6:") && lines[1].contains("not a directory"),
+            "{err}"
+        );
+        assert!(
+            lines[2].contains(":7:") && lines[2].contains("routed twice"),
+            "{err}"
+        );
     }
 
     #[test]

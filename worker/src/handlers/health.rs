@@ -35,7 +35,11 @@ pub fn serve(probe: Probe, method: Method, draining: bool, reply: &mut Reply) ->
     }
     Outcome {
         status,
-        body_bytes: if reply.head_only { 0 } else { body.len() as u64 },
+        body_bytes: if reply.head_only {
+            0
+        } else {
+            body.len() as u64
+        },
         logged: false,
     }
 }

@@ -13,7 +13,7 @@ use crate::http::range::{self, RangeSpec};
 use crate::http::request::{Method, Request};
 use crate::http::response::{self, Status};
 use std::ffi::OsString;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::OpenOptionsExt;
@@ -74,9 +74,9 @@ fn redirect(req: &Request, reply: &mut Reply) -> Outcome {
 fn resolve(route: &StaticRoute, raw_path: &[u8], now_secs: u64) -> Resolved {
     let normalized = match path::normalize(raw_path) {
         Ok(p) => p,
-        Err(PathError::Malformed | PathError::Nul | PathError::EncodedSlash | PathError::Escapes) => {
-            return Resolved::Status(Status::BAD_REQUEST)
-        }
+        Err(
+            PathError::Malformed | PathError::Nul | PathError::EncodedSlash | PathError::Escapes,
+        ) => return Resolved::Status(Status::BAD_REQUEST),
     };
     let mut full = route.root.as_os_str().to_os_string().into_vec();
     full.extend_from_slice(&normalized);
@@ -118,10 +118,14 @@ fn open_regular(path: &Path, root: &Path, now_secs: u64) -> Result<Option<Cached
         return Ok(None);
     }
     if !inside_root(path, root) {
-        forkd_shared::warn!("{} resolves outside its root {}: refused", path.display(), root.display());
+        forkd_shared::warn!(
+            "{} resolves outside its root {}: refused",
+            path.display(),
+            root.display()
+        );
         return Err(Status::NOT_FOUND);
     }
-    CachedFile::open(path.to_path_buf(), File::from(file), &meta, now_secs)
+    CachedFile::open(path.to_path_buf(), file, &meta, now_secs)
         .map(Some)
         .map_err(|e| io_status(&e, path))
 }
@@ -163,9 +167,13 @@ fn not_modified(req: &Request, file: &CachedFile) -> bool {
         return etag_matches(inm, &file.etag);
     }
     if let Some(ims) = req.if_modified_since {
-        let since = std::str::from_utf8(ims).ok().and_then(|s| httpdate::parse_http_date(s).ok());
+        let since = std::str::from_utf8(ims)
+            .ok()
+            .and_then(|s| httpdate::parse_http_date(s).ok());
         if let Some(since) = since {
-            let since = since.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            let since = since
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
             return file.mtime <= since as i64;
         }
     }

@@ -16,7 +16,9 @@ pub enum ChunkedError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     /// Reading hex digits of a chunk size; `digits` read so far.
-    Size { digits: u8 },
+    Size {
+        digits: u8,
+    },
     /// After the size: skipping a chunk extension up to CR.
     Extension,
     /// Expecting the LF of the size line.

@@ -2,12 +2,12 @@
 //! without sockets. The connection code in `conn` feeds it bytes and sends what it
 //! produces.
 //!
-//! - [`request`]: request head parsing and the framing rules (RFC 9112), errors mapped
+//! - `request`: request head parsing and the framing rules (RFC 9112), errors mapped
 //!   to status codes in exactly one place.
-//! - [`chunked`]: the chunked transfer-coding decoder (bodies are read and discarded).
-//! - [`path`]: percent-decoding and normalising a request path so it cannot escape a root.
-//! - [`range`]: a single byte `Range` header.
-//! - [`response`]: writing status lines, headers and error pages.
+//! - `chunked`: the chunked transfer-coding decoder (bodies are read and discarded).
+//! - `path`: percent-decoding and normalising a request path so it cannot escape a root.
+//! - `range`: a single byte `Range` header.
+//! - `response`: writing status lines, headers and error pages.
 
 pub mod chunked;
 pub mod path;

@@ -34,7 +34,10 @@ pub fn normalize(raw: &[u8]) -> Result<Vec<u8>, PathError> {
         match segment {
             b"" | b"." => trailing_slash = true,
             b".." => {
-                let cut = out.iter().rposition(|&b| b == b'/').ok_or(PathError::Escapes)?;
+                let cut = out
+                    .iter()
+                    .rposition(|&b| b == b'/')
+                    .ok_or(PathError::Escapes)?;
                 out.truncate(cut);
                 trailing_slash = true;
             }

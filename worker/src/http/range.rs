@@ -75,11 +75,35 @@ mod tests {
 
     #[test]
     fn forms_of_a_single_range() {
-        assert_eq!(parse(b"bytes=0-99", 1000), RangeSpec::Partial { start: 0, end: 99 });
-        assert_eq!(parse(b"bytes=900-", 1000), RangeSpec::Partial { start: 900, end: 999 });
-        assert_eq!(parse(b"bytes=-100", 1000), RangeSpec::Partial { start: 900, end: 999 });
-        assert_eq!(parse(b"bytes=-5000", 1000), RangeSpec::Partial { start: 0, end: 999 });
-        assert_eq!(parse(b"bytes=990-2000", 1000), RangeSpec::Partial { start: 990, end: 999 });
+        assert_eq!(
+            parse(b"bytes=0-99", 1000),
+            RangeSpec::Partial { start: 0, end: 99 }
+        );
+        assert_eq!(
+            parse(b"bytes=900-", 1000),
+            RangeSpec::Partial {
+                start: 900,
+                end: 999
+            }
+        );
+        assert_eq!(
+            parse(b"bytes=-100", 1000),
+            RangeSpec::Partial {
+                start: 900,
+                end: 999
+            }
+        );
+        assert_eq!(
+            parse(b"bytes=-5000", 1000),
+            RangeSpec::Partial { start: 0, end: 999 }
+        );
+        assert_eq!(
+            parse(b"bytes=990-2000", 1000),
+            RangeSpec::Partial {
+                start: 990,
+                end: 999
+            }
+        );
     }
 
     #[test]

@@ -261,7 +261,9 @@ fn split_target(target: &[u8]) -> Result<(Option<&[u8]>, &[u8]), RequestError> {
         _ => return Err(RequestError::Malformed("absolute target without a path")),
     };
     if authority.is_empty() || authority.contains(&b'@') {
-        return Err(RequestError::Malformed("invalid authority in request target"));
+        return Err(RequestError::Malformed(
+            "invalid authority in request target",
+        ));
     }
     Ok((Some(authority), path))
 }
@@ -289,8 +291,14 @@ fn strip_port(host: &[u8]) -> &[u8] {
 }
 
 fn trim(v: &[u8]) -> &[u8] {
-    let start = v.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(v.len());
-    let end = v.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(start, |e| e + 1);
+    let start = v
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(v.len());
+    let end = v
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
     &v[start..end]
 }
 
@@ -298,8 +306,9 @@ fn parse_decimal(v: &[u8]) -> Option<u64> {
     if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    v.iter()
-        .try_fold(0u64, |acc, &d| acc.checked_mul(10)?.checked_add(u64::from(d - b'0')))
+    v.iter().try_fold(0u64, |acc, &d| {
+        acc.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    })
 }
 
 /// 414 when the request line itself is what did not fit, 431 otherwise.
@@ -320,7 +329,10 @@ fn too_large(buf: &[u8], max: usize) -> RequestError {
 /// httparse rejects any version but 1.0 and 1.1: tell a well-formed other version
 /// (505) from garbage (400).
 fn version_error(buf: &[u8]) -> RequestError {
-    let line_end = buf.iter().position(|&b| b == b'\r' || b == b'\n').unwrap_or(buf.len());
+    let line_end = buf
+        .iter()
+        .position(|&b| b == b'\r' || b == b'\n')
+        .unwrap_or(buf.len());
     let line = &buf[..line_end];
     let version = line.rsplit(|&b| b == b' ').next().unwrap_or(b"");
     let three_parts = line.split(|&b| b == b' ').count() == 3;
@@ -361,7 +373,8 @@ mod tests {
 
     #[test]
     fn simple_get() {
-        let r = ok("GET /a/b.html?x=1 HTTP/1.1\r\nHost: example.com:8080\r\nUser-Agent: t\r\n\r\nNEXT");
+        let r =
+            ok("GET /a/b.html?x=1 HTTP/1.1\r\nHost: example.com:8080\r\nUser-Agent: t\r\n\r\nNEXT");
         assert_eq!(r.method, Method::Get);
         assert_eq!(r.path, b"/a/b.html");
         assert_eq!(r.query, Some(&b"x=1"[..]));
@@ -369,12 +382,17 @@ mod tests {
         assert_eq!(r.user_agent, Some(&b"t"[..]));
         assert!(r.keep_alive);
         assert_eq!(r.body, BodyKind::None);
-        assert_eq!(r.head_len, "GET /a/b.html?x=1 HTTP/1.1\r\nHost: example.com:8080\r\nUser-Agent: t\r\n\r\n".len());
+        assert_eq!(
+            r.head_len,
+            "GET /a/b.html?x=1 HTTP/1.1\r\nHost: example.com:8080\r\nUser-Agent: t\r\n\r\n".len()
+        );
     }
 
     #[test]
     fn partial_head_waits_for_more() {
-        assert!(parse(b"GET / HTTP/1.1\r\nHost: a\r\n", 16384).unwrap().is_none());
+        assert!(parse(b"GET / HTTP/1.1\r\nHost: a\r\n", 16384)
+            .unwrap()
+            .is_none());
         assert!(parse(b"GET / HT", 16384).unwrap().is_none());
     }
 
@@ -395,10 +413,22 @@ mod tests {
 
     #[test]
     fn body_framing() {
-        assert_eq!(ok("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n").body, BodyKind::Length(5));
-        assert_eq!(ok("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5, 5\r\n\r\n").body, BodyKind::Length(5));
-        assert_eq!(ok("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n").body, BodyKind::Chunked);
-        assert_eq!(ok("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n").body, BodyKind::None);
+        assert_eq!(
+            ok("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n").body,
+            BodyKind::Length(5)
+        );
+        assert_eq!(
+            ok("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5, 5\r\n\r\n").body,
+            BodyKind::Length(5)
+        );
+        assert_eq!(
+            ok("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n").body,
+            BodyKind::Chunked
+        );
+        assert_eq!(
+            ok("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n").body,
+            BodyKind::None
+        );
     }
 
     #[test]
@@ -417,14 +447,23 @@ mod tests {
 
     #[test]
     fn unknown_transfer_coding_is_501() {
-        assert_eq!(err("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n"), RequestError::UnsupportedTransferEncoding);
-        assert_eq!(err("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"), RequestError::UnsupportedTransferEncoding);
+        assert_eq!(
+            err("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n"),
+            RequestError::UnsupportedTransferEncoding
+        );
+        assert_eq!(
+            err("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"),
+            RequestError::UnsupportedTransferEncoding
+        );
     }
 
     #[test]
     fn host_rules() {
         assert_eq!(err("GET / HTTP/1.1\r\n\r\n").status(), Status::BAD_REQUEST);
-        assert_eq!(err("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n").status(), Status::BAD_REQUEST);
+        assert_eq!(
+            err("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n").status(),
+            Status::BAD_REQUEST
+        );
         assert_eq!(ok("GET / HTTP/1.0\r\n\r\n").host, None);
     }
 
@@ -443,25 +482,51 @@ mod tests {
 
     #[test]
     fn other_versions_are_505() {
-        assert_eq!(err("GET / HTTP/2.0\r\nHost: a\r\n\r\n"), RequestError::VersionNotSupported);
-        assert_eq!(err("GET / HTTP/1.2\r\nHost: a\r\n\r\n"), RequestError::VersionNotSupported);
+        assert_eq!(
+            err("GET / HTTP/2.0\r\nHost: a\r\n\r\n"),
+            RequestError::VersionNotSupported
+        );
+        assert_eq!(
+            err("GET / HTTP/1.2\r\nHost: a\r\n\r\n"),
+            RequestError::VersionNotSupported
+        );
     }
 
     #[test]
     fn expectations() {
-        assert!(ok("POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n").expect_continue);
-        assert_eq!(err("POST / HTTP/1.1\r\nHost: a\r\nExpect: teapot\r\n\r\n").status(), Status::EXPECTATION_FAILED);
+        assert!(
+            ok("POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n")
+                .expect_continue
+        );
+        assert_eq!(
+            err("POST / HTTP/1.1\r\nHost: a\r\nExpect: teapot\r\n\r\n").status(),
+            Status::EXPECTATION_FAILED
+        );
     }
 
     #[test]
     fn oversized_heads() {
         let long_line = format!("GET /{} HTTP/1.1\r\nHost: a\r\n\r\n", "a".repeat(2000));
-        assert_eq!(parse(long_line.as_bytes(), 1024).unwrap_err(), RequestError::UriTooLong);
+        assert_eq!(
+            parse(long_line.as_bytes(), 1024).unwrap_err(),
+            RequestError::UriTooLong
+        );
         let partial_line = format!("GET /{}", "a".repeat(2000));
-        assert_eq!(parse(partial_line.as_bytes(), 1024).unwrap_err(), RequestError::UriTooLong);
-        let big_headers = format!("GET / HTTP/1.1\r\nHost: a\r\nX: {}\r\n\r\n", "b".repeat(2000));
-        assert_eq!(parse(big_headers.as_bytes(), 1024).unwrap_err(), RequestError::HeadersTooLarge);
-        let many: String = (0..MAX_HEADERS + 1).map(|i| format!("X-{i}: v\r\n")).collect();
+        assert_eq!(
+            parse(partial_line.as_bytes(), 1024).unwrap_err(),
+            RequestError::UriTooLong
+        );
+        let big_headers = format!(
+            "GET / HTTP/1.1\r\nHost: a\r\nX: {}\r\n\r\n",
+            "b".repeat(2000)
+        );
+        assert_eq!(
+            parse(big_headers.as_bytes(), 1024).unwrap_err(),
+            RequestError::HeadersTooLarge
+        );
+        let many: String = (0..MAX_HEADERS + 1)
+            .map(|i| format!("X-{i}: v\r\n"))
+            .collect();
         let many = format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n");
         assert_eq!(err(&many), RequestError::HeadersTooLarge);
     }

@@ -122,7 +122,9 @@ pub fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
 /// The body of an error page: small, HTML, naming the status.
 pub fn error_body(status: Status) -> String {
     let title = &status.line()[9..];
-    format!("<html><head><title>{title}</title></head><body><h1>{title}</h1><hr>forkd</body></html>\n")
+    format!(
+        "<html><head><title>{title}</title></head><body><h1>{title}</h1><hr>forkd</body></html>\n"
+    )
 }
 
 /// A complete error response (with `extra` header fields). Returns the body length.
@@ -173,7 +175,14 @@ mod tests {
     fn error_response_bytes() {
         let mut out = Vec::new();
         let date = b"Sun, 29 Nov 2026 22:00:00 GMT";
-        let n = error(&mut out, Status::METHOD_NOT_ALLOWED, date, Persistence::KeepAlive11, &[("Allow", b"GET, HEAD")], false);
+        let n = error(
+            &mut out,
+            Status::METHOD_NOT_ALLOWED,
+            date,
+            Persistence::KeepAlive11,
+            &[("Allow", b"GET, HEAD")],
+            false,
+        );
         let body = error_body(Status::METHOD_NOT_ALLOWED);
         assert_eq!(n as usize, body.len());
         let expected = format!(

@@ -233,6 +233,10 @@ impl Supervisor {
 
     /// Spawns a full set of workers for the current configuration.
     fn start_generation(&mut self) {
+        if let Some(n) = self.config.rlimit_nofile {
+            // rlimits are inherited across fork: raising ours raises every worker's.
+            forkd_worker::setup::raise_nofile(n);
+        }
         self.slots = (0..self.config.workers.get())
             .map(|_| Slot {
                 pid: None,

@@ -44,9 +44,6 @@ pub fn run(init: WorkerInit) -> i32 {
     let prepared = setup::signals().and_then(|signals| {
         setup::follow_master(init.master)?;
         setup::pin(init.slot, &init.config.cpus)?;
-        if let Some(n) = init.config.rlimit_nofile {
-            setup::raise_nofile(n);
-        }
         event_loop::EventLoop::new(init, signals)
     });
     match prepared {

@@ -1,5 +1,6 @@
 //! What a worker does between `fork` and its first loop turn: take over its signals,
-//! tie its life to the master's, pin itself to its CPU, raise its descriptor limit.
+//! tie its life to the master's, pin itself to its CPU. Also the descriptor limit,
+//! which the master raises before forking so that workers inherit it.
 
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
@@ -92,7 +93,8 @@ pub fn pin(slot: usize, cpus: &[usize]) -> Result<(), InitError> {
 }
 
 /// Raises the open-file limit to `want`, clamped to the hard limit with a warning
-/// (root may raise the hard limit too).
+/// (root may raise the hard limit too). The master calls this before forking, so every
+/// worker inherits the raised limit and the warning is logged once, not per worker.
 pub fn raise_nofile(want: u64) {
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
         return;

@@ -92,6 +92,28 @@ impl Sockets {
     }
 }
 
+impl Sockets {
+    /// Per address: connections waiting in its accept queue(s) and the queues' limit
+    /// (summed over the reuseport slots).
+    pub fn queue_depths(&self) -> Vec<(SocketAddr, u32, u32)> {
+        self.addrs
+            .iter()
+            .enumerate()
+            .map(|(i, &addr)| {
+                let (mut depth, mut max) = (0, 0);
+                for row in &self.by_slot {
+                    if let Ok((d, m)) = forkd_shared::sys::socket::listen_queue(row[i].as_raw_fd())
+                    {
+                        depth += d;
+                        max += m;
+                    }
+                }
+                (addr, depth, max)
+            })
+            .collect()
+    }
+}
+
 fn somaxconn() -> Option<u32> {
     std::fs::read_to_string("/proc/sys/net/core/somaxconn")
         .ok()

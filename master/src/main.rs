@@ -7,6 +7,7 @@
 //! - `signals`: the master's signalfd.
 //! - `listeners`: binding the listening sockets.
 //! - `daemon`: the pid file.
+//! - `stats`: `forkd stats`, reading the shared-memory region.
 
 mod cli;
 mod control;
@@ -14,6 +15,7 @@ mod daemon;
 mod listeners;
 mod process;
 mod signals;
+mod stats;
 mod supervisor;
 
 use forkd_shared::config::Config;
@@ -30,7 +32,7 @@ fn run() -> i32 {
             return 1;
         }
     };
-    let action = match cli.action {
+    let action = match cli.action.clone() {
         cli::Action::Help => {
             println!("{}", cli::USAGE);
             return 0;
@@ -38,6 +40,9 @@ fn run() -> i32 {
         cli::Action::Version => {
             println!("forkd version {}", env!("CARGO_PKG_VERSION"));
             return 0;
+        }
+        cli::Action::Stats(args) if args.shm.is_some() => {
+            return stats::run(args.shm.as_deref().expect("checked"), &args);
         }
         other => other,
     };
@@ -64,6 +69,7 @@ fn run() -> i32 {
         }
         cli::Action::Signal(signal) => control::send(&config, signal),
         cli::Action::Run => supervisor::run(config),
+        cli::Action::Stats(args) => stats::run(&config.shm_file, &args),
         cli::Action::Help | cli::Action::Version => unreachable!("handled above"),
     }
 }

@@ -2,13 +2,21 @@
 
 use crate::listeners::Sockets;
 use forkd_shared::config::Config;
+use forkd_shared::shm::Region;
 use forkd_worker::WorkerInit;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
+use std::rc::Rc;
 
 /// Forks the worker for `slot`. In the child this never returns: the worker runs and
 /// the process exits with its code.
-pub fn spawn_worker(slot: usize, config: &Config, sockets: &Sockets) -> nix::Result<Pid> {
+pub fn spawn_worker(
+    slot: usize,
+    config: &Config,
+    sockets: &Sockets,
+    region: &Rc<Region>,
+    region_slot: usize,
+) -> nix::Result<Pid> {
     let master = nix::unistd::getpid();
     // SAFETY: the master is single-threaded (it never starts a thread), so the child
     // is a complete copy in which any code may run: no lock can be held by a thread
@@ -23,6 +31,8 @@ pub fn spawn_worker(slot: usize, config: &Config, sockets: &Sockets) -> nix::Res
                     listeners,
                     exclusive: config.accept == forkd_shared::config::AcceptMode::Shared,
                     master,
+                    region: region.clone(),
+                    region_slot,
                 }),
                 Err(e) => {
                     forkd_shared::alert!("worker {slot}: duplicating listeners failed: {e}");

@@ -17,9 +17,14 @@ use crate::process::{self, Ended};
 use crate::signals::Signals;
 use forkd_shared::config::Config;
 use forkd_shared::exit;
+use forkd_shared::shm::layout::{bump, MAX_LISTENERS};
+use forkd_shared::shm::master::{self as shm_master, SlotAllocator};
+use forkd_shared::shm::Region;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 /// A worker that dies this many times within `CRASH_WINDOW` is respawned with backoff.
@@ -33,6 +38,8 @@ const KILL_GRACE: Duration = Duration::from_secs(1);
 /// One place in the current generation of workers.
 struct Slot {
     pid: Option<Pid>,
+    /// Its row in the stats region while a worker runs in it.
+    region_slot: Option<usize>,
     /// Recent deaths, for backoff.
     deaths: VecDeque<Instant>,
     respawn_at: Option<Instant>,
@@ -57,10 +64,13 @@ struct Supervisor {
     config: Config,
     sockets: Sockets,
     slots: Vec<Slot>,
-    /// Workers of earlier generations, draining after a reload.
-    retiring: Vec<Pid>,
+    /// Workers of earlier generations, draining after a reload, with their region rows.
+    retiring: Vec<(Pid, usize)>,
     state: State,
-    respawns: u64,
+    region: Rc<Region>,
+    region_slots: SlotAllocator,
+    /// Configuration generation: 1 at start, +1 per successful reload.
+    generation: u64,
 }
 
 /// Runs the master until it stops; returns the exit code.
@@ -73,6 +83,13 @@ pub fn run(config: Config) -> i32 {
         forkd_shared::log_at!(forkd_shared::config::LogLevel::Emerg, "{e}");
         return 1;
     }
+    let region = match Region::create(&config.shm_file, std::process::id() as i32) {
+        Ok(r) => Rc::new(r),
+        Err(e) => {
+            forkd_shared::log_at!(forkd_shared::config::LogLevel::Emerg, "{e}");
+            return 1;
+        }
+    };
     let sockets = match Sockets::open(&config, None) {
         Ok(s) => s,
         Err(e) => {
@@ -101,10 +118,18 @@ pub fn run(config: Config) -> i32 {
         slots: Vec::new(),
         retiring: Vec::new(),
         state: State::Running,
-        respawns: 0,
+        region,
+        region_slots: SlotAllocator::default(),
+        generation: 1,
         sockets,
         config,
     };
+    sup.region
+        .layout()
+        .header
+        .config_generation
+        .store(1, Relaxed);
+    sup.publish_system_stats();
     sup.start_generation();
     forkd_shared::notice!(
         "forkd {} started: {} worker(s), accept {:?}, listening on {}",
@@ -133,6 +158,7 @@ impl Supervisor {
             for (pid, how) in process::reap_children() {
                 self.on_child_ended(pid, how);
             }
+            self.publish_system_stats();
             let now = Instant::now();
             match self.state {
                 State::Running => {
@@ -173,6 +199,22 @@ impl Supervisor {
             until = until.min(kill_at);
         }
         until.saturating_duration_since(now)
+    }
+
+    /// Kernel counters the workers cannot see: listen overflows, accept-queue depths.
+    fn publish_system_stats(&self) {
+        let sys = &self.region.layout().system;
+        if let Some(n) = shm_master::read_listen_overflows() {
+            sys.listen_overflows.store(n, Relaxed);
+        }
+        let queues = self.sockets.queue_depths();
+        for (stat, (addr, depth, max)) in sys.listeners.iter().zip(&queues) {
+            stat.addr.set(&addr.to_string());
+            stat.queue_depth.store(*depth, Relaxed);
+            stat.queue_max.store(*max, Relaxed);
+        }
+        sys.listener_count
+            .store(queues.len().min(MAX_LISTENERS) as u32, Relaxed);
     }
 
     fn live_workers(&self) -> usize {
@@ -223,7 +265,7 @@ impl Supervisor {
             .slots
             .iter()
             .filter_map(|s| s.pid)
-            .chain(self.retiring.iter().copied());
+            .chain(self.retiring.iter().map(|&(pid, _)| pid));
         for pid in pids {
             if let Err(e) = kill(pid, signal) {
                 forkd_shared::warn!("kill({pid}, {signal}) failed: {e}");
@@ -240,6 +282,7 @@ impl Supervisor {
         self.slots = (0..self.config.workers.get())
             .map(|_| Slot {
                 pid: None,
+                region_slot: None,
                 deaths: VecDeque::new(),
                 respawn_at: None,
                 failed: false,
@@ -251,22 +294,39 @@ impl Supervisor {
     }
 
     fn spawn(&mut self, slot: usize) {
-        match process::spawn_worker(slot, &self.config, &self.sockets) {
+        let Some(row) = self.region_slots.take() else {
+            // Cannot happen while `workers` is at most half the region's rows.
+            forkd_shared::alert!("no free stats row for worker {slot}; retrying");
+            self.slots[slot].respawn_at = Some(Instant::now() + BACKOFF_MIN);
+            return;
+        };
+        shm_master::claim_slot(self.region.layout(), row, slot, self.generation);
+        match process::spawn_worker(slot, &self.config, &self.sockets, &self.region, row) {
             Ok(pid) => {
                 self.slots[slot].pid = Some(pid);
+                self.slots[slot].region_slot = Some(row);
                 self.slots[slot].respawn_at = None;
                 forkd_shared::debug!("worker {slot} started as process {pid}");
             }
             Err(e) => {
+                shm_master::fold_slot(self.region.layout(), row);
+                self.region_slots.give(row);
                 forkd_shared::alert!("fork() for worker {slot} failed: {e}; retrying");
                 self.slots[slot].respawn_at = Some(Instant::now() + BACKOFF_MIN);
             }
         }
     }
 
+    /// Moves an ended worker's counters into the retired totals and frees its row.
+    fn retire_row(&mut self, row: usize) {
+        shm_master::fold_slot(self.region.layout(), row);
+        self.region_slots.give(row);
+    }
+
     fn on_child_ended(&mut self, pid: Pid, how: Ended) {
-        if let Some(i) = self.retiring.iter().position(|&p| p == pid) {
-            self.retiring.swap_remove(i);
+        if let Some(i) = self.retiring.iter().position(|&(p, _)| p == pid) {
+            let (_, row) = self.retiring.swap_remove(i);
+            self.retire_row(row);
             forkd_shared::info!("old worker {pid} exited ({how:?})");
             return;
         }
@@ -275,6 +335,9 @@ impl Supervisor {
             return;
         };
         self.slots[slot].pid = None;
+        if let Some(row) = self.slots[slot].region_slot.take() {
+            self.retire_row(row);
+        }
         if self.state != State::Running {
             forkd_shared::info!("worker {slot} ({pid}) exited ({how:?})");
             return;
@@ -296,7 +359,11 @@ impl Supervisor {
         } else {
             Duration::ZERO
         };
-        self.respawns += 1;
+        let master = &self.region.layout().master;
+        bump(&master.respawns, 1);
+        master
+            .last_respawn_reason
+            .set(&format!("worker {slot} ({pid}) {}", describe(how)));
         if delay.is_zero() {
             forkd_shared::alert!("worker {slot} ({pid}) died ({how:?}); respawning");
             self.spawn(slot);
@@ -320,6 +387,20 @@ impl Supervisor {
         }
     }
 
+    fn record_reload(&self, result: Result<(), &str>) {
+        let master = &self.region.layout().master;
+        match result {
+            Ok(()) => {
+                bump(&master.reloads_ok, 1);
+                master.last_reload_error.set("");
+            }
+            Err(e) => {
+                bump(&master.reloads_failed, 1);
+                master.last_reload_error.set(e);
+            }
+        }
+    }
+
     /// Re-reads the configuration; on any error keeps everything as it is.
     fn reload(&mut self) {
         if self.state != State::Running {
@@ -331,6 +412,7 @@ impl Supervisor {
                 for e in &errors.0 {
                     forkd_shared::error!("reload failed, keeping the running configuration: {e}");
                 }
+                self.record_reload(Err(&errors.to_string()));
                 return;
             }
         };
@@ -344,6 +426,7 @@ impl Supervisor {
             Ok(s) => s,
             Err(e) => {
                 forkd_shared::error!("reload failed, keeping the running configuration: {e}");
+                self.record_reload(Err(&e.to_string()));
                 return;
             }
         };
@@ -355,9 +438,19 @@ impl Supervisor {
             }
         }
         // The new generation starts serving before the old one is told to drain.
-        self.retiring
-            .extend(self.slots.iter().filter_map(|s| s.pid));
-        let old: Vec<Pid> = self.retiring.clone();
+        let old: Vec<Pid> = self.slots.iter().filter_map(|s| s.pid).collect();
+        for slot in &mut self.slots {
+            if let (Some(pid), Some(row)) = (slot.pid.take(), slot.region_slot.take()) {
+                self.retiring.push((pid, row));
+            }
+        }
+        self.generation += 1;
+        self.region
+            .layout()
+            .header
+            .config_generation
+            .store(self.generation, Relaxed);
+        self.record_reload(Ok(()));
         self.config = config;
         // Sockets not reused are closed here; draining workers hold their own copies.
         self.sockets = sockets;
@@ -370,5 +463,12 @@ impl Supervisor {
             self.config.file.display(),
             self.slots.len()
         );
+    }
+}
+
+fn describe(how: Ended) -> String {
+    match how {
+        Ended::Exited(code) => format!("exited with code {code}"),
+        Ended::Signaled(sig) => format!("was killed by {sig}"),
     }
 }

@@ -8,4 +8,5 @@
 pub mod config;
 pub mod exit;
 pub mod log;
+pub mod shm;
 pub mod sys;

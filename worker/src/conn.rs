@@ -19,6 +19,7 @@ use crate::access_log;
 use crate::event_loop::Services;
 use crate::handlers::health::{self, Probe};
 use crate::handlers::static_files::{self, StaticRoute};
+use crate::handlers::status::{self, Format};
 use crate::handlers::{Outcome, Reply};
 use crate::http::chunked::{ChunkedDecoder, ChunkedError};
 use crate::http::request::{self, BodyKind, Method, Request, RequestError, Version};
@@ -66,6 +67,14 @@ enum Phase {
     Write(After),
     /// Response sent and our side shut down: discarding input until EOF or timeout.
     Linger,
+}
+
+/// What a connection is doing, for the stats gauges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activity {
+    Reading,
+    Writing,
+    Idle,
 }
 
 /// What the event loop should do with the connection.
@@ -147,6 +156,24 @@ impl Conn {
         matches!(self.phase, Phase::ReadHead) && self.in_start == self.in_end && self.out.is_empty()
     }
 
+    pub fn activity(&self) -> Activity {
+        match self.phase {
+            Phase::Write(_) => Activity::Writing,
+            _ if self.is_idle() => Activity::Idle,
+            _ => Activity::Reading,
+        }
+    }
+
+    /// The client is leaving with a request under way: its body unread, or its
+    /// response not fully sent (nginx's 499).
+    pub fn abandoned(&self) -> bool {
+        match self.phase {
+            Phase::ReadBody { .. } => true,
+            Phase::Write(After::ReadHead) => !self.out.is_empty(),
+            _ => false,
+        }
+    }
+
     /// Output is waiting for the socket to take it.
     pub fn wants_write(&self) -> bool {
         !self.out.is_empty()
@@ -175,7 +202,7 @@ impl Conn {
     fn step(&mut self, svc: &mut Services) -> Verdict {
         loop {
             match self.phase {
-                Phase::Write(then) => match self.flush(svc.clock.now) {
+                Phase::Write(then) => match self.flush(svc) {
                     Err(_) => return Verdict::Close,
                     Ok(Flush::Blocked) => return Verdict::Keep,
                     Ok(Flush::Done) => match then {
@@ -219,7 +246,7 @@ impl Conn {
                 Phase::ReadBody { .. } => {
                     if !self.out.is_empty() {
                         // `100 Continue`: send it before waiting for the body.
-                        match self.flush(svc.clock.now) {
+                        match self.flush(svc) {
                             Err(_) => return Verdict::Close,
                             Ok(Flush::Blocked) => return Verdict::Keep,
                             Ok(Flush::Done) => {}
@@ -280,6 +307,7 @@ impl Conn {
                 requests,
                 peer,
                 listener,
+                head_since,
                 ..
             } = self;
             let buf = &inbuf[*in_start..*in_end];
@@ -291,6 +319,7 @@ impl Conn {
                         requests,
                         peer: *peer,
                         listener: *listener,
+                        started: *head_since,
                     };
                     let next = answer(parts, svc, &req, &buf[..req.head_len]);
                     Ok(Some((req.head_len, next)))
@@ -408,6 +437,7 @@ impl Conn {
                     }
                     self.in_end += n;
                     self.progress = svc.clock.now;
+                    svc.stats.bytes_in(n as u64);
                     // A short read drained the socket: the next edge will tell us of more.
                     self.readable = n == space;
                     return Ok(true);
@@ -422,11 +452,12 @@ impl Conn {
         }
     }
 
-    fn flush(&mut self, now: Instant) -> io::Result<Flush> {
+    fn flush(&mut self, svc: &Services) -> io::Result<Flush> {
         let before = self.bytes_out;
         let result = self.out.flush(&mut self.stream, &mut self.bytes_out);
         if self.bytes_out != before {
-            self.progress = now;
+            self.progress = svc.clock.now;
+            svc.stats.bytes_out(self.bytes_out - before);
         }
         result
     }
@@ -518,6 +549,7 @@ impl Conn {
             &[],
             false,
         );
+        svc.stats.response(status.0, None);
         if svc.logs.enabled(server) {
             let entry = access_log::Entry {
                 peer: self.peer.ip(),
@@ -548,6 +580,14 @@ struct Parts<'c> {
     requests: &'c mut u64,
     peer: SocketAddr,
     listener: usize,
+    /// When the request's first byte arrived.
+    started: Instant,
+}
+
+/// Microseconds since `start`, read from the clock now (not the loop turn's reading),
+/// so time spent queued behind other connections in the same turn counts.
+fn elapsed_us(start: Instant) -> u64 {
+    Instant::now().saturating_duration_since(start).as_micros() as u64
 }
 
 impl Conn {
@@ -558,6 +598,7 @@ impl Conn {
             requests: &mut self.requests,
             peer: self.peer,
             listener: self.listener,
+            started: self.head_since,
         }
     }
 }
@@ -626,6 +667,8 @@ fn too_large(c: &mut Parts, svc: &mut Services, req: &Request, server: usize) {
         head_only: req.method == Method::Head,
     };
     let outcome = reply.error(Status::CONTENT_TOO_LARGE, &[]);
+    svc.stats
+        .response(outcome.status.0, Some(elapsed_us(c.started)));
     log_request(svc, server, c.peer, req, &outcome);
 }
 
@@ -657,8 +700,17 @@ fn respond(c: Parts, svc: &mut Services, req: &Request, server_index: usize) -> 
                 health::serve(Probe::Liveness, req.method, svc.draining, &mut reply)
             }
             Handler::Readiness => {
-                health::serve(Probe::Readiness, req.method, svc.draining, &mut reply)
+                health::serve(Probe::Readiness, req.method, svc.not_ready, &mut reply)
             }
+            Handler::Status => {
+                status::serve(Format::Json, req.method, svc.stats.region(), &mut reply)
+            }
+            Handler::Metrics => status::serve(
+                Format::Prometheus,
+                req.method,
+                svc.stats.region(),
+                &mut reply,
+            ),
             Handler::Static { root, index } => {
                 let id = server_index << 16 | route_index;
                 let route = StaticRoute { id, root, index };
@@ -666,6 +718,8 @@ fn respond(c: Parts, svc: &mut Services, req: &Request, server_index: usize) -> 
             }
         },
     };
+    svc.stats
+        .response(outcome.status.0, Some(elapsed_us(c.started)));
     if outcome.logged {
         log_request(svc, server_index, c.peer, req, &outcome);
     }

@@ -4,13 +4,15 @@
 use crate::access_log::AccessLogs;
 use crate::buffers::BufferPool;
 use crate::clock::Clock;
-use crate::conn::{Conn, Verdict};
+use crate::conn::{Activity, Conn, Verdict};
 use crate::file_cache::FileCache;
 use crate::setup::InitError;
+use crate::stats::Stats;
 use crate::timers::Timers;
 use crate::WorkerInit;
 use forkd_shared::config::Config;
 use forkd_shared::exit;
+use forkd_shared::shm::layout::WorkerState;
 use forkd_shared::sys::epoll;
 use mio::net::TcpListener;
 use mio::unix::SourceFd;
@@ -49,6 +51,7 @@ pub struct Services {
     pub logs: AccessLogs,
     pub clock: Clock,
     pub timers: Timers,
+    pub stats: Stats,
     /// Readiness answers 503 (a stop was requested).
     pub not_ready: bool,
     /// Responses carry `Connection: close`; idle connections are closed.
@@ -156,6 +159,7 @@ impl EventLoop {
                 logs,
                 clock: Clock::new(),
                 timers: Timers::default(),
+                stats: Stats::new(init.region, init.region_slot),
                 not_ready: false,
                 draining: false,
             },
@@ -174,18 +178,28 @@ impl EventLoop {
     /// Runs until stopped; returns the exit code.
     pub fn run(&mut self) -> i32 {
         forkd_shared::debug!("worker serving");
+        self.svc.stats.serving();
+        self.sample_stats();
+        let code = self.serve();
+        self.svc.logs.flush();
+        self.svc.stats.set_state(WorkerState::Exited);
+        code
+    }
+
+    fn serve(&mut self) -> i32 {
         loop {
             let timeout = self.poll_timeout();
             if let Err(e) = self.poll.poll(&mut self.events, Some(timeout)) {
                 if e.kind() != io::ErrorKind::Interrupted {
                     forkd_shared::alert!("epoll_wait failed: {e}");
-                    self.svc.logs.flush();
                     return exit::FATAL_INIT;
                 }
             }
             if self.svc.clock.tick() {
                 self.svc.logs.flush();
+                self.sample_stats();
             }
+            self.svc.stats.heartbeat(self.svc.clock.now);
             let mut fast_exit = false;
             let events = std::mem::replace(&mut self.events, Events::with_capacity(0));
             for event in events.iter() {
@@ -208,14 +222,12 @@ impl EventLoop {
             }
             self.events = events;
             if fast_exit {
-                self.svc.logs.flush();
                 return exit::OK;
             }
             self.expire_deadlines();
             self.advance_run();
             if let Run::Draining { deadline } = self.run {
                 if self.conns.is_empty() {
-                    self.svc.logs.flush();
                     return exit::OK;
                 }
                 if self.svc.clock.now >= deadline {
@@ -223,7 +235,6 @@ impl EventLoop {
                         "drain_timeout reached: closing {} connection(s) still open",
                         self.conns.len()
                     );
-                    self.svc.logs.flush();
                     return exit::OK;
                 }
             }
@@ -231,6 +242,21 @@ impl EventLoop {
                 self.maybe_resume_accepting();
             }
         }
+    }
+
+    /// Publishes the gauges that are sampled rather than counted.
+    fn sample_stats(&self) {
+        let (mut reading, mut writing, mut idle) = (0, 0, 0);
+        for (_, conn) in &self.conns {
+            match conn.activity() {
+                Activity::Reading => reading += 1,
+                Activity::Writing => writing += 1,
+                Activity::Idle => idle += 1,
+            }
+        }
+        self.svc
+            .stats
+            .sample(self.conns.len() as u64, reading, writing, idle);
     }
 
     /// Until the next deadline, but at least once a second (access-log flush, date).
@@ -292,6 +318,7 @@ impl EventLoop {
         let deadline = drain_at + self.svc.config.drain_timeout;
         self.run = Run::Draining { deadline };
         self.svc.draining = true;
+        self.svc.stats.set_state(WorkerState::Draining);
         self.pause_accepting();
         // Close our copies of the listening sockets: the master keeps its own, so the
         // queue survives for the workers that stay (or the next generation).
@@ -310,8 +337,9 @@ impl EventLoop {
 
     fn accept_on(&mut self, index: usize) {
         let max = self.svc.config.worker_connections.get();
-        for _ in 0..self.svc.config.multi_accept.get() {
+        for attempt in 0..self.svc.config.multi_accept.get() {
             if self.conns.len() >= max {
+                self.svc.stats.limit_hit();
                 self.pause_accepting();
                 return;
             }
@@ -320,7 +348,12 @@ impl EventLoop {
             };
             let (stream, peer) = match slot.sock.accept() {
                 Ok(accepted) => accepted,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if attempt == 0 {
+                        self.svc.stats.empty_wakeup();
+                    }
+                    return;
+                }
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -341,6 +374,7 @@ impl EventLoop {
                 }
             };
             slot.accepts_since_rearm += 1;
+            self.svc.stats.accepted();
             let rearm = self.exclusive && slot.accepts_since_rearm >= REARM_EVERY;
             if rearm {
                 slot.accepts_since_rearm = 0;
@@ -351,7 +385,10 @@ impl EventLoop {
             // The request usually arrives with the connection (TCP_DEFER_ACCEPT): answer
             // it before paying for registration, which a one-request connection skips.
             match conn.drive(key, &mut self.svc) {
-                Verdict::Close => conn.release(&mut self.svc),
+                Verdict::Close => {
+                    self.svc.stats.closed(conn.abandoned());
+                    conn.release(&mut self.svc);
+                }
                 Verdict::Keep => {
                     entry.insert(conn);
                     self.settle(key, Verdict::Keep);
@@ -423,6 +460,7 @@ impl EventLoop {
 
     fn close(&mut self, key: usize) {
         if let Some(mut conn) = self.conns.try_remove(key) {
+            self.svc.stats.closed(conn.abandoned());
             conn.release(&mut self.svc);
             // Dropping the stream closes it, which also removes it from the epoll set.
         }

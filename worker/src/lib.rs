@@ -19,6 +19,7 @@ pub mod handlers;
 pub mod http;
 pub mod out;
 pub mod setup;
+pub mod stats;
 pub mod timers;
 
 use forkd_shared::config::Config;
@@ -36,6 +37,9 @@ pub struct WorkerInit {
     /// Register listeners with `EPOLLEXCLUSIVE` (shared accept queue).
     pub exclusive: bool,
     pub master: nix::unistd::Pid,
+    /// The stats region (mapped by the master before forking) and this worker's slot in it.
+    pub region: std::rc::Rc<forkd_shared::shm::Region>,
+    pub region_slot: usize,
 }
 
 /// Runs the worker until it is told to stop. Returns the process exit code.

@@ -86,6 +86,8 @@ pub struct Route {
 pub enum Handler {
     Liveness,
     Readiness,
+    Status,
+    Metrics,
     Static { root: PathBuf, index: Vec<String> },
 }
 

@@ -82,6 +82,10 @@ pub enum RawHandler {
     Liveness,
     /// Answers 200 while the server accepts work, 503 while it drains: for readiness probes.
     Readiness,
+    /// The shared-memory stats as JSON (what `forkd stats --json` prints).
+    Status,
+    /// The shared-memory stats in Prometheus text format.
+    Metrics,
     /// Serves files below `root` (the request path is appended to it, as nginx's `root`).
     Static {
         root: String,

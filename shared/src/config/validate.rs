@@ -11,6 +11,9 @@ use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
+/// Half the region's worker slots: a reload runs two generations side by side.
+const MAX_WORKERS: usize = crate::shm::layout::MAX_SLOTS / 2;
+
 struct Checker<'a> {
     file: &'a Path,
     text: &'a str,
@@ -90,6 +93,16 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
         Workers::Count(n) => n,
         Workers::Auto => NonZeroUsize::new(allowed.len()).unwrap_or(NonZeroUsize::MIN),
     };
+    if workers.get() > MAX_WORKERS {
+        check.error(
+            "workers",
+            0,
+            "workers".into(),
+            format!(
+                "{workers} is more than the {MAX_WORKERS} workers the stats region has room for"
+            ),
+        );
+    }
     let cpus = match raw.cpu_affinity {
         raw::CpuAffinity::Auto => allowed,
         raw::CpuAffinity::Off => Vec::new(),
@@ -197,6 +210,8 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
             let handler = match r.handler {
                 RawHandler::Liveness => Handler::Liveness,
                 RawHandler::Readiness => Handler::Readiness,
+                RawHandler::Status => Handler::Status,
+                RawHandler::Metrics => Handler::Metrics,
                 RawHandler::Static { root, index } => {
                     let dir = resolve(&base, &root);
                     if !dir.is_dir() {

@@ -23,3 +23,26 @@ pub fn set_defer_accept(fd: RawFd, seconds: i32) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// The accept queue of a listening socket: (connections waiting, the queue's limit),
+/// from `TCP_INFO` (for a listener the kernel reports them as `unacked`/`sacked`).
+pub fn listen_queue(fd: RawFd) -> io::Result<(u32, u32)> {
+    // SAFETY: tcp_info is plain old data; zeroed is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` and `len` are live for the call and `len` holds info's size; the
+    // kernel writes at most `len` bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    if rc == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((info.tcpi_unacked, info.tcpi_sacked))
+}

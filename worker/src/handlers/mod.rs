@@ -5,6 +5,7 @@
 
 pub mod health;
 pub mod static_files;
+pub mod status;
 
 use crate::http::response::{self, Persistence, Status};
 use crate::out::OutQueue;

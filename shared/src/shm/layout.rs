@@ -1,0 +1,328 @@
+//! The shared-memory layout, version [`LAYOUT_VERSION`]. Every field is an atomic, so
+//! an all-zero file is a valid empty region and any process may read any field at any
+//! time without undefined behaviour.
+//!
+//! ```text
+//! Layout
+//!  ├── Header         magic, version, master pid, start time, config generation,
+//!  │                  fold_seq (odd while the master folds an exited worker)
+//!  ├── MasterStats    respawns, last respawn reason, reloads ok / failed, last error
+//!  ├── SystemStats    ListenOverflows, per-listener accept-queue depth
+//!  ├── retired        counters of exited workers, so totals never go backwards
+//!  ├── SnapshotArea   the published configuration (reload)
+//!  └── slots[256]     one cache-line aligned WorkerSlot per live worker,
+//!                     written only by that worker (the master resets it)
+//! ```
+//!
+//! Writers use relaxed loads and stores: each counter has exactly one writer (its worker,
+//! or the master for the master's and retired fields), so a read-modify-write needs no
+//! locked instruction.
+
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+
+pub const MAGIC: u64 = u64::from_le_bytes(*b"FORKDSHM");
+pub const LAYOUT_VERSION: u32 = 1;
+/// Worker slots in the region: live workers of every generation share them.
+pub const MAX_SLOTS: usize = 256;
+pub const MAX_LISTENERS: usize = 32;
+/// Bytes of configuration text the snapshot area holds.
+pub const SNAPSHOT_BYTES: usize = 256 * 1024;
+
+/// Histogram buckets: exact below 16 µs, then 16 per power of two up to 2^36 µs, so a
+/// bucket's midpoint is within 1/32 (3.1%) of any value in it.
+pub const BUCKETS: usize = 16 + 32 * 16;
+
+/// Adds `n` to a counter this process alone writes.
+#[inline]
+pub fn bump(counter: &AtomicU64, n: u64) {
+    counter.store(counter.load(Relaxed).wrapping_add(n), Relaxed);
+}
+
+/// The bucket a latency of `us` microseconds falls in.
+#[inline]
+pub fn bucket_of(us: u64) -> usize {
+    if us < 16 {
+        return us as usize;
+    }
+    let e = 63 - us.leading_zeros() as usize; // >= 4
+    if e > 35 {
+        return BUCKETS - 1;
+    }
+    let sub = ((us >> (e - 4)) & 15) as usize;
+    16 + (e - 4) * 16 + sub
+}
+
+/// `[low, high)` microseconds of bucket `i`.
+pub fn bucket_bounds(i: usize) -> (u64, u64) {
+    if i < 16 {
+        return (i as u64, i as u64 + 1);
+    }
+    let e = (i - 16) / 16 + 4;
+    let sub = ((i - 16) % 16) as u64;
+    ((16 + sub) << (e - 4), (17 + sub) << (e - 4))
+}
+
+#[repr(C)]
+pub struct Histogram {
+    pub buckets: [AtomicU64; BUCKETS],
+    pub sum_us: AtomicU64,
+    pub count: AtomicU64,
+}
+
+impl Histogram {
+    #[inline]
+    pub fn record(&self, us: u64) {
+        bump(&self.buckets[bucket_of(us)], 1);
+        bump(&self.sum_us, us);
+        bump(&self.count, 1);
+    }
+}
+
+/// Counters that only grow (per worker, and retired).
+#[repr(C)]
+pub struct Counters {
+    pub connections_accepted: AtomicU64,
+    pub connections_handled: AtomicU64,
+    pub requests: AtomicU64,
+    /// Final and interim responses by class: `[1xx, 2xx, 3xx, 4xx, 5xx]`.
+    pub responses: [AtomicU64; 5],
+    /// Requests whose client went away before the response was sent.
+    pub responses_499: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    /// Accept wake-ups that found the queue empty (thundering-herd waste).
+    pub accept_empty_wakeups: AtomicU64,
+    /// Times the worker reached `worker_connections` and stopped accepting.
+    pub connection_limit_hits: AtomicU64,
+    pub latency: Histogram,
+}
+
+/// Worker states in a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerState {
+    Empty = 0,
+    Starting = 1,
+    Serving = 2,
+    Draining = 3,
+    Exited = 4,
+}
+
+impl WorkerState {
+    pub fn from_u32(v: u32) -> WorkerState {
+        match v {
+            1 => WorkerState::Starting,
+            2 => WorkerState::Serving,
+            3 => WorkerState::Draining,
+            4 => WorkerState::Exited,
+            _ => WorkerState::Empty,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkerState::Empty => "empty",
+            WorkerState::Starting => "starting",
+            WorkerState::Serving => "serving",
+            WorkerState::Draining => "draining",
+            WorkerState::Exited => "exited",
+        }
+    }
+}
+
+#[repr(C, align(64))]
+pub struct WorkerSlot {
+    pub pid: AtomicI32,
+    /// The worker's slot number (CPU, reuseport queue), not this slot's index.
+    pub worker: AtomicU32,
+    pub state: AtomicU32,
+    _pad: AtomicU32,
+    /// Configuration generation this worker serves.
+    pub generation: AtomicU64,
+    /// Wall-clock start, ms since the epoch.
+    pub started_ms: AtomicU64,
+    /// CLOCK_MONOTONIC ms of the worker's last loop turn.
+    pub heartbeat_ms: AtomicU64,
+    pub connections_active: AtomicU64,
+    pub connections_reading: AtomicU64,
+    pub connections_writing: AtomicU64,
+    pub connections_idle: AtomicU64,
+    pub open_fds: AtomicU64,
+    pub rss_bytes: AtomicU64,
+    pub counters: Counters,
+}
+
+/// A short text (reasons, errors, addresses) written by one writer under a sequence
+/// count, so readers never take a torn one.
+#[repr(C)]
+pub struct Text<const N: usize> {
+    seq: AtomicU64,
+    len: AtomicU32,
+    bytes: [AtomicU8; N],
+}
+
+impl<const N: usize> Text<N> {
+    /// Writes `text`, cut to the capacity at a character boundary.
+    pub fn set(&self, text: &str) {
+        let mut end = text.len().min(N);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.seq.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        for (slot, b) in self.bytes.iter().zip(&text.as_bytes()[..end]) {
+            slot.store(*b, Relaxed);
+        }
+        self.len.store(end as u32, Relaxed);
+        self.seq.fetch_add(1, std::sync::atomic::Ordering::Release);
+    }
+
+    pub fn get(&self) -> String {
+        for _ in 0..1000 {
+            let before = self.seq.load(std::sync::atomic::Ordering::Acquire);
+            if before % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let len = (self.len.load(Relaxed) as usize).min(N);
+            let bytes: Vec<u8> = self.bytes[..len].iter().map(|b| b.load(Relaxed)).collect();
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            if self.seq.load(Relaxed) == before {
+                return String::from_utf8_lossy(&bytes).into_owned();
+            }
+        }
+        String::new()
+    }
+}
+
+#[repr(C, align(64))]
+pub struct Header {
+    pub magic: AtomicU64,
+    pub layout_version: AtomicU32,
+    pub slot_count: AtomicU32,
+    pub region_size: AtomicU64,
+    pub master_pid: AtomicI32,
+    _pad: AtomicU32,
+    /// Wall-clock start of the master, ms since the epoch.
+    pub start_time_ms: AtomicU64,
+    pub config_generation: AtomicU64,
+    /// Odd while the master moves an exited worker's counters into `retired`.
+    pub fold_seq: AtomicU64,
+}
+
+#[repr(C, align(64))]
+pub struct MasterStats {
+    pub respawns: AtomicU64,
+    pub reloads_ok: AtomicU64,
+    pub reloads_failed: AtomicU64,
+    pub last_respawn_reason: Text<256>,
+    pub last_reload_error: Text<1024>,
+}
+
+#[repr(C)]
+pub struct ListenerStat {
+    pub addr: Text<64>,
+    /// Connections waiting in the accept queue.
+    pub queue_depth: AtomicU32,
+    /// The queue's limit (the effective backlog).
+    pub queue_max: AtomicU32,
+}
+
+#[repr(C, align(64))]
+pub struct SystemStats {
+    /// `TcpExt: ListenOverflows` from /proc/net/netstat: SYNs dropped on a full queue.
+    pub listen_overflows: AtomicU64,
+    pub listener_count: AtomicU32,
+    _pad: AtomicU32,
+    pub listeners: [ListenerStat; MAX_LISTENERS],
+}
+
+#[repr(C, align(64))]
+pub struct Retired {
+    pub counters: Counters,
+}
+
+/// The published configuration: the text of the file the master validated.
+#[repr(C, align(64))]
+pub struct SnapshotArea {
+    /// Odd while the master writes a new snapshot.
+    pub seq: AtomicU64,
+    pub generation: AtomicU64,
+    pub len: AtomicU64,
+    pub path: Text<4096>,
+    pub data: [AtomicU8; SNAPSHOT_BYTES],
+}
+
+#[repr(C, align(4096))]
+pub struct Layout {
+    pub header: Header,
+    pub master: MasterStats,
+    pub system: SystemStats,
+    pub retired: Retired,
+    pub snapshot: SnapshotArea,
+    pub slots: [WorkerSlot; MAX_SLOTS],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_cover_values_in_order() {
+        let mut last = 0;
+        for us in [
+            0u64,
+            1,
+            15,
+            16,
+            17,
+            31,
+            32,
+            33,
+            100,
+            1000,
+            65_535,
+            1 << 30,
+            u64::MAX,
+        ] {
+            let b = bucket_of(us);
+            assert!(b >= last, "{us}");
+            last = b;
+            let (lo, hi) = bucket_bounds(b);
+            if us < 1 << 36 {
+                assert!(lo <= us && us < hi, "{us} not in [{lo}, {hi})");
+            }
+        }
+        assert_eq!(bucket_of(u64::MAX), BUCKETS - 1);
+    }
+
+    #[test]
+    fn bucket_midpoints_are_within_five_percent() {
+        for b in 16..BUCKETS {
+            let (lo, hi) = bucket_bounds(b);
+            let mid = (lo + hi) as f64 / 2.0;
+            assert!((mid - lo as f64) / (lo as f64) < 0.05);
+            assert_eq!(bucket_of(lo), b);
+            assert_eq!(bucket_of(hi - 1), b);
+        }
+    }
+
+    #[test]
+    fn slots_are_cache_line_aligned() {
+        assert_eq!(std::mem::align_of::<WorkerSlot>(), 64);
+        assert_eq!(std::mem::size_of::<WorkerSlot>() % 64, 0);
+    }
+
+    #[test]
+    fn text_round_trips_and_truncates_at_char_boundary() {
+        let t: Text<8> = unsafe_free_zeroed();
+        t.set("héllo wörld");
+        assert_eq!(t.get(), "héllo w");
+    }
+
+    /// A zeroed Text built from atomics' constructors (no unsafe needed).
+    fn unsafe_free_zeroed() -> Text<8> {
+        Text {
+            seq: AtomicU64::new(0),
+            len: AtomicU32::new(0),
+            bytes: std::array::from_fn(|_| AtomicU8::new(0)),
+        }
+    }
+}

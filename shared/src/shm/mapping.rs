@@ -1,0 +1,225 @@
+//! The one place the region is mapped and viewed as a [`Layout`]: the only `unsafe`
+//! of the shared-memory code.
+//!
+//! The region is a file mapped `MAP_SHARED`, created by the master before the first
+//! fork, so every worker inherits the same pages (an anonymous `MAP_PRIVATE` map would
+//! be copied on write, and the master would never see a worker's counters), and
+//! `forkd stats` can map it read-only by path, even after the master has gone.
+
+use super::layout::{Layout, LAYOUT_VERSION, MAGIC};
+use memmap2::{Mmap, MmapMut, MmapOptions};
+use std::fmt;
+use std::fs::OpenOptions;
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Why a region could not be created or opened.
+#[derive(Debug)]
+pub enum ShmError {
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    Missing(PathBuf),
+    NotForkd(PathBuf),
+    Version {
+        path: PathBuf,
+        found: u32,
+    },
+    TooSmall {
+        path: PathBuf,
+        size: u64,
+    },
+    /// Another live master owns the region.
+    InUse {
+        path: PathBuf,
+        pid: i32,
+    },
+}
+
+impl fmt::Display for ShmError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ShmError::Io { op, path, source } => {
+                write!(f, "{op}({}) failed: {source}", path.display())
+            }
+            ShmError::Missing(p) => write!(
+                f,
+                "{} does not exist: has forkd run with this shm_file?",
+                p.display()
+            ),
+            ShmError::NotForkd(p) => write!(f, "{} is not a forkd stats region", p.display()),
+            ShmError::Version { path, found } => write!(
+                f,
+                "{} has layout version {found}, this forkd reads version {LAYOUT_VERSION}",
+                path.display()
+            ),
+            ShmError::TooSmall { path, size } => {
+                write!(
+                    f,
+                    "{} is {size} bytes, too small for a forkd region",
+                    path.display()
+                )
+            }
+            ShmError::InUse { path, pid } => write!(
+                f,
+                "{} is in use by the forkd master {pid}: give each instance its own shm_file",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ShmError {}
+
+enum Map {
+    Rw(MmapMut),
+    Ro(Mmap),
+}
+
+/// A mapped region.
+pub struct Region {
+    map: Map,
+    path: PathBuf,
+}
+
+pub const REGION_SIZE: usize = std::mem::size_of::<Layout>();
+
+impl Region {
+    /// Creates a fresh region at `path` (mode 0640) for the master `pid`. Refuses when
+    /// a live master other than `pid` owns the existing file. The old file is unlinked,
+    /// not truncated, so a reader that still maps it keeps valid pages.
+    pub fn create(path: &Path, pid: i32) -> Result<Region, ShmError> {
+        let io = |op| {
+            move |source| ShmError::Io {
+                op,
+                path: path.to_path_buf(),
+                source,
+            }
+        };
+        if let Ok(existing) = Region::open_read(path) {
+            let owner = existing.layout().header.master_pid.load(Relaxed);
+            if owner != pid && owner > 0 && process_alive(owner) {
+                return Err(ShmError::InUse {
+                    path: path.to_path_buf(),
+                    pid: owner,
+                });
+            }
+        }
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(io("mkdir"))?;
+        }
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io("unlink")(e)),
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o640)
+            .open(path)
+            .map_err(io("open"))?;
+        file.set_len(REGION_SIZE as u64).map_err(io("ftruncate"))?;
+        // SAFETY: the file was just created by us with the exact size mapped; other
+        // processes only ever access it through atomics (see `layout`).
+        let map =
+            unsafe { MmapOptions::new().len(REGION_SIZE).map_mut(&file) }.map_err(io("mmap"))?;
+        let region = Region {
+            map: Map::Rw(map),
+            path: path.to_path_buf(),
+        };
+        let h = &region.layout().header;
+        h.layout_version.store(LAYOUT_VERSION, Relaxed);
+        h.slot_count.store(super::layout::MAX_SLOTS as u32, Relaxed);
+        h.region_size.store(REGION_SIZE as u64, Relaxed);
+        h.master_pid.store(pid, Relaxed);
+        h.start_time_ms.store(super::now_ms(), Relaxed);
+        h.magic.store(MAGIC, std::sync::atomic::Ordering::Release);
+        Ok(region)
+    }
+
+    /// Maps an existing region read-only, checking that it is a forkd region of this
+    /// layout version.
+    pub fn open_read(path: &Path) -> Result<Region, ShmError> {
+        let io = |op| {
+            move |source| ShmError::Io {
+                op,
+                path: path.to_path_buf(),
+                source,
+            }
+        };
+        let file = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(ShmError::Missing(path.into()))
+            }
+            Err(e) => return Err(io("open")(e)),
+        };
+        let size = file.metadata().map_err(io("fstat"))?.len();
+        if size < 64 {
+            return Err(ShmError::NotForkd(path.into()));
+        }
+        // SAFETY: mapped read-only, for as many bytes as the file has; the region's
+        // writers change it only through atomics.
+        let map =
+            unsafe { MmapOptions::new().len(size as usize).map(&file) }.map_err(io("mmap"))?;
+        let magic = u64::from_le_bytes(map[..8].try_into().expect("8 bytes"));
+        let version = u32::from_le_bytes(map[8..12].try_into().expect("4 bytes"));
+        if magic != MAGIC {
+            return Err(ShmError::NotForkd(path.into()));
+        }
+        if version != LAYOUT_VERSION {
+            return Err(ShmError::Version {
+                path: path.into(),
+                found: version,
+            });
+        }
+        if (size as usize) < REGION_SIZE {
+            return Err(ShmError::TooSmall {
+                path: path.into(),
+                size,
+            });
+        }
+        Ok(Region {
+            map: Map::Ro(map),
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The region as its layout.
+    pub fn layout(&self) -> &Layout {
+        let ptr = match &self.map {
+            Map::Rw(m) => m.as_ptr(),
+            Map::Ro(m) => m.as_ptr(),
+        };
+        // SAFETY: the mapping is at least `size_of::<Layout>()` bytes (created at that
+        // size, or checked in `open_read`) and page-aligned, which satisfies
+        // `Layout`'s 4096-byte alignment; it lives as long as `self`. `Layout` holds
+        // only atomics (and arrays and structs of them), for which every bit pattern,
+        // including all zeros, is valid, and which make concurrent access from other
+        // processes well-defined. A read-only mapping is only ever loaded from.
+        unsafe { &*(ptr as *const Layout) }
+    }
+
+    /// Whether this mapping may be written (the master's and workers').
+    pub fn writable(&self) -> bool {
+        matches!(self.map, Map::Rw(_))
+    }
+}
+
+fn process_alive(pid: i32) -> bool {
+    use nix::errno::Errno;
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(()) | Err(Errno::EPERM) => true,
+        Err(_) => false,
+    }
+}

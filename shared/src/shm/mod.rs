@@ -1,0 +1,30 @@
+//! The shared-memory stats region: written by the master and its workers, read by
+//! `forkd stats`, the `Status` and `Metrics` handlers, and anything else that maps it.
+//!
+//! - `layout`: what is where (all atomics), the latency histogram's buckets.
+//! - `mapping`: creating and mapping the file (the only `unsafe`).
+//! - `master`: what the master writes: slots of new workers, folding exited workers
+//!   into the retired totals, system counters.
+//! - `report`: a consistent reading of the region, as JSON, a table or Prometheus text.
+
+pub mod layout;
+pub mod mapping;
+pub mod master;
+pub mod report;
+
+pub use mapping::{Region, ShmError};
+
+/// Wall-clock milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// CLOCK_MONOTONIC in milliseconds: the same clock in every process of the machine,
+/// so a reader can age a worker's heartbeat.
+pub fn monotonic_ms() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        t.tv_sec() as u64 * 1000 + t.tv_nsec() as u64 / 1_000_000
+    })
+}

@@ -128,7 +128,14 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
     let mut listeners: Vec<Listener> = Vec::new();
     // (address, name) -> index of the server that claimed it first
     let mut claimed: HashMap<(std::net::SocketAddr, String), usize> = HashMap::new();
-    let mut route_seen = 0; // occurrences of "prefix" before this server, for locating
+    // How often each quoted literal has been met so far, to locate the n-th one.
+    let mut literals: HashMap<String, usize> = HashMap::new();
+    let mut occurrence = |literal: &str| -> (String, usize) {
+        let quoted = format!("\"{literal}\"");
+        let count = literals.entry(quoted.clone()).or_default();
+        *count += 1;
+        (quoted, *count - 1)
+    };
     for (si, s) in raw.servers.into_iter().enumerate() {
         let field = |name: &str| format!("servers[{si}].{name}");
         if s.listen.is_empty() {
@@ -198,11 +205,11 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
         let mut routes: Vec<Route> = Vec::with_capacity(s.routes.len());
         for (ri, r) in s.routes.into_iter().enumerate() {
             let rfield = format!("servers[{si}].routes[{ri}]");
-            let nth = route_seen + ri;
+            let (prefix_literal, prefix_nth) = occurrence(&r.prefix.0);
             if routes.iter().any(|seen| seen.prefix == r.prefix.0) {
                 check.error(
-                    &format!("\"{}\"", r.prefix.0),
-                    1,
+                    &prefix_literal,
+                    prefix_nth,
                     format!("{rfield}.prefix"),
                     format!("prefix `{}` is routed twice", r.prefix.0),
                 );
@@ -214,10 +221,11 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                 RawHandler::Metrics => Handler::Metrics,
                 RawHandler::Static { root, index } => {
                     let dir = resolve(&base, &root);
+                    let (root_literal, root_nth) = occurrence(&root);
                     if !dir.is_dir() {
                         check.error(
-                            "root",
-                            nth.min(text.matches("root").count().saturating_sub(1)),
+                            &root_literal,
+                            root_nth,
                             format!("{rfield}.handler.root"),
                             format!("`{}` is not a directory", dir.display()),
                         );
@@ -240,7 +248,6 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                 handler,
             });
         }
-        route_seen += routes.len();
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
 
         servers.push(Server {

@@ -31,8 +31,8 @@ pub struct StaticRoute<'a> {
 /// What a request path resolves to.
 enum Resolved {
     File(Rc<CachedFile>),
-    /// A directory requested without its trailing slash.
-    Redirect,
+    /// A directory requested without its trailing slash: the normalised path.
+    Redirect(Vec<u8>),
     Status(Status),
 }
 
@@ -53,18 +53,21 @@ pub fn serve(
                 cache.insert(route.id, req.path, file.clone());
                 file
             }
-            Resolved::Redirect => return redirect(req, reply),
+            Resolved::Redirect(path) => return redirect(&path, req.query, reply),
             Resolved::Status(status) => return reply.error(status, &[]),
         },
     };
     send(req, &file, reply)
 }
 
-fn redirect(req: &Request, reply: &mut Reply) -> Outcome {
-    let mut location = Vec::with_capacity(req.path.len() + 2);
-    location.extend_from_slice(req.path);
+/// 301 to the directory with its slash. The location is built from the normalised
+/// path, re-encoded, never from the raw one: `//evil.example/..` must not become a
+/// protocol-relative redirect to another host.
+fn redirect(normalized: &[u8], query: Option<&[u8]>, reply: &mut Reply) -> Outcome {
+    let mut location = Vec::with_capacity(normalized.len() + 2);
+    path::encode(normalized, &mut location);
     location.push(b'/');
-    if let Some(q) = req.query {
+    if let Some(q) = query {
         location.push(b'?');
         location.extend_from_slice(q);
     }
@@ -90,7 +93,7 @@ fn resolve(route: &StaticRoute, raw_path: &[u8], now_secs: u64) -> Resolved {
                 Err(status) => return Resolved::Status(status),
             }
         }
-        return Resolved::Status(if full.is_dir() {
+        return Resolved::Status(if full.is_dir() && inside_root(&full, route.root) {
             Status::FORBIDDEN // a directory without an index: no listings
         } else {
             Status::NOT_FOUND
@@ -98,7 +101,9 @@ fn resolve(route: &StaticRoute, raw_path: &[u8], now_secs: u64) -> Resolved {
     }
     match open_regular(&full, route.root, now_secs) {
         Ok(Some(file)) => Resolved::File(Rc::new(file)),
-        Ok(None) if full.is_dir() => Resolved::Redirect,
+        Ok(None) if full.is_dir() && inside_root(&full, route.root) => {
+            Resolved::Redirect(normalized)
+        }
         Ok(None) => Resolved::Status(Status::NOT_FOUND),
         Err(status) => Resolved::Status(status),
     }

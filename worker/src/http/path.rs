@@ -53,6 +53,20 @@ pub fn normalize(raw: &[u8]) -> Result<Vec<u8>, PathError> {
     Ok(out)
 }
 
+/// Percent-encodes a decoded path for a header such as `Location`: everything but
+/// unreserved characters, `/` and the sub-delimiters RFC 3986 allows in a path.
+pub fn encode(path: &[u8], out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &b in path {
+        let keep = b.is_ascii_alphanumeric() || b"/-._~!$&'()*+,;=:@".contains(&b);
+        if keep {
+            out.push(b);
+        } else {
+            out.extend_from_slice(&[b'%', HEX[(b >> 4) as usize], HEX[(b & 15) as usize]]);
+        }
+    }
+}
+
 fn percent_decode(raw: &[u8]) -> Result<Vec<u8>, PathError> {
     let mut out = Vec::with_capacity(raw.len());
     let mut i = 0;
@@ -117,6 +131,14 @@ mod tests {
         assert_eq!(norm("/a/../../etc/passwd"), Err(PathError::Escapes));
         assert_eq!(norm("/%2e%2e/etc/passwd"), Err(PathError::Escapes));
         assert_eq!(norm("/%2E%2E/%2E%2E/x"), Err(PathError::Escapes));
+    }
+
+    #[test]
+    fn encoding_round_trips_through_normalize() {
+        let mut out = Vec::new();
+        encode(b"/a b/%x/\xc3\xa9?#", &mut out);
+        assert_eq!(out, b"/a%20b/%25x/%C3%A9%3F%23");
+        assert_eq!(normalize(&out).unwrap(), b"/a b/%x/\xc3\xa9?#");
     }
 
     #[test]

@@ -168,6 +168,9 @@ pub fn parse(buf: &[u8], max_header_bytes: usize) -> Result<Option<Request<'_>>,
                     return Err(RequestError::Malformed("duplicate Host header"));
                 }
                 host_seen = true;
+                if !valid_authority(value) {
+                    return Err(RequestError::Malformed("invalid Host header"));
+                }
                 out.host = Some(strip_port(value));
             }
             5 if name.eq_ignore_ascii_case(b"range") => out.range = Some(value),
@@ -234,6 +237,14 @@ pub fn parse(buf: &[u8], max_header_bytes: usize) -> Result<Option<Request<'_>>,
     if transfer_encoding && !chunked {
         return Err(RequestError::Malformed("empty Transfer-Encoding"));
     }
+    if version == Version::Http10 {
+        // RFC 9110 §10.1.1: a 1.0 client cannot expect 100 Continue. RFC 9112 §6.1: a
+        // 1.0 message with Transfer-Encoding is framed by it but the connection closes.
+        out.expect_continue = false;
+        if transfer_encoding {
+            out.keep_alive = false;
+        }
+    }
     out.body = match (chunked, content_length) {
         (true, _) => BodyKind::Chunked,
         (false, Some(0)) | (false, None) => BodyKind::None,
@@ -256,16 +267,54 @@ fn split_target(target: &[u8]) -> Result<(Option<&[u8]>, &[u8]), RequestError> {
         .or_else(|| strip_prefix_ignore_case(target, b"https://"))
         .ok_or(RequestError::Malformed("request target is not a path"))?;
     let slash = rest.iter().position(|&b| b == b'/' || b == b'?');
-    let (authority, path) = match slash {
+    let (authority, path): (&[u8], &[u8]) = match slash {
         Some(i) if rest[i] == b'/' => (&rest[..i], &rest[i..]),
-        _ => return Err(RequestError::Malformed("absolute target without a path")),
+        // RFC 9110 §4.2.3: an empty path is "/"; a query needs a path before it.
+        None => (rest, b"/"),
+        Some(_) => return Err(RequestError::Malformed("absolute target without a path")),
     };
-    if authority.is_empty() || authority.contains(&b'@') {
+    if authority.is_empty() || !valid_authority(authority) {
         return Err(RequestError::Malformed(
             "invalid authority in request target",
         ));
     }
     Ok((Some(authority), path))
+}
+
+/// `host[:port]` with a reg-name, IPv4 or bracketed IPv6 host (RFC 3986 §3.2.2, no
+/// userinfo). Empty is allowed: a Host for a target without authority may be empty.
+fn valid_authority(value: &[u8]) -> bool {
+    let (host, port) = if value.first() == Some(&b'[') {
+        match value.iter().position(|&b| b == b']') {
+            Some(end) => {
+                let inner = &value[1..end];
+                if inner.is_empty()
+                    || !inner
+                        .iter()
+                        .all(|&b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+                {
+                    return false;
+                }
+                (&value[..=end], &value[end + 1..])
+            }
+            None => return false,
+        }
+    } else {
+        match value.iter().rposition(|&b| b == b':') {
+            Some(colon) => (&value[..colon], &value[colon..]),
+            None => (value, &b""[..]),
+        }
+    };
+    let port_ok = match port {
+        [] => true,
+        [b':', digits @ ..] => digits.len() <= 5 && digits.iter().all(u8::is_ascii_digit),
+        _ => false,
+    };
+    let host_ok = host.first() == Some(&b'[')
+        || host
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(&b));
+    port_ok && host_ok
 }
 
 fn strip_prefix_ignore_case<'a>(s: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
@@ -409,6 +458,46 @@ mod tests {
         let r = ok("GET http://Other.example:81/x?y HTTP/1.1\r\nHost: a\r\n\r\n");
         assert_eq!(r.host, Some(&b"Other.example"[..]));
         assert_eq!(r.path, b"/x");
+    }
+
+    #[test]
+    fn host_values_are_validated() {
+        for good in [
+            "example.com",
+            "example.com:8080",
+            "127.0.0.1",
+            "[::1]:80",
+            "",
+            "a-b.c_d",
+        ] {
+            let raw = format!("GET / HTTP/1.1\r\nHost: {good}\r\n\r\n");
+            assert!(parse(raw.as_bytes(), 16384).is_ok(), "{good}");
+        }
+        for bad in ["bad/host", "a b", "user@host", "host:80x", "[zz]", "host?x"] {
+            let raw = format!("GET / HTTP/1.1\r\nHost: {bad}\r\n\r\n");
+            assert_eq!(
+                parse(raw.as_bytes(), 16384).unwrap_err().status(),
+                Status::BAD_REQUEST,
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn http10_ignores_expect_and_closes_after_chunked() {
+        let r = ok("GET / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n");
+        assert!(!r.expect_continue);
+        let r =
+            ok("GET / HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n");
+        assert!(!r.keep_alive);
+        assert_eq!(r.body, BodyKind::Chunked);
+    }
+
+    #[test]
+    fn absolute_form_without_path_is_root() {
+        let r = ok("GET http://example.com:81 HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(r.path, b"/");
+        assert_eq!(r.host, Some(&b"example.com"[..]));
     }
 
     #[test]

@@ -1,9 +1,21 @@
 //! `forkd -s SIGNAL`: find the running master through the pid file and signal it.
+//!
+//! `reload` is synchronous: it watches the stats region until every worker serves the
+//! new configuration generation (exit 0), or the master reports the reload failed
+//! (prints the error, exit 1). nginx's `-s reload` cannot tell whether it worked.
 
 use crate::cli::ControlSignal;
 use crate::daemon;
 use forkd_shared::config::Config;
+use forkd_shared::shm::layout::{Layout, WorkerState};
+use forkd_shared::shm::Region;
 use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+/// How long `-s reload` waits for the workers to report the new generation.
+const RELOAD_WAIT: Duration = Duration::from_secs(60);
 
 /// The signal the master understands for each `-s` name (as nginx's).
 pub fn signal_for(control: ControlSignal) -> Signal {
@@ -24,12 +36,115 @@ pub fn send(config: &Config, control: ControlSignal) -> i32 {
             return 1;
         }
     };
-    let signal = signal_for(control);
+    if control == ControlSignal::Reload {
+        return reload(config, pid);
+    }
+    signal(pid, signal_for(control))
+}
+
+fn signal(pid: Pid, signal: Signal) -> i32 {
     match kill(pid, signal) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("forkd: kill({pid}, {signal}) failed: {e}");
             1
         }
+    }
+}
+
+/// What a reload has come to, as seen in the region.
+#[derive(Debug, PartialEq, Eq)]
+enum Progress {
+    Waiting,
+    Failed(String),
+    /// Generation in force in this many workers.
+    Done {
+        generation: u64,
+        workers: usize,
+    },
+}
+
+/// Counters read before the signal, to tell this reload's outcome from earlier ones.
+struct Before {
+    ok: u64,
+    failed: u64,
+}
+
+fn progress(layout: &Layout, before: &Before) -> Progress {
+    let master = &layout.master;
+    if master.reloads_failed.load(Relaxed) > before.failed {
+        return Progress::Failed(master.last_reload_error.get());
+    }
+    if master.reloads_ok.load(Relaxed) <= before.ok {
+        return Progress::Waiting;
+    }
+    let generation = layout.header.config_generation.load(Relaxed);
+    let mut current = 0;
+    for slot in &layout.slots {
+        match WorkerState::from_u32(slot.state.load(Relaxed)) {
+            WorkerState::Starting => return Progress::Waiting,
+            WorkerState::Serving if slot.generation.load(Relaxed) != generation => {
+                return Progress::Waiting
+            }
+            WorkerState::Serving => current += 1,
+            _ => {}
+        }
+    }
+    if current == 0 {
+        return Progress::Waiting;
+    }
+    Progress::Done {
+        generation,
+        workers: current,
+    }
+}
+
+fn reload(config: &Config, pid: Pid) -> i32 {
+    let region = match Region::open_read(&config.shm_file) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("forkd: cannot follow the reload ({e}); sending HUP without waiting");
+            return signal(pid, Signal::SIGHUP);
+        }
+    };
+    let layout = region.layout();
+    let before = Before {
+        ok: layout.master.reloads_ok.load(Relaxed),
+        failed: layout.master.reloads_failed.load(Relaxed),
+    };
+    let code = signal(pid, Signal::SIGHUP);
+    if code != 0 {
+        return code;
+    }
+    let deadline = Instant::now() + RELOAD_WAIT;
+    loop {
+        match progress(layout, &before) {
+            Progress::Done {
+                generation,
+                workers,
+            } => {
+                println!("forkd: reloaded: configuration generation {generation} in force in {workers} worker(s)");
+                return 0;
+            }
+            Progress::Failed(error) => {
+                eprintln!(
+                    "forkd: reload failed, the running configuration stays in force:\n{error}"
+                );
+                return 1;
+            }
+            Progress::Waiting => {}
+        }
+        if kill(pid, None).is_err() {
+            eprintln!("forkd: the master {pid} exited during the reload");
+            return 1;
+        }
+        if Instant::now() >= deadline {
+            eprintln!(
+                "forkd: the reload was accepted, but not every worker reports generation {} after {RELOAD_WAIT:?}: see the error log",
+                layout.header.config_generation.load(Relaxed)
+            );
+            return 1;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }

@@ -51,7 +51,17 @@ impl Sockets {
                     .filter(|o| o.mode == config.accept)
                     .and_then(|o| o.duplicate(slot, l.addr));
                 let sock = match kept {
-                    Some(sock) => sock,
+                    Some(sock) => {
+                        // listen() again on a listening socket changes its backlog in place.
+                        if let Err(source) = listen(&sock, backlog_of(l)) {
+                            return Err(ListenError {
+                                call: "listen",
+                                addr: l.addr,
+                                source,
+                            });
+                        }
+                        sock
+                    }
                     None => {
                         if slot == 0 {
                             if let Some(max) = somaxconn.filter(|&m| m < l.backlog) {
@@ -69,26 +79,64 @@ impl Sockets {
             }
             by_slot.push(row);
         }
-        Ok(Sockets {
+        let sockets = Sockets {
             mode: config.accept,
             addrs: config.listeners.iter().map(|l| l.addr).collect(),
             by_slot,
-        })
+        };
+        sockets.steer()?;
+        Ok(sockets)
+    }
+
+    /// An empty set (what a worker leaves behind in its copy of the master's state).
+    pub fn empty() -> Sockets {
+        Sockets {
+            mode: AcceptMode::Shared,
+            addrs: Vec::new(),
+            by_slot: Vec::new(),
+        }
+    }
+
+    /// With `ReusePort`, makes the kernel pick among exactly this set's sockets for
+    /// each address. The reuseport group may still hold sockets of slots that a reload
+    /// removed: steered away from, they get no new connections, and their workers can
+    /// accept what is queued on them before closing them (closing a reuseport socket
+    /// resets the connections queued on it).
+    fn steer(&self) -> Result<(), ListenError> {
+        if self.mode != AcceptMode::ReusePort {
+            return Ok(());
+        }
+        let slots = self.by_slot.len() as u32;
+        for (i, &addr) in self.addrs.iter().enumerate() {
+            let fd = self.by_slot[0][i].as_raw_fd();
+            forkd_shared::sys::socket::steer_reuseport(fd, slots).map_err(|e| ListenError {
+                call: "setsockopt(SO_ATTACH_REUSEPORT_CBPF)",
+                addr,
+                source: nix::Error::from_raw(e.raw_os_error().unwrap_or(0)),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Gives up every socket but those of `slot` (in a worker right after `fork`: a
+    /// worker must not keep another slot's socket open, or the master could never
+    /// close it).
+    pub fn into_slot(mut self, slot: usize) -> Vec<TcpListener> {
+        let index = match self.mode {
+            AcceptMode::Shared => 0,
+            AcceptMode::ReusePort => slot,
+        };
+        if index < self.by_slot.len() {
+            self.by_slot.swap_remove(index)
+        } else {
+            Vec::new()
+        }
     }
 
     /// A duplicate of the socket for `addr` in `slot`, if this set has one.
     fn duplicate(&self, slot: usize, addr: SocketAddr) -> Option<TcpListener> {
         let i = self.addrs.iter().position(|&a| a == addr)?;
         self.by_slot.get(slot)?.get(i)?.try_clone().ok()
-    }
-
-    /// Duplicates of the sockets the worker in `slot` accepts from.
-    pub fn for_slot(&self, slot: usize) -> std::io::Result<Vec<TcpListener>> {
-        let row = match self.mode {
-            AcceptMode::Shared => &self.by_slot[0],
-            AcceptMode::ReusePort => &self.by_slot[slot],
-        };
-        row.iter().map(TcpListener::try_clone).collect()
     }
 }
 
@@ -112,6 +160,10 @@ impl Sockets {
             })
             .collect()
     }
+}
+
+fn backlog_of(l: &Listener) -> Backlog {
+    Backlog::new(l.backlog as i32).unwrap_or(Backlog::MAXCONN)
 }
 
 fn somaxconn() -> Option<u32> {
@@ -143,8 +195,7 @@ fn bind_listener(l: &Listener, reuseport: bool) -> Result<TcpListener, ListenErr
         setsockopt(&fd, sockopt::Ipv6V6Only, &true).map_err(err("setsockopt(IPV6_V6ONLY)"))?;
     }
     bind(fd.as_raw_fd(), &SockaddrStorage::from(l.addr)).map_err(err("bind"))?;
-    let backlog = Backlog::new(l.backlog as i32).unwrap_or(Backlog::MAXCONN);
-    listen(&fd, backlog).map_err(err("listen"))?;
+    listen(&fd, backlog_of(l)).map_err(err("listen"))?;
     if let Err(e) = forkd_shared::sys::socket::set_defer_accept(fd.as_raw_fd(), 1) {
         forkd_shared::warn!("setsockopt(TCP_DEFER_ACCEPT) on {} failed: {e}", l.addr);
     }

@@ -13,7 +13,7 @@ use std::rc::Rc;
 pub fn spawn_worker(
     slot: usize,
     config: &Config,
-    sockets: &Sockets,
+    sockets: &mut Sockets,
     region: &Rc<Region>,
     region_slot: usize,
 ) -> nix::Result<Pid> {
@@ -24,21 +24,16 @@ pub fn spawn_worker(
     match unsafe { fork() }? {
         ForkResult::Parent { child } => Ok(child),
         ForkResult::Child => {
-            let code = match sockets.for_slot(slot) {
-                Ok(listeners) => forkd_worker::run(WorkerInit {
-                    slot,
-                    config: config.clone(),
-                    listeners,
-                    exclusive: config.accept == forkd_shared::config::AcceptMode::Shared,
-                    master,
-                    region: region.clone(),
-                    region_slot,
-                }),
-                Err(e) => {
-                    forkd_shared::alert!("worker {slot}: duplicating listeners failed: {e}");
-                    forkd_shared::exit::FATAL_INIT
-                }
-            };
+            let listeners = std::mem::replace(sockets, Sockets::empty()).into_slot(slot);
+            let code = forkd_worker::run(WorkerInit {
+                slot,
+                config: config.clone(),
+                listeners,
+                exclusive: config.accept == forkd_shared::config::AcceptMode::Shared,
+                master,
+                region: region.clone(),
+                region_slot,
+            });
             std::process::exit(code);
         }
     }

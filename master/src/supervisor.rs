@@ -17,7 +17,7 @@ use crate::process::{self, Ended};
 use crate::signals::Signals;
 use forkd_shared::config::Config;
 use forkd_shared::exit;
-use forkd_shared::shm::layout::{bump, MAX_LISTENERS};
+use forkd_shared::shm::layout::{bump, WorkerState, MAX_LISTENERS};
 use forkd_shared::shm::master::{self as shm_master, SlotAllocator};
 use forkd_shared::shm::Region;
 use nix::sys::signal::{kill, Signal};
@@ -47,6 +47,18 @@ struct Slot {
     failed: bool,
 }
 
+/// A worker of an earlier generation.
+struct Retiring {
+    pid: Pid,
+    /// Its row in the stats region.
+    row: usize,
+    /// It was told to drain (SIGUSR2).
+    signaled: bool,
+}
+
+/// How long a reload waits for the new generation to serve before retiring the old.
+const NEW_GENERATION_WAIT: Duration = Duration::from_secs(5);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Running,
@@ -64,8 +76,10 @@ struct Supervisor {
     config: Config,
     sockets: Sockets,
     slots: Vec<Slot>,
-    /// Workers of earlier generations, draining after a reload, with their region rows.
-    retiring: Vec<(Pid, usize)>,
+    /// Workers of earlier generations, draining after a reload.
+    retiring: Vec<Retiring>,
+    /// When to retire the old generation even if the new one is not serving yet.
+    retire_after: Option<Instant>,
     state: State,
     region: Rc<Region>,
     region_slots: SlotAllocator,
@@ -117,6 +131,7 @@ pub fn run(config: Config) -> i32 {
     let mut sup = Supervisor {
         slots: Vec::new(),
         retiring: Vec::new(),
+        retire_after: None,
         state: State::Running,
         region,
         region_slots: SlotAllocator::default(),
@@ -124,6 +139,19 @@ pub fn run(config: Config) -> i32 {
         sockets,
         config,
     };
+    let published = std::fs::read_to_string(&sup.config.file)
+        .map_err(|e| e.to_string())
+        .and_then(|text| {
+            let path = sup.config.file.display().to_string();
+            shm_master_publish(&sup.region, 1, &path, &text)
+        });
+    if let Err(e) = published {
+        forkd_shared::log_at!(
+            forkd_shared::config::LogLevel::Emerg,
+            "publishing the configuration failed: {e}"
+        );
+        return 1;
+    }
     sup.region
         .layout()
         .header
@@ -163,6 +191,7 @@ impl Supervisor {
             match self.state {
                 State::Running => {
                     self.respawn_due(now);
+                    self.retire_old_generation(now);
                     if !self.slots.is_empty() && self.slots.iter().all(|s| s.failed) {
                         forkd_shared::alert!("no worker can start; exiting");
                         self.signal_all(Signal::SIGKILL);
@@ -197,6 +226,10 @@ impl Supervisor {
         }
         if let State::Stopping { kill_at } | State::FastStopping { kill_at } = self.state {
             until = until.min(kill_at);
+        }
+        if self.retire_after.is_some() {
+            // Watching the new generation come up.
+            until = until.min(now + Duration::from_millis(10));
         }
         until.saturating_duration_since(now)
     }
@@ -265,7 +298,7 @@ impl Supervisor {
             .slots
             .iter()
             .filter_map(|s| s.pid)
-            .chain(self.retiring.iter().map(|&(pid, _)| pid));
+            .chain(self.retiring.iter().map(|r| r.pid));
         for pid in pids {
             if let Err(e) = kill(pid, signal) {
                 forkd_shared::warn!("kill({pid}, {signal}) failed: {e}");
@@ -301,7 +334,7 @@ impl Supervisor {
             return;
         };
         shm_master::claim_slot(self.region.layout(), row, slot, self.generation);
-        match process::spawn_worker(slot, &self.config, &self.sockets, &self.region, row) {
+        match process::spawn_worker(slot, &self.config, &mut self.sockets, &self.region, row) {
             Ok(pid) => {
                 self.slots[slot].pid = Some(pid);
                 self.slots[slot].region_slot = Some(row);
@@ -324,8 +357,8 @@ impl Supervisor {
     }
 
     fn on_child_ended(&mut self, pid: Pid, how: Ended) {
-        if let Some(i) = self.retiring.iter().position(|&(p, _)| p == pid) {
-            let (_, row) = self.retiring.swap_remove(i);
+        if let Some(i) = self.retiring.iter().position(|r| r.pid == pid) {
+            let row = self.retiring.swap_remove(i).row;
             self.retire_row(row);
             forkd_shared::info!("old worker {pid} exited ({how:?})");
             return;
@@ -406,30 +439,60 @@ impl Supervisor {
         if self.state != State::Running {
             return;
         }
-        let config = match Config::load(&self.config.file) {
-            Ok(c) => c,
-            Err(errors) => {
-                for e in &errors.0 {
-                    forkd_shared::error!("reload failed, keeping the running configuration: {e}");
-                }
-                self.record_reload(Err(&errors.to_string()));
-                return;
+        match self.try_reload() {
+            Ok(how) => {
+                self.record_reload(Ok(()));
+                forkd_shared::notice!(
+                    "reloaded {}: generation {} {how}",
+                    self.config.file.display(),
+                    self.generation
+                );
             }
-        };
+            Err(message) => {
+                for line in message.lines() {
+                    forkd_shared::error!(
+                        "reload failed, keeping the running configuration: {line}"
+                    );
+                }
+                self.record_reload(Err(&message));
+            }
+        }
+    }
+
+    /// Loads, validates and applies the configuration file; on any error nothing
+    /// changes. Returns how it was applied.
+    fn try_reload(&mut self) -> Result<&'static str, String> {
+        let (config, text) =
+            Config::load_with_text(&self.config.file).map_err(|e| e.to_string())?;
+        if config.accept != self.config.accept {
+            return Err(format!(
+                "accept cannot change from {:?} to {:?} on reload (the sockets differ): restart, or upgrade the binary",
+                self.config.accept, config.accept
+            ));
+        }
         if config.pid_file != self.config.pid_file {
             forkd_shared::warn!(
                 "pid_file cannot change on reload; keeping {}",
                 self.config.pid_file.display()
             );
         }
-        let sockets = match Sockets::open(&config, Some(&self.sockets)) {
-            Ok(s) => s,
-            Err(e) => {
-                forkd_shared::error!("reload failed, keeping the running configuration: {e}");
-                self.record_reload(Err(&e.to_string()));
-                return;
+        if config.shm_file != self.config.shm_file {
+            forkd_shared::warn!(
+                "shm_file cannot change on reload; keeping {}",
+                self.config.shm_file.display()
+            );
+        }
+        let new_workers = self.config.needs_new_workers(&config);
+        // Open what the new configuration needs before anything changes.
+        let sockets = match new_workers {
+            Some(_) => {
+                Some(Sockets::open(&config, Some(&self.sockets)).map_err(|e| e.to_string())?)
             }
+            None => None,
         };
+        let generation = self.generation + 1;
+        let path = config.file.display().to_string();
+        shm_master_publish(&self.region, generation, &path, &text)?;
         if config.error_log != self.config.error_log || config.log_level != self.config.log_level {
             if let Err(e) = forkd_shared::log::init(&config.error_log, config.log_level, "-") {
                 forkd_shared::error!(
@@ -437,33 +500,69 @@ impl Supervisor {
                 );
             }
         }
-        // The new generation starts serving before the old one is told to drain.
-        let old: Vec<Pid> = self.slots.iter().filter_map(|s| s.pid).collect();
-        for slot in &mut self.slots {
-            if let (Some(pid), Some(row)) = (slot.pid.take(), slot.region_slot.take()) {
-                self.retiring.push((pid, row));
-            }
-        }
-        self.generation += 1;
+        self.generation = generation;
+        self.config = config;
         self.region
             .layout()
             .header
             .config_generation
-            .store(self.generation, Relaxed);
-        self.record_reload(Ok(()));
-        self.config = config;
-        // Sockets not reused are closed here; draining workers hold their own copies.
+            .store(generation, Relaxed);
+        let Some(sockets) = sockets else {
+            // Workers adopt the snapshot on their next loop turn; wake them for it.
+            self.signal_all(Signal::SIGHUP);
+            return Ok("adopted in place by the running workers");
+        };
+        // A new generation: it starts serving, then the old one is retired.
+        for slot in &mut self.slots {
+            if let (Some(pid), Some(row)) = (slot.pid.take(), slot.region_slot.take()) {
+                self.retiring.push(Retiring {
+                    pid,
+                    row,
+                    signaled: false,
+                });
+            }
+        }
+        // Sockets the new set does not reuse are closed here (old workers hold their
+        // own copies until they have drained them).
         self.sockets = sockets;
         self.start_generation();
-        for pid in old {
-            let _ = kill(pid, Signal::SIGQUIT);
-        }
-        forkd_shared::notice!(
-            "reloaded {}: {} new worker(s)",
-            self.config.file.display(),
-            self.slots.len()
-        );
+        self.retire_after = Some(Instant::now() + NEW_GENERATION_WAIT);
+        Ok("with new workers")
     }
+
+    /// Tells the old generation to drain once every new worker serves (or has had
+    /// `NEW_GENERATION_WAIT` to get there).
+    fn retire_old_generation(&mut self, now: Instant) {
+        let Some(deadline) = self.retire_after else {
+            return;
+        };
+        let layout = self.region.layout();
+        let all_serving = self.slots.iter().all(|s| match s.region_slot {
+            Some(row) => layout.slots[row].state.load(Relaxed) >= WorkerState::Serving as u32,
+            None => s.failed,
+        });
+        if !all_serving && now < deadline {
+            return;
+        }
+        self.retire_after = None;
+        for r in self.retiring.iter_mut().filter(|r| !r.signaled) {
+            if let Err(e) = kill(r.pid, Signal::SIGUSR2) {
+                forkd_shared::warn!("kill({}, SIGUSR2) failed: {e}", r.pid);
+            }
+            r.signaled = true;
+        }
+    }
+}
+
+/// Publishes the configuration text for workers to adopt.
+fn shm_master_publish(
+    region: &Region,
+    generation: u64,
+    path: &str,
+    text: &str,
+) -> Result<(), String> {
+    forkd_shared::shm::snapshot::publish(&region.layout().snapshot, generation, path, text)
+        .map_err(|e| e.to_string())
 }
 
 fn describe(how: Ended) -> String {

@@ -35,6 +35,8 @@ use std::time::{Duration, Instant};
 /// How long a closing connection's input is drained so the client reads the response
 /// instead of a reset.
 const LINGER: Duration = Duration::from_secs(2);
+/// While draining, an idle keep-alive connection is closed after this much idleness.
+const DRAIN_IDLE_GRACE: Duration = Duration::from_millis(500);
 /// Stop answering pipelined requests and write once this much output is queued.
 const BATCH_BYTES: usize = 64 * 1024;
 
@@ -484,12 +486,14 @@ impl Conn {
             Phase::ReadHead if self.in_start == self.in_end => {
                 if self.requests == 0 {
                     self.idle_since + server.header_timeout
+                } else if svc.draining {
+                    self.idle_since + server.keepalive_timeout.min(DRAIN_IDLE_GRACE)
                 } else {
                     self.idle_since + server.keepalive_timeout
                 }
             }
             Phase::ReadHead => self.head_since + server.header_timeout,
-            Phase::ReadBody { server: s, .. } => self.progress + svc.config.servers[s].body_timeout,
+            Phase::ReadBody { server: s, .. } => self.progress + svc.server(s).body_timeout,
             Phase::Write(_) => self.progress + server.send_timeout,
             Phase::Linger => self.idle_since + LINGER,
         };
@@ -520,14 +524,16 @@ impl Conn {
         }
     }
 
-    /// Graceful stop: an idle connection closes now; a busy one closes after its
-    /// current response (the response carries `Connection: close`).
-    pub fn on_drain(&self) -> Verdict {
-        if self.is_idle() {
-            Verdict::Close
-        } else {
-            Verdict::Keep
+    /// Drain began: an idle connection that has been idle for the grace closes now;
+    /// one that just finished a response gets the rest of the grace (its client is
+    /// likely about to send, and will get `Connection: close`); a busy one closes after
+    /// its current response.
+    pub fn on_drain(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        if self.is_idle() && self.idle_since + DRAIN_IDLE_GRACE <= svc.clock.now {
+            return Verdict::Close;
         }
+        self.arm(key, svc);
+        Verdict::Keep
     }
 
     /// Queues the answer to an unparseable request.
@@ -675,6 +681,9 @@ fn too_large(c: &mut Parts, svc: &mut Services, req: &Request, server: usize) {
 /// Runs the route's handler and queues its response. Returns the persistence used.
 fn respond(c: Parts, svc: &mut Services, req: &Request, server_index: usize) -> Persistence {
     *c.requests += 1;
+    // A body may have been read across a configuration change: fall back to the first
+    // server if this one is gone.
+    let server_index = server_index.min(svc.config.servers.len() - 1);
     let server: &Server = &svc.config.servers[server_index];
     let keep = req.keep_alive
         && !svc.draining

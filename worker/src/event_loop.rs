@@ -22,6 +22,7 @@ use nix::sys::signalfd::SignalFd;
 use slab::Slab;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 const SIGNALS: Token = Token(usize::MAX);
@@ -41,6 +42,33 @@ pub struct Routing {
     pub default: usize,
 }
 
+/// For each listener, the servers on its address (a validated config has at least one).
+fn routing(config: &Config) -> Vec<Routing> {
+    config
+        .listeners
+        .iter()
+        .map(|l| {
+            let servers: Vec<usize> = (0..config.servers.len())
+                .filter(|&s| config.servers[s].listen.contains(&l.addr))
+                .collect();
+            Routing {
+                default: servers[0],
+                servers,
+            }
+        })
+        .collect()
+}
+
+/// The input buffer size: room for the largest head any server accepts.
+fn max_header_bytes(config: &Config) -> usize {
+    config
+        .servers
+        .iter()
+        .map(|s| s.max_header_bytes)
+        .max()
+        .unwrap_or(16384)
+}
+
 /// Per-worker state every connection uses.
 pub struct Services {
     pub config: Config,
@@ -58,6 +86,16 @@ pub struct Services {
     pub draining: bool,
 }
 
+impl Services {
+    /// Server `index`, or the first one if a configuration change removed it.
+    pub fn server(&self, index: usize) -> &forkd_shared::config::Server {
+        self.config
+            .servers
+            .get(index)
+            .unwrap_or(&self.config.servers[0])
+    }
+}
+
 struct ListenerSlot {
     sock: TcpListener,
     accepts_since_rearm: u32,
@@ -71,11 +109,17 @@ enum Run {
     Stopping {
         drain_at: Instant,
     },
-    /// Not accepting; finishing connections until empty or `deadline`.
+    /// Taking no new work: accepting only what is already queued on the listeners
+    /// (until they are empty or `queue_until`), finishing connections until none are
+    /// left or `deadline`.
     Draining {
         deadline: Instant,
+        queue_until: Instant,
     },
 }
+
+/// How long a draining worker keeps accepting connections already queued for it.
+const QUEUE_DRAIN_MAX: Duration = Duration::from_secs(1);
 
 pub struct EventLoop {
     poll: Poll,
@@ -91,6 +135,10 @@ pub struct EventLoop {
     svc: Services,
     run: Run,
     expired: Vec<usize>,
+    /// The configuration generation this worker serves.
+    generation: u64,
+    /// A generation this worker must not adopt (it needs new workers; ours retire).
+    declined: u64,
 }
 
 impl EventLoop {
@@ -107,19 +155,7 @@ impl EventLoop {
                 what: "signalfd",
                 source,
             })?;
-        let routing = config
-            .listeners
-            .iter()
-            .map(|l| {
-                let servers: Vec<usize> = (0..config.servers.len())
-                    .filter(|&s| config.servers[s].listen.contains(&l.addr))
-                    .collect();
-                Routing {
-                    default: servers[0],
-                    servers,
-                }
-            })
-            .collect();
+        let routing = routing(&config);
         let listeners = init
             .listeners
             .into_iter()
@@ -133,12 +169,7 @@ impl EventLoop {
                 }
             })
             .collect();
-        let max_header = config
-            .servers
-            .iter()
-            .map(|s| s.max_header_bytes)
-            .max()
-            .unwrap_or(16384);
+        let max_header = max_header_bytes(&config);
         let logs = AccessLogs::open(&config.servers).map_err(InitError::AccessLog)?;
         let capacity = config.worker_connections.get();
         let mut event_loop = EventLoop {
@@ -165,6 +196,8 @@ impl EventLoop {
             },
             run: Run::Serving,
             expired: Vec::new(),
+            generation: 0,
+            declined: 0,
         };
         event_loop
             .resume_accepting()
@@ -178,6 +211,7 @@ impl EventLoop {
     /// Runs until stopped; returns the exit code.
     pub fn run(&mut self) -> i32 {
         forkd_shared::debug!("worker serving");
+        self.generation = self.svc.stats.slot().generation.load(Relaxed);
         self.svc.stats.serving();
         self.sample_stats();
         let code = self.serve();
@@ -200,6 +234,7 @@ impl EventLoop {
                 self.sample_stats();
             }
             self.svc.stats.heartbeat(self.svc.clock.now);
+            self.check_generation();
             let mut fast_exit = false;
             let events = std::mem::replace(&mut self.events, Events::with_capacity(0));
             for event in events.iter() {
@@ -226,8 +261,18 @@ impl EventLoop {
             }
             self.expire_deadlines();
             self.advance_run();
-            if let Run::Draining { deadline } = self.run {
-                if self.conns.is_empty() {
+            if let Run::Draining {
+                deadline,
+                queue_until,
+            } = self.run
+            {
+                if !self.listeners.is_empty() && self.queues_drained(queue_until) {
+                    // Nothing is queued for us any more: let the listeners go. The
+                    // master (or the workers that stay) keep the sockets open.
+                    self.pause_accepting();
+                    self.listeners.clear();
+                }
+                if self.conns.is_empty() && self.listeners.is_empty() {
                     return exit::OK;
                 }
                 if self.svc.clock.now >= deadline {
@@ -268,7 +313,11 @@ impl EventLoop {
         }
         match self.run {
             Run::Stopping { drain_at } => until = until.min(drain_at),
-            Run::Draining { deadline } => until = until.min(deadline),
+            Run::Draining { deadline, .. } if !self.listeners.is_empty() => {
+                // Check the accept queues often while emptying them.
+                until = until.min(deadline).min(now + Duration::from_millis(10));
+            }
+            Run::Draining { deadline, .. } => until = until.min(deadline),
             Run::Serving => {}
         }
         if let Some(at) = self.accept_retry_at {
@@ -284,6 +333,8 @@ impl EventLoop {
         while let Ok(Some(info)) = self.signals.read_signal() {
             match Signal::try_from(info.ssi_signo as i32) {
                 Ok(Signal::SIGQUIT) => self.begin_stop(),
+                Ok(Signal::SIGUSR2) => self.retire(),
+                Ok(Signal::SIGHUP) => {} // woken to look at the configuration generation
                 Ok(Signal::SIGTERM | Signal::SIGINT) => fast = true,
                 Ok(Signal::SIGUSR1) => {
                     if let Err(e) = forkd_shared::log::reopen() {
@@ -291,10 +342,22 @@ impl EventLoop {
                     }
                     self.svc.logs.reopen();
                 }
-                _ => {} // HUP, USR2, WINCH: the master's business
+                _ => {} // WINCH: the master's business
             }
         }
         fast
+    }
+
+    /// Replaced by a new generation (reload): drain at once; readiness is unaffected,
+    /// since the server as a whole stays ready.
+    fn retire(&mut self) {
+        if self.run != Run::Serving {
+            return;
+        }
+        self.run = Run::Stopping {
+            drain_at: self.svc.clock.now,
+        };
+        self.advance_run();
     }
 
     /// A graceful stop: readiness fails now; draining starts after `shutdown_delay`.
@@ -315,24 +378,125 @@ impl EventLoop {
         if self.svc.clock.now < drain_at {
             return;
         }
+        let now = self.svc.clock.now;
         let deadline = drain_at + self.svc.config.drain_timeout;
-        self.run = Run::Draining { deadline };
+        self.run = Run::Draining {
+            deadline,
+            queue_until: now + QUEUE_DRAIN_MAX,
+        };
         self.svc.draining = true;
         self.svc.stats.set_state(WorkerState::Draining);
-        self.pause_accepting();
-        // Close our copies of the listening sockets: the master keeps its own, so the
-        // queue survives for the workers that stay (or the next generation).
-        self.listeners.clear();
-        let idle: Vec<usize> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.on_drain() == Verdict::Close)
-            .map(|(k, _)| k)
-            .collect();
-        for key in idle {
-            self.close(key);
+        // Idle keep-alive connections get a short grace: a client about to send its next
+        // request gets an answer with `Connection: close` instead of a reset.
+        let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
+        for key in keys {
+            let verdict = self.conns[key].on_drain(key, &mut self.svc);
+            self.settle(key, verdict);
         }
         forkd_shared::info!("draining {} connection(s)", self.conns.len());
+    }
+
+    /// Whether the listeners' accept queues are empty (or it is time to stop anyway).
+    fn queues_drained(&self, queue_until: Instant) -> bool {
+        if self.svc.clock.now >= queue_until {
+            return true;
+        }
+        self.listeners.iter().all(|l| {
+            forkd_shared::sys::socket::listen_queue(l.sock.as_raw_fd())
+                .is_ok_and(|(depth, _)| depth == 0)
+        })
+    }
+
+    /// One atomic load per turn: has the master published a new configuration?
+    fn check_generation(&mut self) {
+        let published = self
+            .svc
+            .stats
+            .region()
+            .layout()
+            .header
+            .config_generation
+            .load(Relaxed);
+        if published == self.generation || published == self.declined {
+            return;
+        }
+        self.adopt(published);
+    }
+
+    /// Adopts the published configuration between requests: routes, timeouts, limits,
+    /// logs. A change that needs new processes is declined: the master starts a new
+    /// generation for it and retires this one.
+    fn adopt(&mut self, published: u64) {
+        let Some(snapshot) =
+            forkd_shared::shm::snapshot::read(&self.svc.stats.region().layout().snapshot)
+        else {
+            return;
+        };
+        if snapshot.generation != published {
+            return; // the master is between publishing and announcing: next turn
+        }
+        let config = match Config::parse(std::path::Path::new(&snapshot.path), &snapshot.text) {
+            Ok(mut c) => {
+                c.resolve_like(&self.svc.config);
+                c
+            }
+            Err(e) => {
+                forkd_shared::error!(
+                    "cannot adopt configuration generation {published}, keeping {}: {e}",
+                    self.generation
+                );
+                self.declined = published;
+                return;
+            }
+        };
+        if let Some(why) = self.svc.config.needs_new_workers(&config) {
+            forkd_shared::debug!("generation {published} needs new workers ({why})");
+            self.declined = published;
+            return;
+        }
+        let logs_changed = config.servers.iter().map(|s| &s.access_log).ne(self
+            .svc
+            .config
+            .servers
+            .iter()
+            .map(|s| &s.access_log));
+        if logs_changed {
+            match AccessLogs::open(&config.servers) {
+                Ok(logs) => {
+                    self.svc.logs.flush();
+                    self.svc.logs = logs;
+                }
+                Err(e) => {
+                    forkd_shared::error!("cannot adopt configuration generation {published}: opening its access log failed: {e}");
+                    self.declined = published;
+                    return;
+                }
+            }
+        } else if config.servers.len() != self.svc.config.servers.len() {
+            // Same destinations, but the server-to-log mapping is by index.
+            if let Ok(logs) = AccessLogs::open(&config.servers) {
+                self.svc.logs.flush();
+                self.svc.logs = logs;
+            }
+        }
+        if config.error_log != self.svc.config.error_log
+            || config.log_level != self.svc.config.log_level
+        {
+            let who = self.svc.stats.slot().worker.load(Relaxed).to_string();
+            if let Err(e) = forkd_shared::log::init(&config.error_log, config.log_level, &who) {
+                forkd_shared::error!("opening the new error log failed, keeping the old one: {e}");
+            }
+        }
+        let max_header = max_header_bytes(&config);
+        if max_header != max_header_bytes(&self.svc.config) {
+            self.svc.in_pool = BufferPool::new_full_length(max_header, 256);
+        }
+        self.svc.routing = routing(&config);
+        self.svc.cache = FileCache::default();
+        self.svc.config = config;
+        self.generation = published;
+        self.svc.stats.slot().generation.store(published, Relaxed);
+        forkd_shared::info!("adopted configuration generation {published}");
     }
 
     fn accept_on(&mut self, index: usize) {
@@ -415,7 +579,7 @@ impl EventLoop {
 
     /// After a drive: close, or make sure the poll reports what the connection waits for.
     fn settle(&mut self, key: usize, verdict: Verdict) {
-        if verdict == Verdict::Close || (self.svc.draining && self.conns[key].is_idle()) {
+        if verdict == Verdict::Close {
             self.close(key);
             return;
         }

@@ -48,7 +48,12 @@ pub fn run(init: WorkerInit) -> i32 {
     let prepared = setup::signals().and_then(|signals| {
         setup::follow_master(init.master)?;
         setup::pin(init.slot, &init.config.cpus)?;
-        event_loop::EventLoop::new(init, signals)
+        let user = init.config.user.clone();
+        let event_loop = event_loop::EventLoop::new(init, signals)?;
+        if let Some(user) = user {
+            setup::drop_privileges(&user)?;
+        }
+        Ok(event_loop)
     });
     match prepared {
         Ok(mut event_loop) => event_loop.run(),

@@ -25,6 +25,10 @@ pub enum InitError {
         source: std::io::Error,
     },
     AccessLog(std::io::Error),
+    User {
+        name: String,
+        why: String,
+    },
 }
 
 impl fmt::Display for InitError {
@@ -39,6 +43,7 @@ impl fmt::Display for InitError {
             InitError::Poll(e) => write!(f, "epoll_create failed: {e}"),
             InitError::Register { what, source } => write!(f, "epoll_ctl({what}) failed: {source}"),
             InitError::AccessLog(e) => write!(f, "opening the access log failed: {e}"),
+            InitError::User { name, why } => write!(f, "switching to user `{name}` failed: {why}"),
         }
     }
 }
@@ -110,4 +115,26 @@ pub fn raise_nofile(want: u64) {
     } else {
         forkd_shared::warn!("rlimit_nofile {want} is above the hard limit {hard}: using {hard}");
     }
+}
+
+/// Switches to `name`'s uid and primary gid, dropping supplementary groups. Runs after
+/// the worker opened what it needs (log files, the region mapping is inherited).
+pub fn drop_privileges(name: &str) -> Result<(), InitError> {
+    let err = |why: String| InitError::User {
+        name: name.to_string(),
+        why,
+    };
+    let user = nix::unistd::User::from_name(name)
+        .map_err(|e| err(format!("getpwnam: {e}")))?
+        .ok_or_else(|| err("no such user".into()))?;
+    if nix::unistd::geteuid() == user.uid {
+        return Ok(());
+    }
+    nix::unistd::setgroups(&[user.gid]).map_err(|e| err(format!("setgroups: {e}")))?;
+    nix::unistd::setgid(user.gid).map_err(|e| err(format!("setgid({}): {e}", user.gid)))?;
+    nix::unistd::setuid(user.uid).map_err(|e| err(format!("setuid({}): {e}", user.uid)))?;
+    // prctl(PR_SET_PDEATHSIG) is cleared by a credential change: set it again.
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGQUIT)
+        .map_err(|e| err(format!("prctl(PR_SET_PDEATHSIG): {e}")))?;
+    Ok(())
 }

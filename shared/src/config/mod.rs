@@ -27,6 +27,10 @@ use std::time::Duration;
 pub struct Config {
     /// The file this was read from (absolute).
     pub file: PathBuf,
+    /// `workers` as written (`Auto` is resolved into `workers` by whoever parses).
+    pub workers_setting: raw::Workers,
+    /// `cpu_affinity` as written (resolved into `cpus`).
+    pub cpu_affinity: raw::CpuAffinity,
     pub workers: NonZeroUsize,
     /// CPUs to pin workers to, worker i to `cpus[i % len]`; empty = no pinning.
     pub cpus: Vec<usize>,
@@ -34,6 +38,8 @@ pub struct Config {
     pub worker_connections: NonZeroUsize,
     pub multi_accept: NonZeroUsize,
     pub rlimit_nofile: Option<u64>,
+    /// Workers switch to this user (and its group) after starting; None: stay as is.
+    pub user: Option<String>,
     pub pid_file: PathBuf,
     pub shm_file: PathBuf,
     pub error_log: LogTarget,
@@ -104,6 +110,58 @@ impl Config {
             }])
         })?;
         Config::parse(&file, &text)
+    }
+
+    /// Like [`Config::load`], also returning the text (to publish it to workers).
+    pub fn load_with_text(path: &Path) -> Result<(Config, String), ConfigErrors> {
+        let file = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        let text = std::fs::read_to_string(&file).map_err(|source| {
+            ConfigErrors(vec![ConfigError {
+                file: file.clone(),
+                line: 0,
+                col: 0,
+                kind: ConfigErrorKind::Read(source),
+            }])
+        })?;
+        Config::parse(&file, &text).map(|c| (c, text))
+    }
+
+    /// What in `new` cannot be applied by the running workers, if anything: such a
+    /// change needs new worker processes (a new generation).
+    pub fn needs_new_workers(&self, new: &Config) -> Option<&'static str> {
+        if self.listeners != new.listeners {
+            Some("listen addresses or backlogs changed")
+        } else if self.workers_setting != new.workers_setting {
+            Some("the number of workers changed")
+        } else if self.cpu_affinity != new.cpu_affinity {
+            Some("cpu_affinity changed")
+        } else if self.workers != new.workers {
+            Some("the number of workers changed")
+        } else if self.accept != new.accept {
+            Some("the accept mode changed")
+        } else if self.cpus != new.cpus {
+            Some("cpu_affinity changed")
+        } else if self.rlimit_nofile != new.rlimit_nofile {
+            Some("rlimit_nofile changed")
+        } else if self.user != new.user {
+            Some("user changed")
+        } else {
+            None
+        }
+    }
+
+    /// Takes the master's resolution of `Auto` settings: `workers: Auto` and
+    /// `cpu_affinity: Auto` depend on the CPUs the parsing process may use, and a
+    /// pinned worker sees only its own.
+    pub fn resolve_like(&mut self, master: &Config) {
+        if self.workers_setting == master.workers_setting {
+            self.workers = master.workers;
+        }
+        if self.cpu_affinity == master.cpu_affinity
+            && self.workers_setting == master.workers_setting
+        {
+            self.cpus = master.cpus.clone();
+        }
     }
 
     /// Parses and validates `text` as if read from `file`.

@@ -27,6 +27,8 @@ pub struct RawConfig {
     pub multi_accept: NonZeroUsize,
     #[serde(default = "default_rlimit_nofile")]
     pub rlimit_nofile: Option<u64>,
+    #[serde(default)]
+    pub user: Option<String>,
     #[serde(default = "default_pid_file")]
     pub pid_file: String,
     #[serde(default = "default_shm_file")]

@@ -115,6 +115,23 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
             "must be at least 1, or None to keep the inherited limit".into(),
         );
     }
+    if let Some(user) = &raw.user {
+        match nix::unistd::User::from_name(user) {
+            Ok(Some(_)) => {}
+            Ok(None) => check.error(
+                &format!("\"{user}\""),
+                0,
+                "user".into(),
+                format!("no user named `{user}` on this system"),
+            ),
+            Err(e) => check.error(
+                &format!("\"{user}\""),
+                0,
+                "user".into(),
+                format!("looking up user `{user}` failed: {e}"),
+            ),
+        }
+    }
     if raw.servers.is_empty() {
         check.error(
             "servers",
@@ -271,12 +288,15 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
     }
     Ok(Config {
         file: file.to_path_buf(),
+        workers_setting: raw.workers,
+        cpu_affinity: raw.cpu_affinity,
         workers,
         cpus,
         accept: raw.accept,
         worker_connections: raw.worker_connections,
         multi_accept: raw.multi_accept,
         rlimit_nofile: raw.rlimit_nofile,
+        user: raw.user,
         pid_file: resolve(&base, &raw.pid_file),
         shm_file: resolve(&base, &raw.shm_file),
         error_log: resolve_log(&base, &raw.error_log),

@@ -5,12 +5,14 @@
 //! - `mapping`: creating and mapping the file (the only `unsafe`).
 //! - `master`: what the master writes: slots of new workers, folding exited workers
 //!   into the retired totals, system counters.
+//! - `snapshot`: the configuration the master publishes for workers to adopt.
 //! - `report`: a consistent reading of the region, as JSON, a table or Prometheus text.
 
 pub mod layout;
 pub mod mapping;
 pub mod master;
 pub mod report;
+pub mod snapshot;
 
 pub use mapping::{Region, ShmError};
 

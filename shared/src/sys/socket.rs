@@ -46,3 +46,52 @@ pub fn listen_queue(fd: RawFd) -> io::Result<(u32, u32)> {
     }
     Ok((info.tcpi_unacked, info.tcpi_sacked))
 }
+
+/// Attaches a classic BPF program to the `SO_REUSEPORT` group of `fd` that hands each
+/// new connection to one of the group's first `count` sockets, at random. Sockets join
+/// a group in `listen()` order and the master listens slot by slot, so the first
+/// `count` are the current slots'; any after them (a reload's removed slots) get no new
+/// connections and can be drained.
+pub fn steer_reuseport(fd: RawFd, count: u32) -> io::Result<()> {
+    // SKF_AD_OFF + SKF_AD_RANDOM: a pseudo-random u32 in the accumulator.
+    const SKF_AD_RANDOM_LOAD: u32 = (-0x1000i32) as u32 + 56;
+    let mut program = [
+        libc::sock_filter {
+            code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16,
+            jt: 0,
+            jf: 0,
+            k: SKF_AD_RANDOM_LOAD,
+        },
+        libc::sock_filter {
+            code: (libc::BPF_ALU | libc::BPF_MOD | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k: count.max(1),
+        },
+        libc::sock_filter {
+            code: (libc::BPF_RET | libc::BPF_A) as u16,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+    ];
+    let fprog = libc::sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_mut_ptr(),
+    };
+    // SAFETY: `fprog` points at `program`, both alive for the call; the kernel copies
+    // the program and checks it before attaching.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            (&fprog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if rc == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -704,7 +704,7 @@ fn killed_worker_is_replaced_in_its_slot() {
     let new = *after.iter().find(|&&w| w != survivor).unwrap();
     assert_ne!(new, victim);
     assert!(
-        wait_for_log(&d, &format!("({victim}) died"), Duration::from_secs(5)),
+        wait_for_log(&d, &format!("({victim}) was killed by SIGKILL"), Duration::from_secs(5)),
         "the death is not in the error log:\n{}",
         d.error_log()
     );

@@ -2,12 +2,13 @@
 
 use std::path::PathBuf;
 
-pub const USAGE: &str = "usage: forkd [-c FILE] [-t] [-s stop|quit|reload|reopen] [-V] [-h]
+pub const USAGE: &str = "usage: forkd [-c FILE] [-t] [-s stop|quit|reload|reopen|upgrade] [-V] [-h]
        forkd stats [-c FILE | --shm PATH] [--json] [--watch[=1s]]
   -c FILE   configuration file (default: conf/forkd.ron)
   -t        test the configuration and exit
   -s SIGNAL send a signal to the running master: stop (fast), quit (graceful),
-            reload (re-read the configuration), reopen (re-open log files)
+            reload (re-read the configuration, wait until in force), reopen
+            (re-open log files), upgrade (exec the binary on disk, wait until it serves)
   -V        print the version and exit
   -h        print this help and exit
   stats     print the shared-memory stats of the server configured in FILE (or of the
@@ -21,6 +22,7 @@ pub enum ControlSignal {
     Quit,
     Reload,
     Reopen,
+    Upgrade,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,9 +97,10 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Cli, String> {
                     "quit" => ControlSignal::Quit,
                     "reload" => ControlSignal::Reload,
                     "reopen" => ControlSignal::Reopen,
+                    "upgrade" => ControlSignal::Upgrade,
                     other => {
                         return Err(format!(
-                            "unknown signal `{other}`: use stop, quit, reload or reopen"
+                            "unknown signal `{other}`: use stop, quit, reload, reopen or upgrade"
                         ))
                     }
                 });

@@ -24,6 +24,7 @@ pub fn signal_for(control: ControlSignal) -> Signal {
         ControlSignal::Quit => Signal::SIGQUIT,
         ControlSignal::Reload => Signal::SIGHUP,
         ControlSignal::Reopen => Signal::SIGUSR1,
+        ControlSignal::Upgrade => Signal::SIGUSR2,
     }
 }
 
@@ -38,6 +39,9 @@ pub fn send(config: &Config, control: ControlSignal) -> i32 {
     };
     if control == ControlSignal::Reload {
         return reload(config, pid);
+    }
+    if control == ControlSignal::Upgrade {
+        return upgrade(config, pid);
     }
     signal(pid, signal_for(control))
 }
@@ -143,6 +147,53 @@ fn reload(config: &Config, pid: Pid) -> i32 {
                 "forkd: the reload was accepted, but not every worker reports generation {} after {RELOAD_WAIT:?}: see the error log",
                 layout.header.config_generation.load(Relaxed)
             );
+            return 1;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `-s upgrade`: USR2, then wait until the old master counts the upgrade as done
+/// (the new master serves) or failed (rolled back, with the reason).
+fn upgrade(config: &Config, pid: Pid) -> i32 {
+    let region = match Region::open_read(&config.shm_file) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("forkd: cannot follow the upgrade ({e}); sending USR2 without waiting");
+            return signal(pid, Signal::SIGUSR2);
+        }
+    };
+    let master = &region.layout().master;
+    let (ok, failed) = (
+        master.upgrades_ok.load(Relaxed),
+        master.upgrades_failed.load(Relaxed),
+    );
+    let code = signal(pid, Signal::SIGUSR2);
+    if code != 0 {
+        return code;
+    }
+    // The old master gives up after upgrade_timeout; allow for its rollback too.
+    let deadline = Instant::now() + config.upgrade_timeout + Duration::from_secs(10);
+    loop {
+        if master.upgrades_failed.load(Relaxed) > failed {
+            eprintln!(
+                "forkd: upgrade failed and was rolled back; master {pid} keeps serving:\n{}",
+                master.last_upgrade_error.get()
+            );
+            return 1;
+        }
+        if master.upgrades_ok.load(Relaxed) > ok {
+            let new = daemon::read_live(&config.pid_file)
+                .map_or_else(|_| "?".to_string(), |p| p.to_string());
+            println!("forkd: upgraded: master {new} serves; master {pid} is draining its workers");
+            return 0;
+        }
+        if kill(pid, None).is_err() {
+            eprintln!("forkd: the master {pid} exited during the upgrade");
+            return 1;
+        }
+        if Instant::now() >= deadline {
+            eprintln!("forkd: no answer to the upgrade from master {pid}: see the error log");
             return 1;
         }
         std::thread::sleep(Duration::from_millis(10));

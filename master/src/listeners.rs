@@ -5,6 +5,7 @@
 //! worker that dies or is replaced hands its queue to the next one in its slot instead
 //! of the kernel resetting the connections queued on it.
 
+use crate::inherited::Inherited;
 use forkd_shared::config::{AcceptMode, Config, Listener};
 use nix::sys::socket::{
     bind, listen, setsockopt, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType,
@@ -39,7 +40,11 @@ pub struct Sockets {
 impl Sockets {
     /// Binds every socket `config` needs, reusing the ones in `old` (same mode, address
     /// and slot) so that a reload never closes a queue that stays.
-    pub fn open(config: &Config, old: Option<&Sockets>) -> Result<Sockets, ListenError> {
+    pub fn open(
+        config: &Config,
+        old: Option<&Sockets>,
+        inherited: &mut Inherited,
+    ) -> Result<Sockets, ListenError> {
         let reuseport = config.accept == AcceptMode::ReusePort;
         let slots = if reuseport { config.workers.get() } else { 1 };
         let somaxconn = somaxconn();
@@ -49,7 +54,8 @@ impl Sockets {
             for l in &config.listeners {
                 let kept = old
                     .filter(|o| o.mode == config.accept)
-                    .and_then(|o| o.duplicate(slot, l.addr));
+                    .and_then(|o| o.duplicate(slot, l.addr))
+                    .or_else(|| inherited.take(l.addr, slot));
                 let sock = match kept {
                     Some(sock) => {
                         // listen() again on a listening socket changes its backlog in place.
@@ -86,6 +92,25 @@ impl Sockets {
         };
         sockets.steer()?;
         Ok(sockets)
+    }
+
+    /// `(fd, slot, address)` of every socket, to describe them to an exec'd binary.
+    pub fn describe(&self) -> Vec<(std::os::fd::RawFd, usize, SocketAddr)> {
+        let mut out = Vec::new();
+        for (slot, row) in self.by_slot.iter().enumerate() {
+            for (sock, &addr) in row.iter().zip(&self.addrs) {
+                out.push((sock.as_raw_fd(), slot, addr));
+            }
+        }
+        out
+    }
+
+    /// Clears close-on-exec on every socket (in the child that execs the new binary).
+    pub fn keep_across_exec(&self) {
+        use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+        for sock in self.by_slot.iter().flatten() {
+            let _ = fcntl(sock, FcntlArg::F_SETFD(FdFlag::empty()));
+        }
     }
 
     /// An empty set (what a worker leaves behind in its copy of the master's state).

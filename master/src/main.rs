@@ -2,8 +2,14 @@
 //!
 //! - `cli`: arguments.
 //! - `control`: `-s`: signalling a running master through its pid file.
-//! - `supervisor`: the master's loop: signals, workers, reload, stop.
-//! - `process`: forking a worker (the only `fork`) and reaping.
+//! - `startup`: what the master does before its first fork.
+//! - `supervisor`: the master's loop and state: signals, stop.
+//! - `workers`: generations of workers, respawn with backoff, retiring.
+//! - `reload`: HUP, in place or with a new generation.
+//! - `handover`, `upgrade`, `inherited`: binary upgrade (USR2) and inherited sockets
+//!   (from the previous master, or from systemd).
+//! - `notify`: systemd's sd_notify.
+//! - `process`: forking a worker and reaping.
 //! - `signals`: the master's signalfd.
 //! - `listeners`: binding the listening sockets.
 //! - `daemon`: the pid file.
@@ -12,11 +18,18 @@
 mod cli;
 mod control;
 mod daemon;
+mod handover;
+mod inherited;
 mod listeners;
+mod notify;
 mod process;
+mod reload;
 mod signals;
+mod startup;
 mod stats;
 mod supervisor;
+mod upgrade;
+mod workers;
 
 use forkd_shared::config::Config;
 
@@ -46,10 +59,16 @@ fn run() -> i32 {
         }
         other => other,
     };
-    let config = match Config::load(&cli.config) {
-        Ok(config) => config,
+    let (config, text) = match Config::load_with_text(&cli.config) {
+        Ok(loaded) => loaded,
         Err(errors) => {
             eprintln!("{errors}");
+            if let cli::Action::Run = action {
+                // Exec'd by a master being upgraded: it rolls back and says why.
+                if let Some(mut upgrade) = inherited::UpgradeChild::from_env() {
+                    upgrade.failed(&errors.to_string());
+                }
+            }
             if matches!(action, cli::Action::Test) {
                 eprintln!(
                     "forkd: configuration file {} test failed",
@@ -68,7 +87,7 @@ fn run() -> i32 {
             0
         }
         cli::Action::Signal(signal) => control::send(&config, signal),
-        cli::Action::Run => supervisor::run(config),
+        cli::Action::Run => startup::run(config, text),
         cli::Action::Stats(args) => stats::run(&config.shm_file, &args),
         cli::Action::Help | cli::Action::Version => unreachable!("handled above"),
     }

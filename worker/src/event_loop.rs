@@ -139,6 +139,8 @@ pub struct EventLoop {
     generation: u64,
     /// A generation this worker must not adopt (it needs new workers; ours retire).
     declined: u64,
+    /// Our master: only its snapshots are ours to adopt.
+    master: i32,
 }
 
 impl EventLoop {
@@ -198,6 +200,7 @@ impl EventLoop {
             expired: Vec::new(),
             generation: 0,
             declined: 0,
+            master: init.master.as_raw(),
         };
         event_loop
             .resume_accepting()
@@ -434,6 +437,11 @@ impl EventLoop {
         };
         if snapshot.generation != published {
             return; // the master is between publishing and announcing: next turn
+        }
+        if snapshot.publisher != self.master {
+            // Another master's (a binary upgrade shares the region): not ours.
+            self.declined = published;
+            return;
         }
         let config = match Config::parse(std::path::Path::new(&snapshot.path), &snapshot.text) {
             Ok(mut c) => {

@@ -46,6 +46,8 @@ pub struct Config {
     pub log_level: LogLevel,
     pub drain_timeout: Duration,
     pub shutdown_delay: Duration,
+    /// How long a binary upgrade waits for the new master to serve before rolling back.
+    pub upgrade_timeout: Duration,
     pub servers: Vec<Server>,
     /// Every distinct listen address with the largest backlog any server asked for.
     pub listeners: Vec<Listener>,

@@ -41,6 +41,8 @@ pub struct RawConfig {
     pub drain_timeout: ConfDuration,
     #[serde(default = "default_shutdown_delay")]
     pub shutdown_delay: ConfDuration,
+    #[serde(default = "default_upgrade_timeout")]
+    pub upgrade_timeout: ConfDuration,
     pub servers: Vec<RawServer>,
 }
 
@@ -198,6 +200,9 @@ fn default_drain_timeout() -> ConfDuration {
 }
 fn default_shutdown_delay() -> ConfDuration {
     ConfDuration(std::time::Duration::ZERO)
+}
+fn default_upgrade_timeout() -> ConfDuration {
+    ConfDuration(std::time::Duration::from_secs(10))
 }
 fn default_backlog() -> u32 {
     4096

@@ -303,6 +303,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
         log_level: raw.log_level,
         drain_timeout: raw.drain_timeout.0,
         shutdown_delay: raw.shutdown_delay.0,
+        upgrade_timeout: raw.upgrade_timeout.0,
         servers,
         listeners,
     })

@@ -203,8 +203,11 @@ pub struct Header {
     /// Wall-clock start of the master, ms since the epoch.
     pub start_time_ms: AtomicU64,
     pub config_generation: AtomicU64,
-    /// Odd while the master moves an exited worker's counters into `retired`.
+    /// Odd while a master moves an exited worker's counters into `retired`.
     pub fold_seq: AtomicU64,
+    /// Held (non-zero) by a master folding: during a binary upgrade two masters share
+    /// the region.
+    pub fold_lock: AtomicU32,
 }
 
 #[repr(C, align(64))]
@@ -212,8 +215,11 @@ pub struct MasterStats {
     pub respawns: AtomicU64,
     pub reloads_ok: AtomicU64,
     pub reloads_failed: AtomicU64,
+    pub upgrades_ok: AtomicU64,
+    pub upgrades_failed: AtomicU64,
     pub last_respawn_reason: Text<256>,
     pub last_reload_error: Text<1024>,
+    pub last_upgrade_error: Text<1024>,
 }
 
 #[repr(C)]
@@ -245,6 +251,10 @@ pub struct SnapshotArea {
     /// Odd while the master writes a new snapshot.
     pub seq: AtomicU64,
     pub generation: AtomicU64,
+    /// The master that published it: workers adopt only their own master's snapshots
+    /// (during a binary upgrade two masters share the region).
+    pub publisher: AtomicI32,
+    _pad: AtomicU32,
     pub len: AtomicU64,
     pub path: Text<4096>,
     pub data: [AtomicU8; SNAPSHOT_BYTES],

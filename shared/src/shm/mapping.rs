@@ -90,9 +90,10 @@ pub const REGION_SIZE: usize = std::mem::size_of::<Layout>();
 
 impl Region {
     /// Creates a fresh region at `path` (mode 0640) for the master `pid`. Refuses when
-    /// a live master other than `pid` owns the existing file. The old file is unlinked,
-    /// not truncated, so a reader that still maps it keeps valid pages.
-    pub fn create(path: &Path, pid: i32) -> Result<Region, ShmError> {
+    /// a live master other than `pid` (or `upgrading_from`, the master it replaces)
+    /// owns the existing file. The old file is unlinked, not truncated, so a reader that
+    /// still maps it keeps valid pages.
+    pub fn create(path: &Path, pid: i32, upgrading_from: Option<i32>) -> Result<Region, ShmError> {
         let io = |op| {
             move |source| ShmError::Io {
                 op,
@@ -102,7 +103,7 @@ impl Region {
         };
         if let Ok(existing) = Region::open_read(path) {
             let owner = existing.layout().header.master_pid.load(Relaxed);
-            if owner != pid && owner > 0 && process_alive(owner) {
+            if owner != pid && Some(owner) != upgrading_from && owner > 0 && process_alive(owner) {
                 return Err(ShmError::InUse {
                     path: path.to_path_buf(),
                     pid: owner,
@@ -141,6 +142,42 @@ impl Region {
         h.start_time_ms.store(super::now_ms(), Relaxed);
         h.magic.store(MAGIC, std::sync::atomic::Ordering::Release);
         Ok(region)
+    }
+
+    /// Maps the existing region at `path` for writing, to share it with the master `from`
+    /// that exec'd this one (binary upgrade): counters carry over exactly. Fails when
+    /// the file is not a region of this layout version, or `from` does not own it; the
+    /// caller then creates a fresh region.
+    pub fn attach(path: &Path, from: i32) -> Result<Region, ShmError> {
+        let io = |op| {
+            move |source| ShmError::Io {
+                op,
+                path: path.to_path_buf(),
+                source,
+            }
+        };
+        let existing = Region::open_read(path)?;
+        let owner = existing.layout().header.master_pid.load(Relaxed);
+        if owner != from {
+            return Err(ShmError::InUse {
+                path: path.to_path_buf(),
+                pid: owner,
+            });
+        }
+        drop(existing);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io("open"))?;
+        // SAFETY: checked above to be a region of this layout and at least this size;
+        // every process accesses it only through atomics.
+        let map =
+            unsafe { MmapOptions::new().len(REGION_SIZE).map_mut(&file) }.map_err(io("mmap"))?;
+        Ok(Region {
+            map: Map::Rw(map),
+            path: path.to_path_buf(),
+        })
     }
 
     /// Maps an existing region read-only, checking that it is a forkd region of this

@@ -1,29 +1,25 @@
 //! The master's writes to the region.
 
-use super::layout::{bump, Counters, Layout, WorkerState, MAX_SLOTS};
-use std::sync::atomic::Ordering::{Relaxed, Release};
+use super::layout::{bump, Counters, Layout, WorkerState};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
-/// Region slots not in use by a live worker.
-pub struct SlotAllocator {
-    free: Vec<usize>,
-}
-
-impl Default for SlotAllocator {
-    fn default() -> Self {
-        // Hand out low indexes first, so a region's rows read in start order.
-        SlotAllocator {
-            free: (0..MAX_SLOTS).rev().collect(),
+/// Claims a free row (empty, or left by an exited worker whose counters were folded)
+/// for a worker about to be forked. A compare-and-swap on the row's state, so two
+/// masters sharing the region during a binary upgrade never claim the same row.
+pub fn claim_free_slot(layout: &Layout, worker: usize, generation: u64) -> Option<usize> {
+    for (index, slot) in layout.slots.iter().enumerate() {
+        for free in [WorkerState::Empty, WorkerState::Exited] {
+            if slot
+                .state
+                .compare_exchange(free as u32, WorkerState::Starting as u32, AcqRel, Relaxed)
+                .is_ok()
+            {
+                claim_slot(layout, index, worker, generation);
+                return Some(index);
+            }
         }
     }
-}
-
-impl SlotAllocator {
-    pub fn take(&mut self) -> Option<usize> {
-        self.free.pop()
-    }
-    pub fn give(&mut self, index: usize) {
-        self.free.push(index);
-    }
+    None
 }
 
 /// Prepares slot `index` for a worker about to be forked.
@@ -35,12 +31,21 @@ pub fn claim_slot(layout: &Layout, index: usize, worker: usize, generation: u64)
     s.started_ms.store(super::now_ms(), Relaxed);
     s.heartbeat_ms.store(super::monotonic_ms(), Relaxed);
     s.state.store(WorkerState::Starting as u32, Release);
+    // (For `claim_free_slot` the state is already Starting; storing it again is harmless.)
 }
 
 /// Moves the counters of the exited worker in slot `index` into the retired totals and
 /// clears the slot, under `fold_seq` so readers never count them twice or not at all.
 pub fn fold_slot(layout: &Layout, index: usize) {
     let h = &layout.header;
+    let me = std::process::id().max(1);
+    while h
+        .fold_lock
+        .compare_exchange(0, me, Acquire, Relaxed)
+        .is_err()
+    {
+        std::thread::yield_now(); // another master is folding, for microseconds
+    }
     h.fold_seq.fetch_add(1, Release); // odd: folding
     std::sync::atomic::fence(Release);
     let slot = &layout.slots[index];
@@ -56,8 +61,9 @@ pub fn fold_slot(layout: &Layout, index: usize) {
     ] {
         gauge.store(0, Relaxed);
     }
-    slot.state.store(WorkerState::Exited as u32, Relaxed);
+    slot.state.store(WorkerState::Exited as u32, Release);
     h.fold_seq.fetch_add(1, Release); // even: done
+    h.fold_lock.store(0, Release);
 }
 
 /// Marks a slot unused (its worker's counters must have been folded).

@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
     pub generation: u64,
+    pub publisher: i32,
     pub path: String,
     pub text: String,
 }
@@ -32,9 +33,10 @@ impl std::fmt::Display for TooLarge {
     }
 }
 
-/// Publishes `text` (read from `path`) as `generation`.
+/// Publishes `text` (read from `path`) as `generation`, by the master `publisher`.
 pub fn publish(
     area: &SnapshotArea,
+    publisher: i32,
     generation: u64,
     path: &str,
     text: &str,
@@ -50,6 +52,7 @@ pub fn publish(
     area.len.store(text.len() as u64, Relaxed);
     area.path.set(path);
     area.generation.store(generation, Relaxed);
+    area.publisher.store(publisher, Relaxed);
     area.seq.fetch_add(1, Release); // even: done
     Ok(())
 }
@@ -63,6 +66,7 @@ pub fn read(area: &SnapshotArea) -> Option<Snapshot> {
             continue;
         }
         let generation = area.generation.load(Relaxed);
+        let publisher = area.publisher.load(Relaxed);
         let len = (area.len.load(Relaxed) as usize).min(SNAPSHOT_BYTES);
         let bytes: Vec<u8> = area.data[..len].iter().map(|b| b.load(Relaxed)).collect();
         let path = area.path.get();
@@ -75,6 +79,7 @@ pub fn read(area: &SnapshotArea) -> Option<Snapshot> {
         }
         return Some(Snapshot {
             generation,
+            publisher,
             path,
             text: String::from_utf8_lossy(&bytes).into_owned(),
         });

@@ -1,0 +1,132 @@
+//! Starting the master: the minimum before the first fork. Error log, pid file check,
+//! stats region, listening sockets (bound, or inherited from systemd or from the
+//! master being upgraded), signals, pid file, the published configuration, then the
+//! workers.
+
+use crate::daemon::PidFile;
+use crate::handover::Starting;
+use crate::inherited::{Inherited, UpgradeChild};
+use crate::listeners::Sockets;
+use crate::signals::Signals;
+use crate::supervisor::{State, Supervisor};
+use forkd_shared::config::{Config, LogLevel};
+use forkd_shared::shm::Region;
+use std::rc::Rc;
+
+/// Runs the master until it stops; returns the exit code.
+pub fn run(config: Config, text: String) -> i32 {
+    let mut upgrade = UpgradeChild::from_env();
+    let mut inherited = Inherited::from_env();
+    if let Err(e) = forkd_shared::log::init(&config.error_log, config.log_level, "-") {
+        eprintln!("forkd: cannot open the error log: {e}");
+        return fail(&mut upgrade, format!("cannot open the error log: {e}"));
+    }
+    if upgrade.is_none() {
+        if let Err(e) = PidFile::check_free(&config.pid_file) {
+            return fail(&mut upgrade, e.to_string());
+        }
+    }
+    let me = std::process::id() as i32;
+    let from = upgrade.as_ref().map(|u| u.from);
+    // A binary upgrade shares the old master's region when the layout matches, so
+    // every counter carries over; otherwise it starts a fresh one.
+    let region = match from.map(|from| Region::attach(&config.shm_file, from)) {
+        Some(Ok(r)) => Ok(r),
+        _ => Region::create(&config.shm_file, me, from),
+    };
+    let region = match region {
+        Ok(r) => Rc::new(r),
+        Err(e) => return fail(&mut upgrade, e.to_string()),
+    };
+    let sockets = match Sockets::open(&config, None, &mut inherited) {
+        Ok(s) => s,
+        Err(e) => return fail(&mut upgrade, e.to_string()),
+    };
+    inherited.close_unused();
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => return fail(&mut upgrade, format!("signalfd failed: {e}")),
+    };
+    // A new master writes the pid file once it serves (see `handover.rs`).
+    let pid_file = match upgrade {
+        Some(_) => None,
+        None => match PidFile::write(&config.pid_file) {
+            Ok(p) => Some(p),
+            Err(e) => return fail(&mut upgrade, e.to_string()),
+        },
+    };
+    let (exe, args) = own_command();
+    let mut sup = Supervisor {
+        config,
+        text: String::new(),
+        sockets,
+        slots: Vec::new(),
+        retiring: Vec::new(),
+        retire_after: None,
+        state: State::Running,
+        region,
+        generation: 0,
+        parked: false,
+        starting: None,
+        reload_pending: None,
+        upgrade: None,
+        pid_file,
+        exe,
+        args,
+    };
+    let config = sup.config.clone();
+    if let Err(e) = sup.publish(&config, &text) {
+        return fail(
+            &mut upgrade,
+            format!("publishing the configuration failed: {e}"),
+        );
+    }
+    sup.text = text;
+    sup.start_generation();
+    sup.starting = Some(match upgrade.take() {
+        Some(child) => Starting::Upgraded(child),
+        None => Starting::Fresh,
+    });
+    forkd_shared::notice!(
+        "forkd {} started: {} worker(s), accept {:?}, listening on {}{}",
+        env!("CARGO_PKG_VERSION"),
+        sup.slots.len(),
+        sup.config.accept,
+        sup.sockets
+            .addrs
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        if inherited.source.is_empty() {
+            String::new()
+        } else {
+            format!(" (sockets from {})", inherited.source)
+        }
+    );
+    let code = sup.run(&mut signals);
+    drop(sup.pid_file.take());
+    forkd_shared::notice!("forkd exited");
+    code
+}
+
+/// This binary's path, resolved now (an upgrade execs whatever is at that path then,
+/// even if the running file was replaced), and the arguments it was started with.
+fn own_command() -> (std::path::PathBuf, Vec<std::ffi::OsString>) {
+    let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
+    // A replaced binary shows as "path (deleted)": exec the path, not the old inode.
+    let exe = match exe.to_str().and_then(|s| s.strip_suffix(" (deleted)")) {
+        Some(path) => path.into(),
+        None => exe,
+    };
+    (exe, std::env::args_os().skip(1).collect())
+}
+
+/// Reports a start-up failure (to the master being upgraded too); the exit code.
+fn fail(upgrade: &mut Option<UpgradeChild>, message: String) -> i32 {
+    forkd_shared::log_at!(LogLevel::Emerg, "{message}");
+    if let Some(up) = upgrade.as_mut() {
+        up.failed(&message);
+    }
+    1
+}

@@ -4,8 +4,12 @@
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 pub struct Clock {
-    /// Monotonic time of this loop turn: deadlines are measured against it.
+    /// Monotonic time of this loop turn.
     pub now: Instant,
+    /// The same, in microseconds since the worker started: connection deadlines are
+    /// measured in it (see `timers.rs`).
+    pub now_us: u64,
+    origin: Instant,
     /// Wall-clock seconds since the epoch of this loop turn.
     pub unix_secs: u64,
     http_date: [u8; 29],
@@ -14,8 +18,11 @@ pub struct Clock {
 
 impl Clock {
     pub fn new() -> Clock {
+        let origin = Instant::now();
         let mut clock = Clock {
-            now: Instant::now(),
+            now: origin,
+            now_us: 0,
+            origin,
             unix_secs: u64::MAX,
             http_date: [b' '; 29],
             log_time: [b' '; 26],
@@ -28,6 +35,7 @@ impl Clock {
     /// Returns true when a new second started.
     pub fn tick(&mut self) -> bool {
         self.now = Instant::now();
+        self.now_us = self.micros(self.now);
         let wall = SystemTime::now();
         let secs = wall.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         if secs == self.unix_secs {
@@ -41,8 +49,28 @@ impl Clock {
         true
     }
 
+    /// `at` in microseconds since the worker started.
+    pub fn micros(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.origin).as_micros() as u64
+    }
+
+    /// Microseconds since the worker started, read now (not at the loop turn).
+    pub fn precise_us(&self) -> u64 {
+        self.micros(Instant::now())
+    }
+
+    /// The `Instant` of a time in microseconds since the worker started.
+    pub fn instant(&self, us: u64) -> Instant {
+        self.origin + std::time::Duration::from_micros(us)
+    }
+
     /// `Sun, 29 Nov 2026 22:10:00 GMT`
     pub fn http_date(&self) -> &[u8] {
+        &self.http_date
+    }
+
+    /// The same, by value-friendly array reference.
+    pub fn http_date_array(&self) -> &[u8; 29] {
         &self.http_date
     }
 

@@ -25,18 +25,18 @@ use crate::http::chunked::{ChunkedDecoder, ChunkedError};
 use crate::http::request::{self, BodyKind, Method, Request, RequestError, Version};
 use crate::http::response::{self, Persistence, Status};
 use crate::out::{Flush, OutQueue};
-use crate::timers::Deadline;
+use crate::timers::{Deadline, Micros};
 use forkd_shared::config::{Handler, Server};
 use mio::net::TcpStream;
 use std::io::{self, Read};
-use std::net::{Shutdown, SocketAddr};
-use std::time::{Duration, Instant};
+use std::net::{IpAddr, Shutdown};
+use std::time::Duration;
 
 /// How long a closing connection's input is drained so the client reads the response
 /// instead of a reset.
-const LINGER: Duration = Duration::from_secs(2);
+const LINGER: Micros = 2_000_000;
 /// While draining, an idle keep-alive connection is closed after this much idleness.
-const DRAIN_IDLE_GRACE: Duration = Duration::from_millis(500);
+const DRAIN_IDLE_GRACE: Micros = 500_000;
 /// Stop answering pipelined requests and write once this much output is queued.
 const BATCH_BYTES: usize = 64 * 1024;
 
@@ -55,16 +55,20 @@ enum Body {
     Chunked(ChunkedDecoder),
 }
 
+/// A request whose body is being read: answered once the body is in.
+struct PendingBody {
+    /// A copy of the request head, parsed again to answer.
+    head: Box<[u8]>,
+    body: Body,
+    server: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     /// Waiting for (the rest of) a request head.
     ReadHead,
-    /// Reading a request body; `head` is a copy of the request head, answered once the
-    /// body is in.
-    ReadBody {
-        head: Box<[u8]>,
-        body: Body,
-        server: usize,
-    },
+    /// Reading a request body (see `Busy::body`).
+    ReadBody,
     /// Writing queued responses.
     Write(After),
     /// Response sent and our side shut down: discarding input until EOF or timeout.
@@ -86,24 +90,52 @@ pub enum Verdict {
     Close,
 }
 
-pub struct Conn {
-    stream: TcpStream,
-    peer: SocketAddr,
-    /// The listener it came through: selects the servers it may be routed to.
-    listener: usize,
-    phase: Phase,
+/// What a connection holds only while it has work: buffers and a body under way.
+/// Taken from a pool when bytes arrive and given back when the connection is idle
+/// again, so an idle keep-alive connection is just its `Conn` (about 80 bytes).
+pub struct Busy {
     inbuf: Vec<u8>,
     in_start: usize,
     in_end: usize,
     out: OutQueue,
-    requests: u64,
-    pub deadline: Deadline,
-    /// When the connection became idle (or was accepted).
-    idle_since: Instant,
-    /// When the first byte of the current head arrived.
-    head_since: Instant,
-    /// Last time a read or write made progress.
-    progress: Instant,
+    body: Option<PendingBody>,
+}
+
+impl Busy {
+    /// A fresh one, with an input buffer of `in_capacity` bytes.
+    pub fn new(in_capacity: usize) -> Box<Busy> {
+        Box::new(Busy {
+            inbuf: vec![0; in_capacity],
+            in_start: 0,
+            in_end: 0,
+            out: OutQueue::default(),
+            body: None,
+        })
+    }
+
+    /// The size of its input buffer (to drop it when the configuration wants another).
+    pub fn in_capacity(&self) -> usize {
+        self.inbuf.len()
+    }
+
+    fn idle(&self) -> bool {
+        self.in_start == self.in_end && self.out.is_empty() && self.body.is_none()
+    }
+
+    /// Empties it for reuse by another connection (the buffers stay allocated).
+    pub fn reset(&mut self) {
+        self.in_start = 0;
+        self.in_end = 0;
+        self.body = None;
+        self.out.clear();
+    }
+}
+
+pub struct Conn {
+    stream: TcpStream,
+    /// The listener it came through: selects the servers it may be routed to.
+    listener: u16,
+    phase: Phase,
     /// The socket may have input we have not read (edge-triggered readiness).
     pub readable: bool,
     /// Registered with the poll for writability too.
@@ -111,8 +143,16 @@ pub struct Conn {
     /// Registered with the poll at all.
     pub registered: bool,
     nodelay: bool,
-    /// Bytes written, for the stats.
-    pub bytes_out: u64,
+    requests: u32,
+    peer: IpAddr,
+    pub deadline: Deadline,
+    /// When the connection became idle (or was accepted).
+    idle_since: Micros,
+    /// When the first byte of the current head arrived.
+    head_since: Micros,
+    /// Last time a read or write made progress.
+    progress: Micros,
+    busy: Option<Box<Busy>>,
 }
 
 /// Result of answering one parsed request.
@@ -126,26 +166,22 @@ enum Next {
 }
 
 impl Conn {
-    pub fn new(stream: TcpStream, peer: SocketAddr, listener: usize, now: Instant) -> Conn {
+    pub fn new(stream: TcpStream, peer: IpAddr, listener: usize, now: Micros) -> Conn {
         Conn {
             stream,
-            peer,
-            listener,
+            listener: listener as u16,
             phase: Phase::ReadHead,
-            inbuf: Vec::new(),
-            in_start: 0,
-            in_end: 0,
-            out: OutQueue::default(),
-            requests: 0,
-            deadline: Deadline::default(),
-            idle_since: now,
-            head_since: now,
-            progress: now,
             readable: true,
             write_interest: false,
             registered: false,
             nodelay: false,
-            bytes_out: 0,
+            requests: 0,
+            peer,
+            deadline: Deadline::default(),
+            idle_since: now,
+            head_since: now,
+            progress: now,
+            busy: None,
         }
     }
 
@@ -153,9 +189,13 @@ impl Conn {
         &mut self.stream
     }
 
+    fn listener(&self) -> usize {
+        usize::from(self.listener)
+    }
+
     /// Idle: between requests, with nothing buffered either way.
     pub fn is_idle(&self) -> bool {
-        matches!(self.phase, Phase::ReadHead) && self.in_start == self.in_end && self.out.is_empty()
+        self.phase == Phase::ReadHead && self.busy.as_ref().is_none_or(|b| b.idle())
     }
 
     pub fn activity(&self) -> Activity {
@@ -170,25 +210,27 @@ impl Conn {
     /// response not fully sent (nginx's 499).
     pub fn abandoned(&self) -> bool {
         match self.phase {
-            Phase::ReadBody { .. } => true,
-            Phase::Write(After::ReadHead) => !self.out.is_empty(),
+            Phase::ReadBody => true,
+            Phase::Write(After::ReadHead) => self.wants_write(),
             _ => false,
         }
     }
 
     /// Output is waiting for the socket to take it.
     pub fn wants_write(&self) -> bool {
-        !self.out.is_empty()
+        self.busy.as_ref().is_some_and(|b| !b.out.is_empty())
     }
 
-    /// Gives the buffers back to the pools (the connection is closing).
+    /// Gives the buffers back to the pool (the connection is closing).
     pub fn release(&mut self, svc: &mut Services) {
-        if self.inbuf.capacity() > 0 {
-            svc.in_pool.give(std::mem::take(&mut self.inbuf));
+        if let Some(busy) = self.busy.take() {
+            svc.give_busy(busy);
         }
-        if let Some(buf) = self.out.detach() {
-            svc.out_pool.give(buf);
-        }
+    }
+
+    /// The buffers, taken from the pool if the connection has none.
+    fn busy(&mut self, svc: &mut Services) -> &mut Busy {
+        self.busy.get_or_insert_with(|| svc.take_busy())
     }
 
     /// Advances the connection as far as it can go without blocking.
@@ -210,7 +252,7 @@ impl Conn {
                     Ok(Flush::Done) => match then {
                         After::ReadHead => {
                             self.phase = Phase::ReadHead;
-                            self.idle_since = svc.clock.now;
+                            self.idle_since = svc.clock.now_us;
                             if !self.nodelay {
                                 // Keep-alive from here on: a small last segment must not
                                 // wait for a delayed ACK. Once per connection.
@@ -222,7 +264,7 @@ impl Conn {
                         After::Linger => {
                             let _ = self.stream.shutdown(Shutdown::Write);
                             self.phase = Phase::Linger;
-                            self.idle_since = svc.clock.now;
+                            self.idle_since = svc.clock.now_us;
                         }
                     },
                 },
@@ -232,10 +274,10 @@ impl Conn {
                             self.phase = Phase::Write(after);
                             continue;
                         }
-                        None if matches!(self.phase, Phase::ReadBody { .. }) => continue,
+                        None if self.phase == Phase::ReadBody => continue,
                         None => {}
                     }
-                    if !self.out.is_empty() {
+                    if self.wants_write() {
                         self.phase = Phase::Write(After::ReadHead);
                         continue;
                     }
@@ -245,8 +287,8 @@ impl Conn {
                         Err(_) => return Verdict::Close,
                     }
                 }
-                Phase::ReadBody { .. } => {
-                    if !self.out.is_empty() {
+                Phase::ReadBody => {
+                    if self.wants_write() {
                         // `100 Continue`: send it before waiting for the body.
                         match self.flush(svc) {
                             Err(_) => return Verdict::Close,
@@ -259,7 +301,7 @@ impl Conn {
                             self.phase = Phase::Write(after);
                             continue;
                         }
-                        None if matches!(self.phase, Phase::ReadHead) => continue,
+                        None if self.phase == Phase::ReadHead => continue,
                         None => {}
                     }
                     match self.fill(svc) {
@@ -271,8 +313,9 @@ impl Conn {
                 Phase::Linger => {
                     // Read and drop until the client closes or the socket is empty.
                     loop {
-                        self.in_start = 0;
-                        self.in_end = 0;
+                        let busy = self.busy(svc);
+                        busy.in_start = 0;
+                        busy.in_end = 0;
                         match self.fill(svc) {
                             Ok(true) => continue,
                             Ok(false) => return Verdict::Keep,
@@ -289,39 +332,36 @@ impl Conn {
     /// `None` when it needs more input or has entered `ReadBody`, or when a batch of
     /// output should be written first.
     fn answer_buffered(&mut self, svc: &mut Services) -> Option<After> {
+        let busy = self.busy.as_deref_mut()?;
+        let default_server = svc.routing[usize::from(self.listener)].default;
+        let max_header = svc.config.servers[default_server].max_header_bytes;
         loop {
-            if self.in_start == self.in_end {
+            if busy.in_start == busy.in_end {
                 return None;
             }
-            if self.out.mem_len() >= BATCH_BYTES || self.out.has_file() {
+            if busy.out.mem_len() >= BATCH_BYTES || busy.out.has_file() {
                 return None; // write this batch first
             }
-            let default_server = svc.routing[self.listener].default;
-            let max_header = svc.config.servers[default_server].max_header_bytes;
-            // Borrow the input buffer and the rest of the connection separately: the
-            // parsed request points into the buffer while its answer is queued.
-            let Conn {
+            // Borrow the input buffer and the rest separately: the parsed request
+            // points into the buffer while its answer is queued.
+            let Busy {
                 inbuf,
                 in_start,
                 in_end,
                 out,
-                phase,
-                requests,
-                peer,
-                listener,
-                head_since,
-                ..
-            } = self;
+                body,
+            } = &mut *busy;
             let buf = &inbuf[*in_start..*in_end];
             let step = match request::parse(buf, max_header) {
                 Ok(Some(req)) => {
                     let parts = Parts {
                         out,
-                        phase,
-                        requests,
-                        peer: *peer,
-                        listener: *listener,
-                        started: *head_since,
+                        body,
+                        phase: &mut self.phase,
+                        requests: &mut self.requests,
+                        peer: self.peer,
+                        listener: usize::from(self.listener),
+                        started: self.head_since,
                     };
                     let next = answer(parts, svc, &req, &buf[..req.head_len]);
                     Ok(Some((req.head_len, next)))
@@ -331,10 +371,10 @@ impl Conn {
             };
             match step {
                 Ok(Some((head_len, next))) => {
-                    self.in_start += head_len;
-                    if self.in_start == self.in_end {
-                        self.in_start = 0;
-                        self.in_end = 0;
+                    busy.in_start += head_len;
+                    if busy.in_start == busy.in_end {
+                        busy.in_start = 0;
+                        busy.in_end = 0;
                     }
                     match next {
                         Next::Continue => continue,
@@ -343,11 +383,11 @@ impl Conn {
                     }
                 }
                 Ok(None) => {
-                    if self.in_start > 0 {
+                    if busy.in_start > 0 {
                         // Make room at the end of the buffer for the rest of the head.
-                        self.inbuf.copy_within(self.in_start..self.in_end, 0);
-                        self.in_end -= self.in_start;
-                        self.in_start = 0;
+                        busy.inbuf.copy_within(busy.in_start..busy.in_end, 0);
+                        busy.in_end -= busy.in_start;
+                        busy.in_start = 0;
                     }
                     return None;
                 }
@@ -362,12 +402,11 @@ impl Conn {
     /// Consumes body bytes from the input buffer. When the body is complete, answers
     /// the request (`Some` if the connection then closes).
     fn discard_body(&mut self, svc: &mut Services) -> Option<After> {
-        let Phase::ReadBody { body, server, .. } = &mut self.phase else {
-            return None;
-        };
-        let server = *server;
-        let available = &self.inbuf[self.in_start..self.in_end];
-        let (used, done) = match body {
+        let busy = self.busy.as_deref_mut()?;
+        let pending = busy.body.as_mut()?;
+        let server = pending.server;
+        let available = &busy.inbuf[busy.in_start..busy.in_end];
+        let (used, done) = match &mut pending.body {
             Body::Length(remaining) => {
                 let used = (*remaining).min(available.len() as u64);
                 *remaining -= used;
@@ -380,31 +419,40 @@ impl Conn {
                         ChunkedError::BadFraming => Status::BAD_REQUEST,
                         ChunkedError::TooLarge => Status::CONTENT_TOO_LARGE,
                     };
+                    busy.body = None;
+                    busy.in_start = busy.in_end; // the rest cannot be trusted
                     self.phase = Phase::ReadHead;
-                    self.in_start = self.in_end; // the rest cannot be trusted
                     self.simple_error(svc, status, server);
                     return Some(After::Linger);
                 }
             },
         };
-        self.in_start += used;
-        if self.in_start == self.in_end {
-            self.in_start = 0;
-            self.in_end = 0;
+        busy.in_start += used;
+        if busy.in_start == busy.in_end {
+            busy.in_start = 0;
+            busy.in_end = 0;
         }
         if !done {
             return None;
         }
-        let Phase::ReadBody { head, .. } = std::mem::replace(&mut self.phase, Phase::ReadHead)
-        else {
-            unreachable!("checked above");
-        };
-        let max_header = head.len();
-        match request::parse(&head, max_header) {
-            Ok(Some(req)) => match respond(self.parts(), svc, &req, server) {
-                Persistence::Close => Some(After::Close),
-                _ => None,
-            },
+        let head = busy.body.take().expect("checked above").head;
+        self.phase = Phase::ReadHead;
+        match request::parse(&head, head.len()) {
+            Ok(Some(req)) => {
+                let parts = Parts {
+                    out: &mut busy.out,
+                    body: &mut busy.body,
+                    phase: &mut self.phase,
+                    requests: &mut self.requests,
+                    peer: self.peer,
+                    listener: usize::from(self.listener),
+                    started: self.head_since,
+                };
+                match respond(parts, svc, &req, server) {
+                    Persistence::Close => Some(After::Close),
+                    _ => None,
+                }
+            }
             // It parsed before being copied; parsing it again cannot fail.
             _ => Some(After::Close),
         }
@@ -416,29 +464,29 @@ impl Conn {
         if !self.readable {
             return Ok(false);
         }
-        if self.inbuf.capacity() == 0 {
-            self.inbuf = svc.in_pool.take();
-        }
-        if self.in_end == self.inbuf.len() {
-            if self.in_start == 0 {
+        let now = svc.clock.now_us;
+        let starts_head = self.phase == Phase::ReadHead;
+        let busy = self.busy.get_or_insert_with(|| svc.take_busy());
+        if busy.in_end == busy.inbuf.len() {
+            if busy.in_start == 0 {
                 // A full buffer that holds no complete head: the parser reports
                 // 414/431 before this; a body is consumed as it arrives.
                 return Err(io::ErrorKind::OutOfMemory.into());
             }
-            self.inbuf.copy_within(self.in_start..self.in_end, 0);
-            self.in_end -= self.in_start;
-            self.in_start = 0;
+            busy.inbuf.copy_within(busy.in_start..busy.in_end, 0);
+            busy.in_end -= busy.in_start;
+            busy.in_start = 0;
         }
-        let space = self.inbuf.len() - self.in_end;
+        let space = busy.inbuf.len() - busy.in_end;
         loop {
-            match self.stream.read(&mut self.inbuf[self.in_end..]) {
+            match self.stream.read(&mut busy.inbuf[busy.in_end..]) {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => {
-                    if self.in_start == self.in_end && matches!(self.phase, Phase::ReadHead) {
-                        self.head_since = svc.clock.now;
+                    if busy.in_start == busy.in_end && starts_head {
+                        self.head_since = now;
                     }
-                    self.in_end += n;
-                    self.progress = svc.clock.now;
+                    busy.in_end += n;
+                    self.progress = now;
                     svc.stats.bytes_in(n as u64);
                     // A short read drained the socket: the next edge will tell us of more.
                     self.readable = n == space;
@@ -455,46 +503,55 @@ impl Conn {
     }
 
     fn flush(&mut self, svc: &Services) -> io::Result<Flush> {
-        let before = self.bytes_out;
-        let result = self.out.flush(&mut self.stream, &mut self.bytes_out);
-        if self.bytes_out != before {
-            self.progress = svc.clock.now;
-            svc.stats.bytes_out(self.bytes_out - before);
+        let Some(busy) = self.busy.as_deref_mut() else {
+            return Ok(Flush::Done);
+        };
+        let mut sent = 0;
+        let result = busy.out.flush(&mut self.stream, &mut sent);
+        if sent > 0 {
+            self.progress = svc.clock.now_us;
+            svc.stats.bytes_out(sent);
         }
         result
     }
 
-    /// Returns buffers to the pools when they are empty, so an idle connection holds none.
+    /// Gives the buffers back to the pool when they hold nothing, so an idle
+    /// connection holds none.
     fn park(&mut self, svc: &mut Services) {
-        if self.in_start == self.in_end
-            && self.inbuf.capacity() > 0
-            && !matches!(self.phase, Phase::Linger)
-        {
-            self.in_start = 0;
-            self.in_end = 0;
-            svc.in_pool.give(std::mem::take(&mut self.inbuf));
+        if self.phase == Phase::Linger {
+            return;
         }
-        if let Some(buf) = self.out.detach() {
-            svc.out_pool.give(buf);
+        if self.busy.as_ref().is_some_and(|b| b.idle()) {
+            let busy = self.busy.take().expect("checked");
+            svc.give_busy(busy);
         }
     }
 
     /// Sets the deadline for the phase the connection waits in.
     fn arm(&mut self, key: usize, svc: &mut Services) {
-        let server = &svc.config.servers[svc.routing[self.listener].default];
+        let server = &svc.config.servers[svc.routing[self.listener()].default];
+        let us = |d: Duration| d.as_micros() as Micros;
+        let has_input = self.busy.as_ref().is_some_and(|b| b.in_start != b.in_end);
         let at = match self.phase {
-            Phase::ReadHead if self.in_start == self.in_end => {
+            Phase::ReadHead if !has_input => {
                 if self.requests == 0 {
-                    self.idle_since + server.header_timeout
+                    self.idle_since + us(server.header_timeout)
                 } else if svc.draining {
-                    self.idle_since + server.keepalive_timeout.min(DRAIN_IDLE_GRACE)
+                    self.idle_since + us(server.keepalive_timeout).min(DRAIN_IDLE_GRACE)
                 } else {
-                    self.idle_since + server.keepalive_timeout
+                    self.idle_since + us(server.keepalive_timeout)
                 }
             }
-            Phase::ReadHead => self.head_since + server.header_timeout,
-            Phase::ReadBody { server: s, .. } => self.progress + svc.server(s).body_timeout,
-            Phase::Write(_) => self.progress + server.send_timeout,
+            Phase::ReadHead => self.head_since + us(server.header_timeout),
+            Phase::ReadBody => {
+                let s = self
+                    .busy
+                    .as_ref()
+                    .and_then(|b| b.body.as_ref())
+                    .map_or(0, |p| p.server);
+                self.progress + us(svc.server(s).body_timeout)
+            }
+            Phase::Write(_) => self.progress + us(server.send_timeout),
             Phase::Linger => self.idle_since + LINGER,
         };
         svc.timers.set(key, &mut self.deadline, at);
@@ -502,16 +559,16 @@ impl Conn {
 
     /// The deadline passed: answer 408 where a request was under way, or close.
     pub fn on_timeout(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        let has_input = self.busy.as_ref().is_some_and(|b| b.in_start != b.in_end);
         match self.phase {
-            Phase::ReadHead if self.in_start == self.in_end => Verdict::Close,
-            Phase::ReadHead | Phase::ReadBody { .. } => {
-                let server = match self.phase {
-                    Phase::ReadBody { server, .. } => server,
-                    _ => svc.routing[self.listener].default,
-                };
+            Phase::ReadHead if !has_input => Verdict::Close,
+            Phase::ReadHead | Phase::ReadBody => {
+                let busy = self.busy(svc);
+                let server = busy.body.take().map(|p| p.server);
+                busy.in_start = 0;
+                busy.in_end = 0;
+                let server = server.unwrap_or(svc.routing[self.listener()].default);
                 self.phase = Phase::ReadHead;
-                self.in_start = 0;
-                self.in_end = 0;
                 self.simple_error(svc, Status::REQUEST_TIMEOUT, server);
                 self.phase = Phase::Write(After::Close);
                 self.drive(key, svc)
@@ -529,7 +586,7 @@ impl Conn {
     /// likely about to send, and will get `Connection: close`); a busy one closes after
     /// its current response.
     pub fn on_drain(&mut self, key: usize, svc: &mut Services) -> Verdict {
-        if self.is_idle() && self.idle_since + DRAIN_IDLE_GRACE <= svc.clock.now {
+        if self.is_idle() && self.idle_since + DRAIN_IDLE_GRACE <= svc.clock.now_us {
             return Verdict::Close;
         }
         self.arm(key, svc);
@@ -539,18 +596,21 @@ impl Conn {
     /// Queues the answer to an unparseable request.
     fn reject(&mut self, svc: &mut Services, status: Status, e: RequestError) {
         forkd_shared::info!("client {} sent a bad request: {}", self.peer, e.reason());
-        self.in_start = self.in_end; // nothing after it can be trusted
-        let server = svc.routing[self.listener].default;
+        let busy = self.busy(svc);
+        busy.in_start = busy.in_end; // nothing after it can be trusted
+        let server = svc.routing[self.listener()].default;
         self.simple_error(svc, status, server);
     }
 
     /// Queues an error page that closes the connection, and logs it.
     fn simple_error(&mut self, svc: &mut Services, status: Status, server: usize) {
-        self.ensure_out(svc);
+        let date = *svc.clock.http_date_array();
+        let busy = self.busy.get_or_insert_with(|| svc.take_busy());
+        ensure_out(&mut busy.out);
         let body_bytes = response::error(
-            self.out.bytes(),
+            busy.out.bytes(),
             status,
-            svc.clock.http_date(),
+            &date,
             Persistence::Close,
             &[],
             false,
@@ -558,7 +618,7 @@ impl Conn {
         svc.stats.response(status.0, None);
         if svc.logs.enabled(server) {
             let entry = access_log::Entry {
-                peer: self.peer.ip(),
+                peer: self.peer,
                 method: "-",
                 target: b"",
                 http10: false,
@@ -570,43 +630,30 @@ impl Conn {
             svc.logs.record(server, &entry, svc.clock.log_time());
         }
     }
+}
 
-    fn ensure_out(&mut self, svc: &mut Services) {
-        if !self.out.has_buffer() {
-            self.out.attach(svc.out_pool.take());
-        }
+/// Output buffers stay with their `Busy` (which is pooled), so this allocates only for
+/// a fresh one.
+fn ensure_out(out: &mut OutQueue) {
+    if !out.has_buffer() {
+        out.attach(Vec::with_capacity(OUT_CAPACITY));
     }
 }
+
+/// Initial size of an output buffer: a few responses' heads and small bodies.
+const OUT_CAPACITY: usize = 16 * 1024;
 
 /// The fields of a connection that answering a request touches, borrowed apart from
 /// the input buffer the request itself borrows.
 struct Parts<'c> {
     out: &'c mut OutQueue,
+    body: &'c mut Option<PendingBody>,
     phase: &'c mut Phase,
-    requests: &'c mut u64,
-    peer: SocketAddr,
+    requests: &'c mut u32,
+    peer: IpAddr,
     listener: usize,
     /// When the request's first byte arrived.
-    started: Instant,
-}
-
-/// Microseconds since `start`, read from the clock now (not the loop turn's reading),
-/// so time spent queued behind other connections in the same turn counts.
-fn elapsed_us(start: Instant) -> u64 {
-    Instant::now().saturating_duration_since(start).as_micros() as u64
-}
-
-impl Conn {
-    fn parts(&mut self) -> Parts<'_> {
-        Parts {
-            out: &mut self.out,
-            phase: &mut self.phase,
-            requests: &mut self.requests,
-            peer: self.peer,
-            listener: self.listener,
-            started: self.head_since,
-        }
-    }
+    started: Micros,
 }
 
 /// Picks the server for `host` among those on the connection's listener.
@@ -633,7 +680,7 @@ fn answer(mut c: Parts, svc: &mut Services, req: &Request, head: &[u8]) -> Next 
     let body = match req.body {
         BodyKind::None => None,
         BodyKind::Length(n) if n > limit => {
-            *c.requests += 1;
+            *c.requests = c.requests.saturating_add(1);
             too_large(&mut c, svc, req, server);
             return Next::Finish(After::Linger);
         }
@@ -641,19 +688,19 @@ fn answer(mut c: Parts, svc: &mut Services, req: &Request, head: &[u8]) -> Next 
         BodyKind::Chunked => Some(Body::Chunked(ChunkedDecoder::new(limit))),
     };
     if let Some(body) = body {
-        if !c.out.has_buffer() {
-            c.out.attach(svc.out_pool.take());
-        }
+        ensure_out(c.out);
         if req.expect_continue {
             c.out
                 .bytes()
                 .extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            svc.stats.response(100, None);
         }
-        *c.phase = Phase::ReadBody {
+        *c.body = Some(PendingBody {
             head: Box::from(head),
             body,
             server,
-        };
+        });
+        *c.phase = Phase::ReadBody;
         return Next::Body;
     }
     match respond(c, svc, req, server) {
@@ -663,9 +710,7 @@ fn answer(mut c: Parts, svc: &mut Services, req: &Request, head: &[u8]) -> Next 
 }
 
 fn too_large(c: &mut Parts, svc: &mut Services, req: &Request, server: usize) {
-    if !c.out.has_buffer() {
-        c.out.attach(svc.out_pool.take());
-    }
+    ensure_out(c.out);
     let mut reply = Reply {
         out: c.out,
         date: svc.clock.http_date(),
@@ -673,29 +718,27 @@ fn too_large(c: &mut Parts, svc: &mut Services, req: &Request, server: usize) {
         head_only: req.method == Method::Head,
     };
     let outcome = reply.error(Status::CONTENT_TOO_LARGE, &[]);
-    svc.stats
-        .response(outcome.status.0, Some(elapsed_us(c.started)));
+    let latency = svc.clock.precise_us().saturating_sub(c.started);
+    svc.stats.response(outcome.status.0, Some(latency));
     log_request(svc, server, c.peer, req, &outcome);
 }
 
 /// Runs the route's handler and queues its response. Returns the persistence used.
 fn respond(c: Parts, svc: &mut Services, req: &Request, server_index: usize) -> Persistence {
-    *c.requests += 1;
+    *c.requests = c.requests.saturating_add(1);
     // A body may have been read across a configuration change: fall back to the first
     // server if this one is gone.
     let server_index = server_index.min(svc.config.servers.len() - 1);
     let server: &Server = &svc.config.servers[server_index];
     let keep = req.keep_alive
         && !svc.draining
-        && (server.keepalive_requests == 0 || *c.requests < server.keepalive_requests);
+        && (server.keepalive_requests == 0 || u64::from(*c.requests) < server.keepalive_requests);
     let persistence = match (keep, req.version) {
         (false, _) => Persistence::Close,
         (true, Version::Http10) => Persistence::KeepAlive10,
         (true, Version::Http11) => Persistence::KeepAlive11,
     };
-    if !c.out.has_buffer() {
-        c.out.attach(svc.out_pool.take());
-    }
+    ensure_out(c.out);
     let mut reply = Reply {
         out: c.out,
         date: svc.clock.http_date(),
@@ -727,26 +770,20 @@ fn respond(c: Parts, svc: &mut Services, req: &Request, server_index: usize) -> 
             }
         },
     };
-    svc.stats
-        .response(outcome.status.0, Some(elapsed_us(c.started)));
+    let latency = svc.clock.precise_us().saturating_sub(c.started);
+    svc.stats.response(outcome.status.0, Some(latency));
     if outcome.logged {
         log_request(svc, server_index, c.peer, req, &outcome);
     }
     persistence
 }
 
-fn log_request(
-    svc: &mut Services,
-    server: usize,
-    peer: SocketAddr,
-    req: &Request,
-    outcome: &Outcome,
-) {
+fn log_request(svc: &mut Services, server: usize, peer: IpAddr, req: &Request, outcome: &Outcome) {
     if !svc.logs.enabled(server) {
         return;
     }
     let entry = access_log::Entry {
-        peer: peer.ip(),
+        peer,
         method: req.method_name,
         target: req.target,
         http10: req.version == Version::Http10,
@@ -756,4 +793,17 @@ fn log_request(
         user_agent: req.user_agent,
     };
     svc.logs.record(server, &entry, svc.clock.log_time());
+}
+#[cfg(test)]
+mod tests {
+    /// An idle keep-alive connection costs its `Conn` in the slab and nothing else: keep
+    /// it small (issue: at most 256 bytes of memory per idle connection).
+    #[test]
+    fn an_idle_connection_is_small() {
+        assert!(
+            std::mem::size_of::<super::Conn>() <= 96,
+            "{}",
+            std::mem::size_of::<super::Conn>()
+        );
+    }
 }

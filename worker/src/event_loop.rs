@@ -2,9 +2,8 @@
 //! deadlines, react to signals, and drain when told to stop.
 
 use crate::access_log::AccessLogs;
-use crate::buffers::BufferPool;
 use crate::clock::Clock;
-use crate::conn::{Activity, Conn, Verdict};
+use crate::conn::{Activity, Busy, Conn, Verdict};
 use crate::file_cache::FileCache;
 use crate::setup::InitError;
 use crate::stats::Stats;
@@ -74,8 +73,12 @@ pub struct Services {
     pub config: Config,
     pub routing: Vec<Routing>,
     pub cache: FileCache,
-    pub in_pool: BufferPool,
-    pub out_pool: BufferPool,
+    /// Connection buffers not in use (see `conn::Busy`). Boxed because a connection
+    /// holds them as `Option<Box<Busy>>`: handing one over moves a pointer.
+    #[allow(clippy::vec_box)]
+    busy_pool: Vec<Box<Busy>>,
+    /// Input buffer size: room for the largest head any server accepts.
+    in_capacity: usize,
     pub logs: AccessLogs,
     pub clock: Clock,
     pub timers: Timers,
@@ -86,7 +89,25 @@ pub struct Services {
     pub draining: bool,
 }
 
+/// Spare connection buffers kept for reuse.
+const BUSY_POOL_MAX: usize = 64;
+
 impl Services {
+    /// Buffers for a connection that has work.
+    pub fn take_busy(&mut self) -> Box<Busy> {
+        self.busy_pool
+            .pop()
+            .unwrap_or_else(|| Busy::new(self.in_capacity))
+    }
+
+    /// Buffers back from a connection that is idle or closed.
+    pub fn give_busy(&mut self, mut busy: Box<Busy>) {
+        if self.busy_pool.len() < BUSY_POOL_MAX && busy.in_capacity() == self.in_capacity {
+            busy.reset();
+            self.busy_pool.push(busy);
+        }
+    }
+
     /// Server `index`, or the first one if a configuration change removed it.
     pub fn server(&self, index: usize) -> &forkd_shared::config::Server {
         self.config
@@ -187,8 +208,8 @@ impl EventLoop {
                 config,
                 routing,
                 cache: FileCache::default(),
-                in_pool: BufferPool::new_full_length(max_header, 256),
-                out_pool: BufferPool::new(16 * 1024, 256),
+                busy_pool: Vec::new(),
+                in_capacity: max_header,
                 logs,
                 clock: Clock::new(),
                 timers: Timers::default(),
@@ -312,7 +333,7 @@ impl EventLoop {
         let now = Instant::now();
         let mut until = now + Duration::from_secs(1);
         if let Some(due) = self.svc.timers.next_due() {
-            until = until.min(due);
+            until = until.min(self.svc.clock.instant(due));
         }
         match self.run {
             Run::Stopping { drain_at } => until = until.min(drain_at),
@@ -496,8 +517,9 @@ impl EventLoop {
             }
         }
         let max_header = max_header_bytes(&config);
-        if max_header != max_header_bytes(&self.svc.config) {
-            self.svc.in_pool = BufferPool::new_full_length(max_header, 256);
+        if max_header != self.svc.in_capacity {
+            self.svc.in_capacity = max_header;
+            self.svc.busy_pool.clear();
         }
         self.svc.routing = routing(&config);
         self.svc.cache = FileCache::default();
@@ -553,7 +575,7 @@ impl EventLoop {
             }
             let entry = self.conns.vacant_entry();
             let key = entry.key();
-            let mut conn = Conn::new(stream, peer, index, self.svc.clock.now);
+            let mut conn = Conn::new(stream, peer.ip(), index, self.svc.clock.now_us);
             // The request usually arrives with the connection (TCP_DEFER_ACCEPT): answer
             // it before paying for registration, which a one-request connection skips.
             match conn.drive(key, &mut self.svc) {
@@ -639,7 +661,7 @@ impl EventLoop {
     }
 
     fn expire_deadlines(&mut self) {
-        let now = self.svc.clock.now;
+        let now = self.svc.clock.now_us;
         while let Some(entry) = self.svc.timers.pop_due(now) {
             let key = entry.1;
             let Some(conn) = self.conns.get_mut(key) else {

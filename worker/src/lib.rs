@@ -5,12 +5,11 @@
 //! - `conn`: a connection's state machine and I/O.
 //! - `http`: sans-io HTTP/1.x parsing and response writing.
 //! - `handlers`: what routes do (static files, health probes).
-//! - [`file_cache`], [`out`], [`buffers`], [`timers`], [`clock`], [`access_log`]:
+//! - [`file_cache`], [`out`], [`timers`], [`clock`], [`access_log`]:
 //!   the per-worker machinery those use.
 #![forbid(unsafe_code)]
 
 pub mod access_log;
-pub mod buffers;
 pub mod clock;
 pub mod conn;
 pub mod event_loop;

@@ -47,6 +47,14 @@ impl OutQueue {
         self.segments.is_empty() && self.buf.len() == self.written
     }
 
+    /// Drops whatever is queued, keeping the buffer (a connection closed mid-response).
+    pub fn clear(&mut self) {
+        self.buf.clear();
+        self.written = 0;
+        self.sealed = 0;
+        self.segments.clear();
+    }
+
     /// Whether a file range is queued (its response is large: write before adding more).
     pub fn has_file(&self) -> bool {
         self.segments

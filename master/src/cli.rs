@@ -157,7 +157,10 @@ mod tests {
         assert!(p(&["stats", "--watch=0s"]).is_err());
         let cli = p(&["-c", "x.ron", "stats", "--json"]).unwrap();
         assert_eq!(cli.config, PathBuf::from("x.ron"));
-        assert!(matches!(cli.action, Action::Stats(StatsArgs { json: true, .. })));
+        assert!(matches!(
+            cli.action,
+            Action::Stats(StatsArgs { json: true, .. })
+        ));
         assert!(p(&["--json"]).is_err());
         assert!(p(&["stats", "-t"]).is_err());
         assert!(p(&["stats", "--frob"]).is_err());

@@ -75,8 +75,14 @@ impl Supervisor {
 
     /// USR2: exec the binary on disk with the listening sockets.
     pub fn begin_upgrade(&mut self) {
-        if self.state != State::Running || self.parked || self.starting.is_some() {
-            forkd_shared::warn!("USR2 ignored: no upgrade while starting, stopping or parked");
+        if self.starting.is_some() && self.state == State::Running {
+            // Not every worker serves yet: the upgrade starts as soon as they do.
+            forkd_shared::info!("USR2: the upgrade starts once the workers serve");
+            self.upgrade_requested = true;
+            return;
+        }
+        if self.state != State::Running || self.parked {
+            self.upgrade_failed("refused: the master is stopping, handing over, or parked (WINCH)");
             return;
         }
         if self.upgrade.is_some() {
@@ -100,6 +106,14 @@ impl Supervisor {
                 let _ = std::fs::rename(&oldbin, &self.config.pid_file);
                 self.upgrade_failed(&e);
             }
+        }
+    }
+
+    /// Starts an upgrade that USR2 asked for while the workers were starting.
+    pub fn start_requested_upgrade(&mut self) {
+        if self.upgrade_requested && self.starting.is_none() {
+            self.upgrade_requested = false;
+            self.begin_upgrade();
         }
     }
 

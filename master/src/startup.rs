@@ -70,6 +70,7 @@ pub fn run(config: Config, text: String) -> i32 {
         starting: None,
         reload_pending: None,
         upgrade: None,
+        upgrade_requested: false,
         pid_file,
         exe,
         args,

@@ -72,6 +72,8 @@ pub struct Supervisor {
     pub reload_pending: Option<(u64, Instant)>,
     /// A binary upgrade this master started.
     pub upgrade: Option<Upgrade>,
+    /// USR2 arrived while the first workers were starting: upgrade once they serve.
+    pub upgrade_requested: bool,
     pub pid_file: Option<PidFile>,
     /// This binary and its arguments, as resolved at start (what an upgrade execs).
     pub exe: PathBuf,
@@ -90,6 +92,7 @@ impl Supervisor {
             self.publish_system_stats();
             let now = Instant::now();
             self.check_starting();
+            self.start_requested_upgrade();
             self.check_reload_done(now);
             self.check_upgrade(now);
             match self.state {

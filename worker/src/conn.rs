@@ -561,7 +561,7 @@ impl Conn {
     pub fn on_timeout(&mut self, key: usize, svc: &mut Services) -> Verdict {
         let has_input = self.busy.as_ref().is_some_and(|b| b.in_start != b.in_end);
         match self.phase {
-            Phase::ReadHead if !has_input => Verdict::Close,
+            Phase::ReadHead if !has_input => self.close_if_quiet(key, svc),
             Phase::ReadHead | Phase::ReadBody => {
                 let busy = self.busy(svc);
                 let server = busy.body.take().map(|p| p.server);
@@ -570,7 +570,9 @@ impl Conn {
                 let server = server.unwrap_or(svc.routing[self.listener()].default);
                 self.phase = Phase::ReadHead;
                 self.simple_error(svc, Status::REQUEST_TIMEOUT, server);
-                self.phase = Phase::Write(After::Close);
+                // Linger: input that arrived unread must not turn the close into a reset
+                // that destroys the 408 before the client reads it.
+                self.phase = Phase::Write(After::Linger);
                 self.drive(key, svc)
             }
             Phase::Write(_) => {
@@ -587,10 +589,23 @@ impl Conn {
     /// its current response.
     pub fn on_drain(&mut self, key: usize, svc: &mut Services) -> Verdict {
         if self.is_idle() && self.idle_since + DRAIN_IDLE_GRACE <= svc.clock.now_us {
-            return Verdict::Close;
+            return self.close_if_quiet(key, svc);
         }
         self.arm(key, svc);
         Verdict::Keep
+    }
+
+    /// An idle connection is about to be closed: first look at the socket once more.
+    /// A request may have arrived that the event loop has not reported yet (it is
+    /// behind in its events, or the worker was not scheduled for a while); closing now
+    /// would reset it. If one did, it is answered (with `Connection: close` while
+    /// draining) instead.
+    fn close_if_quiet(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        self.readable = true;
+        match self.drive(key, svc) {
+            Verdict::Keep if self.is_idle() => Verdict::Close,
+            verdict => verdict,
+        }
     }
 
     /// Queues the answer to an unparseable request.

@@ -120,6 +120,9 @@ impl Services {
 struct ListenerSlot {
     sock: TcpListener,
     accepts_since_rearm: u32,
+    /// The last accept loop stopped at `multi_accept`: more may be queued, and with an
+    /// edge-triggered registration no new event will say so.
+    more: bool,
 }
 
 /// Where the worker is in its life.
@@ -189,6 +192,7 @@ impl EventLoop {
                 ListenerSlot {
                     sock: TcpListener::from_std(sock),
                     accepts_since_rearm: 0,
+                    more: false,
                 }
             })
             .collect();
@@ -280,6 +284,7 @@ impl EventLoop {
                 }
             }
             self.events = events;
+            self.accept_more();
             if fast_exit {
                 return exit::OK;
             }
@@ -346,6 +351,9 @@ impl EventLoop {
         }
         if let Some(at) = self.accept_retry_at {
             until = until.min(at);
+        }
+        if self.accepting && self.listeners.iter().any(|l| l.more) {
+            return Duration::ZERO; // connections are waiting in the accept queue
         }
         // Round up to the next millisecond so a deadline is never polled for as 0 ms early.
         until.saturating_duration_since(now) + Duration::from_micros(500)
@@ -543,9 +551,10 @@ impl EventLoop {
             let (stream, peer) = match slot.sock.accept() {
                 Ok(accepted) => accepted,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if attempt == 0 {
+                    if attempt == 0 && !slot.more {
                         self.svc.stats.empty_wakeup();
                     }
+                    slot.more = false;
                     return;
                 }
                 Err(e)
@@ -590,6 +599,21 @@ impl EventLoop {
             }
             if rearm {
                 self.rearm_listener(index);
+            }
+        }
+        if let Some(slot) = self.listeners.get_mut(index) {
+            slot.more = true; // stopped at multi_accept: come back next turn
+        }
+    }
+
+    /// Accepts on listeners whose last loop stopped at `multi_accept`.
+    fn accept_more(&mut self) {
+        if !self.accepting {
+            return;
+        }
+        for index in 0..self.listeners.len() {
+            if self.listeners[index].more {
+                self.accept_on(index);
             }
         }
     }

@@ -1,10 +1,15 @@
 //! Listener registration with `EPOLLEXCLUSIVE`, which mio does not expose.
 //!
 //! `mio::Poll` is an epoll instance; a listener added to it directly, with the token's
-//! value as the event data, is reported by mio like any other token. The listener is
-//! level-triggered (no `EPOLLET`), so a worker that stops after `multi_accept` accepts
-//! is woken again for the rest. `EPOLLEXCLUSIVE` cannot be changed with `EPOLL_CTL_MOD`:
-//! pause with [`remove`], resume with [`add`].
+//! value as the event data, is reported by mio like any other token.
+//!
+//! An exclusive (shared-queue) listener is also edge-triggered: level-triggered, epoll
+//! re-reports a ready listener to the worker that last saw it, so a busy worker keeps
+//! taking connections that a wake-up had handed to an idle one. Edge-triggered, each
+//! new connection goes to the one worker it woke; a worker that stops after
+//! `multi_accept` accepts remembers to come back for the rest. A reuseport listener has
+//! no competitors and stays level-triggered. `EPOLLEXCLUSIVE` cannot be changed with
+//! `EPOLL_CTL_MOD`: pause with [`remove`], resume with [`add`].
 
 use std::io;
 use std::os::fd::RawFd;
@@ -14,7 +19,7 @@ use std::os::fd::RawFd;
 pub fn add(epfd: RawFd, fd: RawFd, token: usize, exclusive: bool) -> io::Result<()> {
     let mut flags = libc::EPOLLIN as u32;
     if exclusive {
-        flags |= libc::EPOLLEXCLUSIVE as u32;
+        flags |= (libc::EPOLLEXCLUSIVE | libc::EPOLLET) as u32;
     }
     let mut event = libc::epoll_event {
         events: flags,

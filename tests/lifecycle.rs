@@ -244,13 +244,8 @@ fn is_timeout(e: &std::io::Error) -> bool {
     matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
 }
 
-/// Makes `n` `Connection: close` requests for `/` from `threads` threads at once; returns
-/// how many got the index page.
-fn hammer(port: u16, threads: usize, n: usize) -> usize {
-    hammer_spaced(port, threads, n, Duration::ZERO)
-}
-
-/// Like `hammer`, each thread pausing `pause` between its requests.
+/// Makes `n` `Connection: close` requests for `/` from `threads` threads, each pausing
+/// `pause` between its requests; returns how many got the index page.
 fn hammer_spaced(port: u16, threads: usize, n: usize, pause: Duration) -> usize {
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
@@ -710,7 +705,11 @@ fn killed_worker_is_replaced_in_its_slot() {
     let new = *after.iter().find(|&&w| w != survivor).unwrap();
     assert_ne!(new, victim);
     assert!(
-        wait_for_log(&d, &format!("({victim}) was killed by SIGKILL"), Duration::from_secs(5)),
+        wait_for_log(
+            &d,
+            &format!("({victim}) was killed by SIGKILL"),
+            Duration::from_secs(5)
+        ),
         "the death is not in the error log:\n{}",
         d.error_log()
     );
@@ -1048,7 +1047,10 @@ fn reload_applies_a_changed_route_in_place_and_new_workers_for_a_new_count() {
     std::fs::write(&d.config, d.builder.config_text(d.port)).unwrap();
     let (code, out, err) = d.ctl(&["-s", "reload"]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("generation 3 in force in 3 worker(s)"), "{out}");
+    assert!(
+        out.contains("generation 3 in force in 3 worker(s)"),
+        "{out}"
+    );
     assert!(
         wait_until(Duration::from_secs(10), || {
             let now = d.workers();

@@ -630,7 +630,8 @@ impl Conn {
             &[],
             false,
         );
-        svc.stats.response(status.0, None);
+        let latency = svc.clock.precise_us().saturating_sub(self.head_since);
+        svc.stats.response(status.0, Some(latency));
         if svc.logs.enabled(server) {
             let entry = access_log::Entry {
                 peer: self.peer,

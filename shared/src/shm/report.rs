@@ -488,15 +488,17 @@ impl Report {
         o
     }
 
-    /// Prometheus text exposition format 0.0.4. Live workers are labelled by region
-    /// slot (`worker="3"`); exited workers' counters are in `worker="retired"`, so a
-    /// sum over `worker` is monotonic.
+    /// Prometheus text exposition format 0.0.4. Workers are labelled by region row
+    /// (`worker="3"`); the master moves an exited worker's counters to
+    /// `worker="retired"`, so a sum over `worker` is monotonic.
     pub fn to_prometheus(&self) -> String {
         let mut o = String::with_capacity(8192);
+        // Every row that holds counts, exited ones included: an exited worker keeps its
+        // counts in its row until the master folds them into `retired` (and zeroes the
+        // row), so dropping it before that would make the sum go backwards.
         let live: Vec<(String, &CounterValues)> = self
             .workers
             .iter()
-            .filter(|w| w.state != WorkerState::Exited)
             .map(|w| (w.index.to_string(), &w.counters))
             .chain(std::iter::once(("retired".to_string(), &self.retired)))
             .collect();

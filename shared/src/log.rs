@@ -16,7 +16,7 @@ enum Sink {
     Stderr,
     Stdout,
     File(File),
-    Syslog(Box<syslog::Logger<syslog::LoggerBackend, syslog::Formatter3164>>),
+    Syslog(Box<SyslogLogger>),
 }
 
 struct Logger {
@@ -42,19 +42,26 @@ fn open_sink(target: &LogTarget) -> io::Result<Sink> {
         LogTarget::Stderr => Sink::Stderr,
         LogTarget::Stdout => Sink::Stdout,
         LogTarget::File(path) => Sink::File(open_append(path)?),
-        LogTarget::Syslog => {
-            let formatter = syslog::Formatter3164 {
-                facility: syslog::Facility::LOG_DAEMON,
-                hostname: None,
-                process: "forkd".into(),
-                pid: std::process::id(),
-            };
-            Sink::Syslog(Box::new(
-                syslog::unix(formatter).map_err(|e| io::Error::other(e.to_string()))?,
-            ))
-        }
+        LogTarget::Syslog => Sink::Syslog(syslog_logger()?),
     })
 }
+
+/// A syslog connection (local socket, facility daemon, tag `forkd[pid]`), for the
+/// error log and for access logs sent to syslog.
+pub fn syslog_logger() -> io::Result<Box<SyslogLogger>> {
+    let formatter = syslog::Formatter3164 {
+        facility: syslog::Facility::LOG_DAEMON,
+        hostname: None,
+        process: "forkd".into(),
+        pid: std::process::id(),
+    };
+    syslog::unix(formatter)
+        .map(Box::new)
+        .map_err(|e| io::Error::other(e.to_string()))
+}
+
+/// The syslog crate's logger type, named once.
+pub type SyslogLogger = syslog::Logger<syslog::LoggerBackend, syslog::Formatter3164>;
 
 /// Installs the process's error log. On failure the previous log (or stderr) stays.
 pub fn init(target: &LogTarget, level: LogLevel, who: &str) -> io::Result<()> {

@@ -21,7 +21,7 @@ enum Writer {
     Stderr,
     Stdout,
     File(File),
-    Syslog(Box<syslog::Logger<syslog::LoggerBackend, syslog::Formatter3164>>),
+    Syslog(Box<forkd_shared::log::SyslogLogger>),
 }
 
 struct Sink {
@@ -53,17 +53,7 @@ fn open_writer(target: &LogTarget) -> io::Result<Writer> {
         LogTarget::Stderr => Writer::Stderr,
         LogTarget::Stdout => Writer::Stdout,
         LogTarget::File(path) => Writer::File(forkd_shared::log::open_append(path)?),
-        LogTarget::Syslog => {
-            let formatter = syslog::Formatter3164 {
-                facility: syslog::Facility::LOG_DAEMON,
-                hostname: None,
-                process: "forkd".into(),
-                pid: std::process::id(),
-            };
-            Writer::Syslog(Box::new(
-                syslog::unix(formatter).map_err(|e| io::Error::other(e.to_string()))?,
-            ))
-        }
+        LogTarget::Syslog => Writer::Syslog(forkd_shared::log::syslog_logger()?),
     })
 }
 

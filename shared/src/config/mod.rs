@@ -102,16 +102,7 @@ pub enum Handler {
 impl Config {
     /// Reads, parses and validates `path`. Every error found carries FILE:LINE:COL.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
-        let file = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-        let text = std::fs::read_to_string(&file).map_err(|source| {
-            ConfigErrors(vec![ConfigError {
-                file: file.clone(),
-                line: 0,
-                col: 0,
-                kind: ConfigErrorKind::Read(source),
-            }])
-        })?;
-        Config::parse(&file, &text)
+        Config::load_with_text(path).map(|(config, _)| config)
     }
 
     /// Like [`Config::load`], also returning the text (to publish it to workers).

@@ -112,20 +112,6 @@ fn written_bytes(pid: i32) -> u64 {
         .expect("wchar in /proc/PID/io")
 }
 
-/// `len` bytes of deterministic noise, so a misplaced or repeated chunk is noticed.
-fn noise(len: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
 /// Asserts `got == want` without printing megabytes on failure.
 fn assert_same_bytes(got: &[u8], want: &[u8]) {
     if got != want {
@@ -498,7 +484,7 @@ fn dash_s_quit_and_dash_s_stop_stop_the_running_master() {
 /// connection that reads only the response head. Returns the daemon, the file's bytes,
 /// the connection (positioned at the body) and the Content-Length.
 fn start_big_download(builder: Builder, len: usize) -> (TestDaemon, Vec<u8>, TcpStream, usize) {
-    let data = noise(len);
+    let data = noise(len, 0);
     let d = builder.file("big.bin", &data).start();
     let mut s = d.connect();
     s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")

@@ -58,20 +58,6 @@ fn post_body() -> &'static [u8] {
     BODY.get_or_init(|| noise(POST_BODY_LEN, 2))
 }
 
-/// `len` bytes of deterministic noise, so a misplaced or repeated chunk is noticed.
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xD6E8_FEB8_6659_FD93);
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
 /// The harness's default site plus the files the load client asks for.
 fn load_site(builder: Builder) -> Builder {
     builder

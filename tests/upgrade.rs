@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use support::{alive, children_of, free_port, wait_until, Builder, TempDir, BIN};
+use support::{alive, children_of, free_port, noise, wait_until, Builder, TempDir, BIN};
 
 // ---------------------------------------------------------------------------------------
 // Constants and the site
@@ -79,20 +79,6 @@ fn big_body() -> &'static [u8] {
 fn post_body() -> &'static [u8] {
     static BODY: OnceLock<Vec<u8>> = OnceLock::new();
     BODY.get_or_init(|| noise(POST_BODY_LEN, 9))
-}
-
-/// `len` bytes of deterministic noise, so a misplaced chunk is noticed.
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xD6E8_FEB8_6659_FD93);
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
 }
 
 /// The harness's default site (liveness, readiness, static `www`) with the load files,

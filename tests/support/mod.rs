@@ -377,6 +377,21 @@ pub fn run_forkd(config: &Path, args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// `len` bytes of deterministic noise (xorshift, one stream per `seed`), so a misplaced
+/// or repeated chunk of a body is noticed.
+pub fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
 /// Polls `cond` every 10 ms until it holds or `timeout` passes.
 pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;

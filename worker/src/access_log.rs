@@ -156,14 +156,19 @@ pub fn format_line(out: &mut Vec<u8>, e: &Entry, time: &[u8]) {
     let _ = write!(out, "{} - - [", e.peer);
     out.extend_from_slice(time);
     out.extend_from_slice(b"] \"");
-    escape(out, e.method.as_bytes());
-    out.push(b' ');
-    escape(out, e.target);
-    out.extend_from_slice(if e.http10 {
-        b" HTTP/1.0\" "
+    if e.target.is_empty() {
+        // No request line could be read (400, 408): nginx writes "-" too.
+        out.extend_from_slice(b"-\" ");
     } else {
-        b" HTTP/1.1\" "
-    });
+        escape(out, e.method.as_bytes());
+        out.push(b' ');
+        escape(out, e.target);
+        out.extend_from_slice(if e.http10 {
+            b" HTTP/1.0\" "
+        } else {
+            b" HTTP/1.1\" "
+        });
+    }
     let _ = write!(out, "{} {} \"", e.status, e.body_bytes);
     escape(out, e.referer.unwrap_or(b"-"));
     out.extend_from_slice(b"\" \"");
@@ -186,6 +191,26 @@ fn escape(out: &mut Vec<u8>, value: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_that_could_not_be_read_is_logged_as_dash() {
+        let mut out = Vec::new();
+        let e = Entry {
+            peer: "127.0.0.1".parse().unwrap(),
+            method: "-",
+            target: b"",
+            http10: false,
+            status: 408,
+            body_bytes: 95,
+            referer: None,
+            user_agent: None,
+        };
+        format_line(&mut out, &e, b"29/Nov/2026:22:10:00 +0000");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "127.0.0.1 - - [29/Nov/2026:22:10:00 +0000] \"-\" 408 95 \"-\" \"-\"\n"
+        );
+    }
 
     #[test]
     fn combined_format_with_escaping() {

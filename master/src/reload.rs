@@ -53,7 +53,7 @@ impl Supervisor {
             Config::load_with_text(&self.config.file).map_err(|e| e.to_string())?;
         if config.accept != self.config.accept {
             return Err(format!(
-                "accept cannot change from {:?} to {:?} on reload (the sockets differ): restart, or upgrade the binary",
+                "accept cannot change from {:?} to {:?} on reload (the sockets differ): it takes a restart",
                 self.config.accept, config.accept
             ));
         }

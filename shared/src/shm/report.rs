@@ -422,7 +422,13 @@ impl Report {
                 _ => "-".into(),
             }
         };
-        for w in &self.workers {
+        // Rows of exited workers whose counts the master has folded into the totals
+        // say nothing more: leave them out (the JSON keeps them).
+        let shown = self
+            .workers
+            .iter()
+            .filter(|w| w.state != WorkerState::Exited || w.counters != CounterValues::default());
+        for w in shown {
             let before = previous.and_then(|p| {
                 p.workers
                     .iter()
@@ -727,6 +733,54 @@ mod tests {
                 "q {q}: {got} vs {exact}"
             );
         }
+    }
+
+    #[test]
+    fn the_table_leaves_out_folded_rows_of_exited_workers() {
+        let row = |index, state, requests| WorkerReport {
+            index,
+            worker: 0,
+            pid: 100 + index as i32,
+            state,
+            generation: 1,
+            started_ms: 0,
+            heartbeat_age_ms: 0,
+            connections_active: 0,
+            connections_reading: 0,
+            connections_writing: 0,
+            connections_idle: 0,
+            open_fds: 0,
+            rss_bytes: 0,
+            counters: CounterValues {
+                requests,
+                ..CounterValues::default()
+            },
+        };
+        let report = Report {
+            layout_version: 1,
+            master_pid: 1,
+            master_alive: true,
+            start_time_ms: 0,
+            config_generation: 1,
+            respawns: 0,
+            last_respawn_reason: String::new(),
+            reloads_ok: 0,
+            reloads_failed: 0,
+            last_reload_error: String::new(),
+            listen_overflows: 0,
+            listeners: Vec::new(),
+            workers: vec![
+                row(0, WorkerState::Exited, 0),
+                row(1, WorkerState::Exited, 5),
+                row(2, WorkerState::Serving, 0),
+            ],
+            retired: CounterValues::default(),
+            totals: CounterValues::default(),
+        };
+        let table = report.to_table(None, 0.0);
+        assert!(!table.contains("      100 "), "{table}");
+        assert!(table.contains("      101 "), "{table}");
+        assert!(table.contains("      102 "), "{table}");
     }
 
     #[test]

@@ -16,13 +16,7 @@ use support::*;
 /// Returns the folder and the config file.
 fn write_site(builder: &Builder) -> (TempDir, PathBuf) {
     let dir = TempDir::new();
-    let www = dir.path().join("www");
-    std::fs::create_dir_all(&www).unwrap();
-    for (path, content) in &builder.files {
-        let p = www.join(path);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, content).unwrap();
-    }
+    builder.write_files(dir.path());
     let config = dir.path().join("forkd.ron");
     std::fs::write(&config, builder.config_text(free_port())).unwrap();
     (dir, config)

@@ -16,7 +16,7 @@ use std::net::{Shutdown, TcpStream};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{run_forkd, wait_until, Response, TempDir, TestDaemon, BIN};
+use support::{read_response, run_forkd, wait_until, Response, TempDir, TestDaemon, BIN};
 
 /// How long a counter may take to settle, or a worker or a generation to come up: only
 /// a failing test waits this long, so it is generous for a loaded 2-core machine.
@@ -174,72 +174,6 @@ fn connect(port: u16) -> TcpStream {
     s
 }
 
-/// Reads one response like `support::read_response`, but goes on reading after `EINTR`
-/// (a read with a timeout returns it when the process is stopped and continued, e.g.
-/// under a debugger or a loaded machine's job control).
-fn read_one(s: &mut TcpStream, head_only: bool) -> Option<Response> {
-    struct Retry<'a>(&'a mut TcpStream);
-    impl Read for Retry<'_> {
-        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-            loop {
-                match self.0.read(buf) {
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    other => return other,
-                }
-            }
-        }
-    }
-    let mut r = Retry(s);
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match r.read(&mut byte) {
-            Ok(0) => return None,
-            Ok(_) => head.push(byte[0]),
-            Err(e) => panic!(
-                "reading a response head: {e} (got {:?})",
-                String::from_utf8_lossy(&head)
-            ),
-        }
-    }
-    let head = String::from_utf8(head).expect("ASCII head");
-    let mut lines = head.split("\r\n");
-    let status: u16 = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {head:?}"));
-    let headers: Vec<(String, String)> = lines
-        .filter(|l| !l.is_empty())
-        .map(|l| {
-            let (n, v) = l.split_once(':').expect("header line");
-            (n.to_string(), v.trim().to_string())
-        })
-        .collect();
-    let mut resp = Response {
-        status,
-        head,
-        headers,
-        body: Vec::new(),
-    };
-    if head_only || status < 200 || status == 204 || status == 304 {
-        return Some(resp);
-    }
-    match resp
-        .header("Content-Length")
-        .map(|v| v.parse::<usize>().unwrap())
-    {
-        Some(n) => {
-            resp.body = vec![0; n];
-            r.read_exact(&mut resp.body).expect("the whole body");
-        }
-        None => {
-            r.read_to_end(&mut resp.body).expect("the body up to EOF");
-        }
-    }
-    Some(resp)
-}
-
 /// Reads until the server closes the connection.
 fn read_rest(s: &mut TcpStream) -> Vec<u8> {
     let mut rest = Vec::new();
@@ -261,7 +195,7 @@ fn get_close(port: u16, path: &str) -> Response {
         format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
     )
     .unwrap();
-    let r = read_one(&mut s, false).expect("a response");
+    let r = read_response(&mut s, false).expect("a response");
     let rest = read_rest(&mut s);
     assert!(rest.is_empty(), "bytes after the response: {rest:?}");
     r
@@ -310,7 +244,7 @@ impl Counted {
 
     /// Reads one response (an interim 1xx is one of its own).
     fn response(&mut self, head_only: bool) -> Response {
-        let r = read_one(&mut self.s, head_only).expect("a response");
+        let r = read_response(&mut self.s, head_only).expect("a response");
         self.read += (r.head.len() + r.body.len()) as u64;
         r
     }

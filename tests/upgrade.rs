@@ -121,13 +121,7 @@ impl Server {
     /// Writes the site, the config (on `port`) and `<tmp>/bin/forkd`; starts nothing.
     fn new(builder: Builder, port: u16) -> Server {
         let dir = TempDir::new();
-        let www = dir.path().join("www");
-        std::fs::create_dir_all(&www).unwrap();
-        for (path, content) in &builder.files {
-            let p = www.join(path);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, content).unwrap();
-        }
+        builder.write_files(dir.path());
         std::fs::create_dir_all(dir.path().join("bin")).unwrap();
         copy_executable(Path::new(BIN), &dir.path().join("bin/forkd"));
         let config = dir.path().join("forkd.ron");

@@ -142,15 +142,20 @@ impl Builder {
     }
 
     /// Writes the config and site into a temp folder, starts forkd, waits until it serves.
-    pub fn start(self) -> TestDaemon {
-        let dir = TempDir::new();
-        let www = dir.path().join("www");
+    /// Creates `dir/www` with the builder's files.
+    pub fn write_files(&self, dir: &Path) {
+        let www = dir.join("www");
         std::fs::create_dir_all(&www).unwrap();
         for (path, content) in &self.files {
             let p = www.join(path);
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(p, content).unwrap();
         }
+    }
+
+    pub fn start(self) -> TestDaemon {
+        let dir = TempDir::new();
+        self.write_files(dir.path());
         let port = free_port();
         let config = dir.path().join("forkd.ron");
         std::fs::write(&config, self.config_text(port)).unwrap();
@@ -430,8 +435,21 @@ impl Response {
 
 /// Reads one response from `s`: head, then a body by Content-Length (none for HEAD,
 /// 1xx, 204 and 304; until EOF without a length). Interim 1xx responses are returned
-/// as responses of their own. None on EOF before a head.
+/// as responses of their own. None on EOF before a head. Reads interrupted by a signal
+/// are retried.
 pub fn read_response(s: &mut TcpStream, head_request: bool) -> Option<Response> {
+    struct Retry<'a>(&'a mut TcpStream);
+    impl Read for Retry<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            loop {
+                match self.0.read(buf) {
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    other => return other,
+                }
+            }
+        }
+    }
+    let s = &mut Retry(s);
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {

@@ -134,6 +134,18 @@ impl PidFile {
         std::fs::rename(&tmp, path).map_err(err)?;
         Ok(PidFile { path: path.into() })
     }
+
+    /// Where the file is now.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Moves the file (binary upgrade: to `.oldbin` and back); it stays ours.
+    pub fn rename(&mut self, to: &Path) -> io::Result<()> {
+        std::fs::rename(&self.path, to)?;
+        self.path = to.into();
+        Ok(())
+    }
 }
 
 impl Drop for PidFile {

@@ -1,11 +1,16 @@
-//! Worker processes: the one `fork` of the program, and reaping.
+//! Child processes: every `fork` of the program (a worker, or the new master of a
+//! binary upgrade, which execs), and reaping.
 
 use crate::listeners::Sockets;
 use forkd_shared::config::Config;
 use forkd_shared::shm::Region;
 use forkd_worker::WorkerInit;
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
+use std::ffi::{CStr, CString};
+use std::fmt;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::rc::Rc;
 
 /// Forks the worker for `slot`. In the child this never returns: the worker runs and
@@ -39,11 +44,73 @@ pub fn spawn_worker(
     }
 }
 
+/// Forks a child that execs `program` with `argv` and `env`, keeping `inherit` open
+/// across the exec (every other descriptor of the master is close-on-exec) and with
+/// default signal handling. If the exec fails, the child writes
+/// `error: exec(...) failed: ...` on `report` and exits with 127.
+pub fn spawn_exec(
+    program: &CStr,
+    argv: &[CString],
+    env: &[CString],
+    inherit: &[BorrowedFd],
+    report: &OwnedFd,
+) -> nix::Result<Pid> {
+    // SAFETY: the master is single-threaded, so the child may run any code; it only
+    // resets signals, clears close-on-exec flags and execs (or reports and exits).
+    match unsafe { fork() }? {
+        ForkResult::Parent { child } => Ok(child),
+        ForkResult::Child => {
+            reset_signals();
+            for fd in inherit {
+                let _ = fcntl(*fd, FcntlArg::F_SETFD(FdFlag::empty()));
+            }
+            let err = nix::unistd::execve(program, argv, env).unwrap_err();
+            let _ = nix::unistd::write(
+                report,
+                format!("error: exec({}) failed: {err}\n", program.to_string_lossy()).as_bytes(),
+            );
+            std::process::exit(127);
+        }
+    }
+}
+
+/// Gives the exec'd program default signal handling: the master's blocked signals
+/// would stay blocked across exec, and ignored ones ignored (a shell starts background
+/// jobs with INT and QUIT ignored), so a rollback's INT would not stop it.
+fn reset_signals() {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, Signal};
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    for sig in [
+        Signal::SIGINT,
+        Signal::SIGQUIT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+        Signal::SIGWINCH,
+        Signal::SIGCHLD,
+    ] {
+        // SAFETY: installing SIG_DFL runs no code of ours in signal context, and this
+        // process is single-threaded (the child of a fork, about to exec).
+        let _ = unsafe { sigaction(sig, &default) };
+    }
+    let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+}
+
 /// How a child ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ended {
     Exited(i32),
     Signaled(nix::sys::signal::Signal),
+}
+
+impl fmt::Display for Ended {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Ended::Exited(code) => write!(f, "exited with code {code}"),
+            Ended::Signaled(sig) => write!(f, "was killed by {sig}"),
+        }
+    }
 }
 
 /// Reaps every child that has ended, without blocking.
@@ -55,6 +122,26 @@ pub fn reap_children() -> Vec<(Pid, Ended)> {
             Ok(WaitStatus::Signaled(pid, sig, _)) => ended.push((pid, Ended::Signaled(sig))),
             Ok(WaitStatus::StillAlive) | Err(_) => return ended,
             Ok(_) => continue, // stopped / continued: not an end
+        }
+    }
+}
+
+/// Waits up to `grace` for `pid` to end after `signal`, then SIGKILLs it; reaped.
+pub fn stop_and_reap(pid: Pid, signal: nix::sys::signal::Signal, grace: std::time::Duration) {
+    use nix::sys::signal::{kill, Signal};
+    let _ = kill(pid, signal);
+    let deadline = std::time::Instant::now() + grace;
+    loop {
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Ok(WaitStatus::StillAlive) => {
+                let _ = kill(pid, Signal::SIGKILL);
+                let _ = waitpid(pid, None);
+                return;
+            }
+            _ => return,
         }
     }
 }

@@ -8,7 +8,8 @@ use crate::handover::Starting;
 use crate::inherited::{Inherited, UpgradeChild};
 use crate::listeners::Sockets;
 use crate::signals::Signals;
-use crate::supervisor::{State, Supervisor};
+use crate::supervisor::{Start, Supervisor};
+use crate::upgrade::Upgrade;
 use forkd_shared::config::{Config, LogLevel};
 use forkd_shared::shm::Region;
 use std::rc::Rc;
@@ -56,49 +57,34 @@ pub fn run(config: Config, text: String) -> i32 {
         },
     };
     let (exe, args) = own_command();
-    let mut sup = Supervisor {
+    let workers = config.workers.get();
+    let accept = config.accept;
+    let addrs = sockets
+        .addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sup = Supervisor::start(Start {
         config,
-        text: String::new(),
+        text,
         sockets,
-        slots: Vec::new(),
-        retiring: Vec::new(),
-        retire_after: None,
-        state: State::Running,
         region,
-        generation: 0,
-        parked: false,
-        starting: None,
-        reload_pending: None,
-        upgrade: None,
-        upgrade_requested: false,
         pid_file,
-        exe,
-        args,
-    };
-    let config = sup.config.clone();
-    if let Err(e) = sup.publish(&config, &text) {
-        return fail(
-            &mut upgrade,
-            format!("publishing the configuration failed: {e}"),
-        );
-    }
-    sup.text = text;
-    sup.start_generation();
-    sup.starting = Some(match upgrade.take() {
-        Some(child) => Starting::Upgraded(child),
-        None => Starting::Fresh,
+        starting: match upgrade.take() {
+            Some(child) => Starting::Upgraded(child),
+            None => Starting::Fresh,
+        },
+        upgrade: Upgrade::new(exe, args),
     });
+    let sup = match sup {
+        Ok(sup) => sup,
+        // The master being upgraded from was told already.
+        Err(e) => return fail(&mut None, e),
+    };
     forkd_shared::notice!(
-        "forkd {} started: {} worker(s), accept {:?}, listening on {}{}",
+        "forkd {} started: {workers} worker(s), accept {accept:?}, listening on {addrs}{}",
         env!("CARGO_PKG_VERSION"),
-        sup.slots.len(),
-        sup.config.accept,
-        sup.sockets
-            .addrs
-            .iter()
-            .map(|a| a.to_string())
-            .collect::<Vec<_>>()
-            .join(", "),
         if inherited.source.is_empty() {
             String::new()
         } else {
@@ -106,7 +92,6 @@ pub fn run(config: Config, text: String) -> i32 {
         }
     );
     let code = sup.run(&mut signals);
-    drop(sup.pid_file.take());
     forkd_shared::notice!("forkd exited");
     code
 }

@@ -12,6 +12,7 @@
 //! - `inherited`: sockets inherited from the previous master or from systemd.
 //! - `notify`: systemd's sd_notify.
 //! - `process`: every fork (a worker; a new master, which execs), and reaping.
+//! - `netstat`: the kernel's TCP counters, read through one held descriptor.
 //! - `signals`: the master's signalfd.
 //! - `listeners`: binding the listening sockets.
 //! - `daemon`: the pid file.
@@ -23,6 +24,7 @@ mod daemon;
 mod handover;
 mod inherited;
 mod listeners;
+mod netstat;
 mod notify;
 mod process;
 mod reload;

@@ -19,6 +19,7 @@ use crate::daemon::PidFile;
 use crate::handover::{Started, Starting};
 use crate::inherited::Inherited;
 use crate::listeners::Sockets;
+use crate::netstat::Netstat;
 use crate::notify;
 use crate::process::{self, Ended};
 use crate::reload::{self, How};
@@ -28,7 +29,6 @@ use crate::workers::{Spawn, Workers};
 use forkd_shared::config::Config;
 use forkd_shared::exit;
 use forkd_shared::shm::layout::{bump, MAX_LISTENERS};
-use forkd_shared::shm::master as shm_master;
 use forkd_shared::shm::Region;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
@@ -85,6 +85,7 @@ pub struct Supervisor {
     /// Binary upgrades this master starts.
     upgrade: Upgrade,
     pid_file: Option<PidFile>,
+    netstat: Netstat,
 }
 
 impl Supervisor {
@@ -103,6 +104,7 @@ impl Supervisor {
             reload_pending: None,
             upgrade: start.upgrade,
             pid_file: start.pid_file,
+            netstat: Netstat::open(),
         };
         let config = sup.config.clone();
         if let Err(e) = sup.publish(&config, &start.text) {
@@ -213,9 +215,9 @@ impl Supervisor {
     }
 
     /// Kernel counters the workers cannot see: listen overflows, accept-queue depths.
-    fn publish_system_stats(&self) {
+    fn publish_system_stats(&mut self) {
         let sys = &self.region.layout().system;
-        if let Some(n) = shm_master::read_listen_overflows() {
+        if let Some(n) = self.netstat.listen_overflows() {
             sys.listen_overflows.store(n, Relaxed);
         }
         let queues = self.sockets.queue_depths();

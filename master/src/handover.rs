@@ -1,6 +1,6 @@
 //! Binary upgrade, the new master's side: until its first workers serve, a master
 //! knows how it came to be. Once they serve, a fresh master tells systemd it is ready;
-//! a master exec'd by an upgrade takes over: it writes the pid file, answers `ready`
+//! a master exec'd by an upgrade takes over: it locks and writes the pid file, answers `ready`
 //! to the old master, takes the stats region over and tells systemd its pid.
 
 use crate::daemon::PidFile;
@@ -38,7 +38,8 @@ impl Starting {
             }
             Starting::Upgraded(child) => child,
         };
-        let pid_file = match PidFile::write(pid_path) {
+        let pid_file = PidFile::lock(pid_path).and_then(|p| p.write_pid().map(|()| p));
+        let pid_file = match pid_file {
             Ok(p) => p,
             Err(e) => {
                 child.failed(&e.to_string());

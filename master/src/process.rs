@@ -1,6 +1,7 @@
 //! Child processes: every `fork` of the program (a worker, or the new master of a
 //! binary upgrade, which execs), and reaping.
 
+use crate::daemon::PidFile;
 use crate::listeners::Sockets;
 use forkd_shared::config::Config;
 use forkd_shared::shm::Region;
@@ -21,6 +22,7 @@ pub fn spawn_worker(
     sockets: &mut Sockets,
     region: &Rc<Region>,
     region_slot: usize,
+    pid_file: &mut Option<PidFile>,
 ) -> nix::Result<Pid> {
     let master = nix::unistd::getpid();
     // SAFETY: the master is single-threaded (it never starts a thread), so the child
@@ -29,6 +31,11 @@ pub fn spawn_worker(
     match unsafe { fork() }? {
         ForkResult::Parent { child } => Ok(child),
         ForkResult::Child => {
+            // The pid file's lock says the master lives: a worker that outlives it
+            // (draining after the master died) must not hold it.
+            if let Some(p) = pid_file.as_mut() {
+                p.close_in_child();
+            }
             let listeners = std::mem::replace(sockets, Sockets::empty()).into_slot(slot);
             let code = forkd_worker::run(WorkerInit {
                 slot,

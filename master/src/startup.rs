@@ -1,4 +1,4 @@
-//! Starting the master: the minimum before the first fork. Error log, pid file check,
+//! Starting the master: the minimum before the first fork. Error log, pid file lock,
 //! stats region, listening sockets (bound, or inherited from systemd or from the
 //! master being upgraded), signals, pid file, the published configuration, then the
 //! workers.
@@ -22,11 +22,15 @@ pub fn run(config: Config, text: String) -> i32 {
         eprintln!("forkd: cannot open the error log: {e}");
         return fail(&mut upgrade, format!("cannot open the error log: {e}"));
     }
-    if upgrade.is_none() {
-        if let Err(e) = PidFile::check_free(&config.pid_file) {
-            return fail(&mut upgrade, e.to_string());
-        }
-    }
+    // Running means holding the pid file's lock. A new master (binary upgrade) takes
+    // it once it serves (see `handover.rs`): until then the old master holds its own.
+    let pid_file = match upgrade {
+        Some(_) => None,
+        None => match PidFile::lock(&config.pid_file) {
+            Ok(p) => Some(p),
+            Err(e) => return fail(&mut upgrade, e.to_string()),
+        },
+    };
     let me = std::process::id() as i32;
     let from = upgrade.as_ref().map(|u| u.from);
     // A binary upgrade shares the old master's region when the layout matches, so
@@ -48,14 +52,10 @@ pub fn run(config: Config, text: String) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(&mut upgrade, format!("signalfd failed: {e}")),
     };
-    // A new master writes the pid file once it serves (see `handover.rs`).
-    let pid_file = match upgrade {
-        Some(_) => None,
-        None => match PidFile::write(&config.pid_file) {
-            Ok(p) => Some(p),
-            Err(e) => return fail(&mut upgrade, e.to_string()),
-        },
-    };
+    // The pid goes in once signals are ours: a `-s` before that would kill us.
+    if let Some(Err(e)) = pid_file.as_ref().map(PidFile::write_pid) {
+        return fail(&mut upgrade, e.to_string());
+    }
     let (exe, args) = own_command();
     let workers = config.workers.get();
     let accept = config.accept;

@@ -184,6 +184,7 @@ impl Supervisor {
                 sockets: &mut self.sockets,
                 region: &self.region,
                 generation: self.generation,
+                pid_file: &mut self.pid_file,
             },
         )
     }

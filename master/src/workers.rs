@@ -2,6 +2,7 @@
 //! the workers of earlier generations still draining, and retiring them once the new
 //! generation serves. Owns that state; forks through `process.rs`.
 
+use crate::daemon::PidFile;
 use crate::listeners::Sockets;
 use crate::process::{self, Ended};
 use forkd_shared::config::Config;
@@ -31,6 +32,8 @@ pub struct Spawn<'a> {
     pub sockets: &'a mut Sockets,
     pub region: &'a Rc<Region>,
     pub generation: u64,
+    /// The master's locked pid file, which a worker closes its copy of.
+    pub pid_file: &'a mut Option<PidFile>,
 }
 
 /// One place in the current generation of workers.
@@ -103,7 +106,15 @@ impl Workers {
             self.slots[slot].respawn_at = Some(Instant::now() + BACKOFF_MIN);
             return;
         };
-        match process::spawn_worker(slot, spawn.config, spawn.sockets, spawn.region, row) {
+        let forked = process::spawn_worker(
+            slot,
+            spawn.config,
+            spawn.sockets,
+            spawn.region,
+            row,
+            spawn.pid_file,
+        );
+        match forked {
             Ok(pid) => {
                 self.slots[slot].pid = Some(pid);
                 self.slots[slot].row = Some(row);

@@ -1,0 +1,264 @@
+//! The master's hardening: "running" is the pid file's lock (not whatever process the
+//! file names), and inherited descriptors are checked before they are owned.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use support::*;
+
+/// A site and config in a new folder (pid file `forkd.pid` there).
+fn write_site(builder: &Builder) -> (TempDir, PathBuf, u16) {
+    let dir = TempDir::new();
+    builder.write_files(dir.path());
+    let port = free_port();
+    let config = dir.path().join("forkd.ron");
+    std::fs::write(&config, builder.config_text(port)).unwrap();
+    (dir, config, port)
+}
+
+fn spawn_forkd(config: &Path) -> Child {
+    Command::new(BIN)
+        .arg("-c")
+        .arg(config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn forkd")
+}
+
+/// An unrelated live process (a child of the test), killed when dropped.
+struct Bystander(Child);
+
+impl Bystander {
+    fn start() -> Bystander {
+        Bystander(Command::new("sleep").arg("600").spawn().unwrap())
+    }
+    fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+    /// Still running: no signal reached it.
+    fn untouched(&mut self) -> bool {
+        self.0.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Bystander {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn pid_in(path: &Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Waits until the master `pid` has written the pid file and serves `/healthz`.
+fn wait_serving(child: &mut Child, pid_file: &Path, port: u16) {
+    let pid = child.id() as i32;
+    let ok = wait_until(Duration::from_secs(10), || {
+        if child.try_wait().unwrap().is_some() {
+            return true; // reported below
+        }
+        pid_in(pid_file) == Some(pid)
+            && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok_and(|mut s| {
+                use std::io::{Read, Write};
+                s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                let mut buf = [0u8; 12];
+                s.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").is_ok()
+                    && s.read(&mut buf).is_ok_and(|n| n > 0)
+            })
+    });
+    assert!(ok, "forkd did not serve within 10 s");
+    if let Some(status) = child.try_wait().unwrap() {
+        let mut err = String::new();
+        use std::io::Read;
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        panic!("forkd exited during start-up ({status}): {err}");
+    }
+}
+
+fn wait_gone(child: &mut Child) -> std::process::ExitStatus {
+    let mut status = None;
+    let gone = wait_until(Duration::from_secs(15), || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    if !gone {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("forkd did not exit within 15 s");
+    }
+    status.unwrap()
+}
+
+#[test]
+fn a_pid_file_naming_an_unrelated_live_process_neither_blocks_the_start_nor_gets_it_signalled() {
+    let (dir, config, port) = write_site(&TestDaemon::builder());
+    let pid_file = dir.path().join("forkd.pid");
+    let mut bystander = Bystander::start();
+    // What a crash leaves when the old master's pid has been reused.
+    std::fs::write(&pid_file, format!("{}\n", bystander.pid())).unwrap();
+
+    for sig in ["quit", "stop", "reopen"] {
+        let (code, _out, err) = run_forkd(&config, &["-s", sig]);
+        assert_eq!(code, 1, "-s {sig} with no master running: {err}");
+        assert!(
+            err.contains("not running (stale pid file)"),
+            "-s {sig} says why: {err}"
+        );
+        assert!(
+            bystander.untouched(),
+            "-s {sig} signalled process {}",
+            bystander.pid()
+        );
+    }
+
+    let mut master = spawn_forkd(&config);
+    wait_serving(&mut master, &pid_file, port);
+    let (code, _out, err) = run_forkd(&config, &["-s", "quit"]);
+    assert_eq!(code, 0, "-s quit to the running master: {err}");
+    assert!(wait_gone(&mut master).success());
+    assert!(
+        bystander.untouched(),
+        "-s quit signalled process {}",
+        bystander.pid()
+    );
+    assert!(!pid_file.exists(), "the master removed its pid file");
+}
+
+#[test]
+fn a_second_forkd_is_refused_while_the_first_holds_the_pid_file_whatever_it_names() {
+    let (dir, config, port) = write_site(&TestDaemon::builder().workers(2));
+    let pid_file = dir.path().join("forkd.pid");
+    let mut first = spawn_forkd(&config);
+    wait_serving(&mut first, &pid_file, port);
+    // Even with the file's pid overwritten (a dead process), the lock decides.
+    let dead = {
+        let mut c = Command::new("true").spawn().unwrap();
+        let pid = c.id() as i32;
+        c.wait().unwrap();
+        pid
+    };
+    for content in [format!("{}\n", first.id()), format!("{dead}\n")] {
+        std::fs::write(&pid_file, &content).unwrap();
+        let mut second = spawn_forkd(&config);
+        let status = wait_gone(&mut second);
+        let log = std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default();
+        assert_eq!(
+            status.code(),
+            Some(1),
+            "second forkd (pid file {content:?})"
+        );
+        assert!(
+            log.contains("already running") && log.contains("is locked"),
+            "the second forkd says why (pid file {content:?}): {log}"
+        );
+        assert!(
+            first.try_wait().unwrap().is_none(),
+            "the first forkd still runs"
+        );
+    }
+    // The first still serves and stops cleanly (the pid file names it again).
+    std::fs::write(&pid_file, format!("{}\n", first.id())).unwrap();
+    let (code, _out, err) = run_forkd(&config, &["-s", "quit"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(wait_gone(&mut first).success());
+}
+
+/// Descriptors of `pid` that name `path`.
+fn fds_naming(pid: i32, path: &Path) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == path))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn only_the_master_holds_the_pid_file_open_not_its_workers() {
+    let d = TestDaemon::builder().workers(2).start();
+    let pid_file = std::fs::canonicalize(d.pid_file()).unwrap();
+    assert_eq!(
+        fds_naming(d.pid(), &pid_file).len(),
+        1,
+        "the master holds its lock"
+    );
+    let workers = d.workers();
+    assert_eq!(workers.len(), 2);
+    for w in workers {
+        // A worker outliving a SIGKILLed master would otherwise keep "running" true.
+        assert!(
+            fds_naming(w, &pid_file).is_empty(),
+            "worker {w} holds the pid file"
+        );
+    }
+}
+
+#[test]
+fn after_an_upgrade_the_new_master_holds_the_pid_file_and_after_a_rollback_the_old_one() {
+    let mut d = TestDaemon::builder()
+        .top(r#"upgrade_timeout: "10s","#)
+        .expect_alerts()
+        .start();
+    let old = d.pid();
+    let pid_file = d.pid_file();
+    let oldbin = PathBuf::from(format!("{}.oldbin", pid_file.display()));
+
+    // A rollback: the new binary cannot load the (now broken) config it is run with.
+    let good = std::fs::read_to_string(&d.config).unwrap();
+    let cli = d.dir.path().join("cli.ron");
+    std::fs::write(&cli, &good).unwrap();
+    std::fs::write(&d.config, good.replace("servers:", "servres:")).unwrap();
+    let (code, _out, err) = run_forkd(&cli, &["-s", "upgrade"]);
+    std::fs::write(&d.config, &good).unwrap();
+    assert_eq!(code, 1, "the upgrade with a broken config fails: {err}");
+    assert_eq!(pid_in(&pid_file), Some(old), "the pid file is back: {err}");
+    assert!(!oldbin.exists());
+    assert_eq!(d.get("/healthz").status, 200);
+    // The restored file is still the old master's lock: a second forkd is refused.
+    let mut second = spawn_forkd(&d.config);
+    assert_eq!(
+        wait_gone(&mut second).code(),
+        Some(1),
+        "a second forkd after the rollback is refused"
+    );
+
+    // A good upgrade: the new master's pid file is locked, the old one's is gone.
+    let (code, out, err) = d.ctl(&["-s", "upgrade"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let new = pid_in(&pid_file).expect("the new master's pid");
+    assert_ne!(new, old);
+    assert!(
+        d.wait_exit(Duration::from_secs(15)).is_some(),
+        "the old master exits"
+    );
+    assert!(
+        !oldbin.exists(),
+        "the old master removed {}",
+        oldbin.display()
+    );
+    let canonical = std::fs::canonicalize(&pid_file).unwrap();
+    assert_eq!(
+        fds_naming(new, &canonical).len(),
+        1,
+        "the new master holds its lock"
+    );
+    let (code, _out, err) = d.ctl(&["-s", "quit"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        wait_until(Duration::from_secs(15), || !alive(new)),
+        "the new master stops on -s quit"
+    );
+}

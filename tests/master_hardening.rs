@@ -148,7 +148,7 @@ fn a_second_forkd_is_refused_while_the_first_holds_the_pid_file_whatever_it_name
         c.wait().unwrap();
         pid
     };
-    for content in [format!("{}\n", first.id()), format!("{dead}\n")] {
+    for content in [format!("{dead}\n"), format!("{}\n", first.id())] {
         std::fs::write(&pid_file, &content).unwrap();
         let mut second = spawn_forkd(&config);
         let status = wait_gone(&mut second);
@@ -261,4 +261,80 @@ fn after_an_upgrade_the_new_master_holds_the_pid_file_and_after_a_rollback_the_o
         wait_until(Duration::from_secs(15), || !alive(new)),
         "the new master stops on -s quit"
     );
+}
+
+/// Runs `sh -c script BIN CONFIG` (the script execs forkd, so `$$` is forkd's pid)
+/// with `env`; returns (exit code, stderr) once it exits.
+fn forkd_in_shell(script: &str, config: &Path, env: &[(&str, String)]) -> (Option<i32>, String) {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg(BIN)
+        .arg(config)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = wait_gone(&mut child);
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status.code(), err)
+}
+
+#[test]
+fn inherited_descriptors_with_two_owners_or_out_of_range_are_refused_at_start() {
+    let (dir, config, port) = write_site(&TestDaemon::builder());
+    let listener = |fd: i32| format!("{fd}:0:127.0.0.1:{port};");
+    // (what, shell script, environment, the error it must give)
+    type Case<'a> = (&'a str, &'a str, Vec<(&'a str, String)>, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            "a repeated fd in FORKD_LISTENERS",
+            r#"exec "$0" -c "$1""#,
+            vec![("FORKD_LISTENERS", format!("{}{}", listener(7), listener(7)))],
+            "FORKD_LISTENERS names fd 7 more than once",
+        ),
+        (
+            "FORKD_LISTENERS naming the ready pipe",
+            // fd 8 is open (as the ready pipe would be) so that the new master owns it.
+            r#"exec 8>/dev/null; exec "$0" -c "$1""#,
+            vec![
+                ("FORKD_LISTENERS", listener(8)),
+                ("FORKD_READY_FD", "8".into()),
+                ("FORKD_UPGRADE_FROM", std::process::id().to_string()),
+            ],
+            "FORKD_LISTENERS names fd 8, which is FORKD_READY_FD",
+        ),
+        (
+            "a LISTEN_FDS past the descriptor range",
+            r#"LISTEN_PID=$$ exec "$0" -c "$1""#,
+            vec![("LISTEN_FDS", "2147483647".into())],
+            "LISTEN_FDS=\"2147483647\" is not a descriptor count",
+        ),
+    ];
+    for (what, script, env, message) in cases {
+        let (code, err) = forkd_in_shell(script, &config, &env);
+        assert_eq!(code, Some(1), "{what}: exit status; stderr: {err}");
+        assert!(
+            err.contains(message),
+            "{what}: stderr says {message:?}: {err}"
+        );
+        let log = std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default();
+        assert!(
+            log.contains(message),
+            "{what}: the error log says it: {log}"
+        );
+        assert!(
+            !dir.path().join("forkd.pid").exists(),
+            "{what}: no pid file left"
+        );
+    }
 }

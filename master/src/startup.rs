@@ -17,11 +17,18 @@ use std::rc::Rc;
 /// Runs the master until it stops; returns the exit code.
 pub fn run(config: Config, text: String) -> i32 {
     let mut upgrade = UpgradeChild::from_env();
-    let mut inherited = Inherited::from_env();
+    let inherited = Inherited::from_env(upgrade.as_ref().and_then(UpgradeChild::ready_fd));
     if let Err(e) = forkd_shared::log::init(&config.error_log, config.log_level, "-") {
         eprintln!("forkd: cannot open the error log: {e}");
         return fail(&mut upgrade, format!("cannot open the error log: {e}"));
     }
+    let mut inherited = match inherited {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("forkd: {e}");
+            return fail(&mut upgrade, e.to_string());
+        }
+    };
     // Running means holding the pid file's lock. A new master (binary upgrade) takes
     // it once it serves (see `handover.rs`): until then the old master holds its own.
     let pid_file = match upgrade {

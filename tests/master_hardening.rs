@@ -338,3 +338,47 @@ fn inherited_descriptors_with_two_owners_or_out_of_range_are_refused_at_start() 
         );
     }
 }
+
+#[test]
+fn an_upgrade_whose_binary_cannot_be_executed_is_rolled_back_and_the_master_keeps_serving() {
+    let (dir, config, port) = write_site(&TestDaemon::builder().workers(2));
+    let pid_file = dir.path().join("forkd.pid");
+    // The master execs the path it was started from: a copy that is then removed.
+    let copy = dir.path().join("forkd-copy");
+    std::fs::copy(BIN, &copy).unwrap();
+    let mut master = Command::new(&copy)
+        .arg("-c")
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_serving(&mut master, &pid_file, port);
+    std::fs::remove_file(&copy).unwrap();
+    let (code, _out, err) = run_forkd(&config, &["-s", "upgrade"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("exec(") && err.contains("failed"),
+        "-s upgrade says the exec failed: {err}"
+    );
+    assert_eq!(
+        pid_in(&pid_file),
+        Some(master.id() as i32),
+        "the pid file is back"
+    );
+    let log = std::fs::read_to_string(dir.path().join("error.log")).unwrap();
+    assert_eq!(
+        log.matches("upgrade failed, rolled back").count(),
+        1,
+        "one rollback, reported once: {log}"
+    );
+    assert_eq!(
+        log.matches("started: 2 worker(s)").count(),
+        1,
+        "nothing of the master's was written twice: {log}"
+    );
+    let (code, _out, err) = run_forkd(&config, &["-s", "quit"]);
+    assert_eq!(code, 0, "the master still runs and stops: {err}");
+    assert!(wait_gone(&mut master).success());
+}

@@ -25,6 +25,7 @@ pub fn spawn_worker(
     pid_file: &mut Option<PidFile>,
 ) -> nix::Result<Pid> {
     let master = nix::unistd::getpid();
+    flush_stdout();
     // SAFETY: the master is single-threaded (it never starts a thread), so the child
     // is a complete copy in which any code may run: no lock can be held by a thread
     // that does not exist in the child.
@@ -37,16 +38,22 @@ pub fn spawn_worker(
                 p.close_in_child();
             }
             let listeners = std::mem::replace(sockets, Sockets::empty()).into_slot(slot);
-            let code = forkd_worker::run(WorkerInit {
-                slot,
-                config: config.clone(),
-                listeners,
-                exclusive: config.accept == forkd_shared::config::AcceptMode::Shared,
-                master,
-                region: region.clone(),
-                region_slot,
-            });
-            std::process::exit(code);
+            // A panic must not unwind into the master's frames copied into this child
+            // (their destructors are the master's to run); it ends the worker with the
+            // code an uncaught panic has.
+            let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                forkd_worker::run(WorkerInit {
+                    slot,
+                    config: config.clone(),
+                    listeners,
+                    exclusive: config.accept == forkd_shared::config::AcceptMode::Shared,
+                    master,
+                    region: region.clone(),
+                    region_slot,
+                })
+            }))
+            .unwrap_or(PANIC_EXIT);
+            exit_child(code)
         }
     }
 }
@@ -62,6 +69,7 @@ pub fn spawn_exec(
     inherit: &[BorrowedFd],
     report: &OwnedFd,
 ) -> nix::Result<Pid> {
+    flush_stdout();
     // SAFETY: the master is single-threaded, so the child may run any code; it only
     // resets signals, clears close-on-exec flags and execs (or reports and exits).
     match unsafe { fork() }? {
@@ -76,9 +84,28 @@ pub fn spawn_exec(
                 report,
                 format!("error: exec({}) failed: {err}\n", program.to_string_lossy()).as_bytes(),
             );
-            std::process::exit(127);
+            exit_child(127)
         }
     }
+}
+
+/// The exit code of a worker that panicked (as an uncaught panic's).
+const PANIC_EXIT: i32 = 101;
+
+/// Nothing of the master's may be left in the stdout buffer a child copies: the
+/// child would write it a second time.
+fn flush_stdout() {
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+}
+
+/// Ends a forked child that did not exec: its own output flushed, then `_exit`, so
+/// none of the master's `atexit` handlers or stdio buffers run a second time
+/// (`std::process::exit` would run both).
+fn exit_child(code: i32) -> ! {
+    flush_stdout();
+    // SAFETY: `_exit` ends the process at once and touches no memory of ours (nix
+    // 0.32 has no wrapper for it).
+    unsafe { libc::_exit(code) }
 }
 
 /// Gives the exec'd program default signal handling: the master's blocked signals

@@ -382,3 +382,82 @@ fn an_upgrade_whose_binary_cannot_be_executed_is_rolled_back_and_the_master_keep
     assert_eq!(code, 0, "the master still runs and stops: {err}");
     assert!(wait_gone(&mut master).success());
 }
+
+/// `forkd -s reload`, bounded: (exit code, stdout + stderr). A reload the workers do
+/// not all adopt makes `-s reload` wait for them for a minute before it fails.
+fn reload(d: &TestDaemon) -> (i32, String) {
+    let (code, out, err) = d.ctl(&["-s", "reload"]);
+    (code, format!("{out}{err}"))
+}
+
+fn rewrite_routes(d: &mut TestDaemon, routes: &str, server: &str) {
+    d.builder.routes = routes.into();
+    d.builder.server = server.into();
+    std::fs::write(&d.config, d.builder.config_text(d.port)).unwrap();
+}
+
+#[test]
+fn a_reload_the_workers_user_could_not_adopt_fails_whole_and_every_worker_keeps_the_old_config() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut d = TestDaemon::builder()
+        .workers(2)
+        .top(r#"user: Some("nobody"),"#)
+        .file("where.txt", b"old\n")
+        .expect_alerts()
+        .start();
+    // A folder only the master's user (root) can enter.
+    let private = d.dir.path().join("private");
+    std::fs::create_dir_all(private.join("www")).unwrap();
+    std::fs::write(private.join("www/where.txt"), "new\n").unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let old_routes = d.builder.routes.clone();
+    let old_generation = |d: &TestDaemon| d.get("/where.txt").body_str();
+    assert_eq!(old_generation(&d), "old\n");
+
+    let cases = [
+        (
+            "a root the workers cannot reach",
+            r#"(prefix: "/healthz", handler: Liveness),
+               (prefix: "/", handler: Static(root: "private/www")),"#
+                .to_string(),
+            String::new(),
+            "private/www",
+        ),
+        (
+            "an access log the workers cannot open",
+            old_routes.clone(),
+            r#"access_log: Some(File("private/access.log")),"#.to_string(),
+            "access log",
+        ),
+    ];
+    for (what, routes, server, names) in cases {
+        rewrite_routes(&mut d, &routes, &server);
+        // The server line has the access log already: replace, do not add, it.
+        if !server.is_empty() {
+            let text = std::fs::read_to_string(&d.config)
+                .unwrap()
+                .replace(r#"access_log: Some(File("access.log")),"#, "");
+            std::fs::write(&d.config, text).unwrap();
+        }
+        let (code, out) = reload(&d);
+        assert_eq!(code, 1, "{what}: -s reload fails: {out}");
+        assert!(
+            out.contains("user nobody") && out.contains("would refuse") && out.contains(names),
+            "{what}: -s reload says which and why: {out}"
+        );
+        for _ in 0..4 {
+            assert_eq!(old_generation(&d), "old\n", "{what}: the old config serves");
+        }
+    }
+    // A good reload after them is adopted by every worker.
+    rewrite_routes(&mut d, &old_routes.replace("www", "www2"), "");
+    let www2 = d.dir.path().join("www2");
+    std::fs::create_dir_all(&www2).unwrap();
+    std::fs::write(www2.join("where.txt"), "www2\n").unwrap();
+    let (code, out) = reload(&d);
+    assert_eq!(code, 0, "the good reload: {out}");
+    assert!(out.contains("in force in 2 worker(s)"), "{out}");
+    for _ in 0..4 {
+        assert_eq!(d.get("/where.txt").body_str(), "www2\n");
+    }
+}

@@ -7,6 +7,7 @@
 //!   the region and the pid file, and applies what the parts below report.
 //! - `workers`: the workers of every generation, respawn with backoff, retiring.
 //! - `reload`: HUP's plan (in place, new generation, refused), without side effects.
+//! - `preflight`: a reload's dry run as the workers' user, before anything is published.
 //! - `upgrade`: binary upgrade (USR2), the old master's state machine.
 //! - `handover`: binary upgrade, the new master's takeover once its workers serve.
 //! - `inherited`: sockets inherited from the previous master or from systemd.
@@ -26,6 +27,7 @@ mod inherited;
 mod listeners;
 mod netstat;
 mod notify;
+mod preflight;
 mod process;
 mod reload;
 mod signals;

@@ -1,5 +1,5 @@
-//! Child processes: every `fork` of the program (a worker, or the new master of a
-//! binary upgrade, which execs), and reaping.
+//! Child processes: every `fork` of the program (a worker; the new master of a
+//! binary upgrade, which execs; a reload's check as the workers' user), and reaping.
 
 use crate::daemon::PidFile;
 use crate::listeners::Sockets;
@@ -85,6 +85,80 @@ pub fn spawn_exec(
                 format!("error: exec({}) failed: {err}\n", program.to_string_lossy()).as_bytes(),
             );
             exit_child(127)
+        }
+    }
+}
+
+/// Runs `check` in a forked child (which closes its copy of the pid file's lock) and
+/// returns what it returned, or why it gave no answer within `timeout`. The child
+/// ends with `_exit`; the master waits for it and reaps it before returning.
+pub fn run_check(
+    pid_file: &mut Option<PidFile>,
+    timeout: std::time::Duration,
+    check: impl FnOnce() -> Result<(), String>,
+) -> Result<(), String> {
+    use nix::fcntl::OFlag;
+    let (read, write) =
+        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe2 failed: {e}"))?;
+    flush_stdout();
+    // SAFETY: the master is single-threaded, so the child may run any code; it runs
+    // `check`, writes one line and `_exit`s.
+    let child = match unsafe { fork() }.map_err(|e| format!("fork failed: {e}"))? {
+        ForkResult::Parent { child } => child,
+        ForkResult::Child => {
+            drop(read);
+            if let Some(p) = pid_file.as_mut() {
+                p.close_in_child();
+            }
+            let answer = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(check)) {
+                Ok(Ok(())) => "ok\n".to_string(),
+                Ok(Err(why)) => format!("error: {}\n", why.replace('\n', " | ")),
+                Err(_) => "error: the check panicked\n".to_string(),
+            };
+            let _ = nix::unistd::write(&write, answer.as_bytes());
+            exit_child(0)
+        }
+    };
+    drop(write);
+    let answer = read_answer(&read, timeout);
+    if answer.is_none() {
+        let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+    }
+    let _ = waitpid(child, None);
+    match answer.as_deref().map(|a| a.trim_end_matches('\n')) {
+        Some("ok") => Ok(()),
+        Some(line) => Err(line
+            .strip_prefix("error: ")
+            .unwrap_or("the check ended without an answer")
+            .to_string()),
+        None => Err(format!("the check gave no answer within {timeout:?}")),
+    }
+}
+
+/// Everything written on `read` until EOF, or None if it is not closed in `timeout`.
+fn read_answer(read: &OwnedFd, timeout: std::time::Duration) -> Option<String> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let deadline = std::time::Instant::now() + timeout;
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 512];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        let mut fds = [PollFd::new(read.as_fd(), PollFlags::POLLIN)];
+        let millis = left.as_millis().min(u16::MAX as u128) as u16;
+        match poll(&mut fds, PollTimeout::from(millis)) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+        match nix::unistd::read(read, &mut chunk) {
+            Ok(0) => return Some(String::from_utf8_lossy(&out).into_owned()),
+            Ok(n) => out.extend_from_slice(&chunk[..n]),
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return None,
         }
     }
 }

@@ -21,6 +21,7 @@ use crate::inherited::Inherited;
 use crate::listeners::Sockets;
 use crate::netstat::Netstat;
 use crate::notify;
+use crate::preflight;
 use crate::process::{self, Ended};
 use crate::reload::{self, How};
 use crate::signals::Signals;
@@ -336,6 +337,8 @@ impl Supervisor {
         }
         config.pid_file = self.config.pid_file.clone();
         config.shm_file = self.config.shm_file.clone();
+        // All or nothing: what the workers would refuse is refused here.
+        preflight::check(&self.config, &config, &text, &plan.how, &mut self.pid_file)?;
         // Open what the new configuration needs before anything changes.
         let sockets = match plan.how {
             How::NewGeneration { .. } => Some(

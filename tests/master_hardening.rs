@@ -461,3 +461,33 @@ fn a_reload_the_workers_user_could_not_adopt_fails_whole_and_every_worker_keeps_
         assert_eq!(d.get("/where.txt").body_str(), "www2\n");
     }
 }
+
+#[test]
+fn a_reload_whose_new_workers_could_not_start_is_refused_and_the_old_ones_keep_serving() {
+    let mut d = TestDaemon::builder().workers(2).start();
+    let before = {
+        let mut w = d.workers();
+        w.sort();
+        w
+    };
+    // More workers (a new generation) logging to a path they cannot open for append.
+    d.builder.workers = 3;
+    let text = d.builder.config_text(d.port).replace(
+        r#"access_log: Some(File("access.log")),"#,
+        r#"access_log: Some(File("www")),"#,
+    );
+    std::fs::write(&d.config, text).unwrap();
+    let (code, out) = reload(&d);
+    assert_eq!(code, 1, "-s reload fails: {out}");
+    assert!(
+        out.contains("would refuse") && out.contains("access logs") && out.contains("www"),
+        "-s reload says why: {out}"
+    );
+    assert_eq!(d.get("/healthz").status, 200, "the old workers serve");
+    let mut after = d.workers();
+    after.sort();
+    assert_eq!(after, before, "the old workers are the ones serving");
+    // Put the good file back: it is the config the harness stops with.
+    d.builder.workers = 2;
+    std::fs::write(&d.config, d.builder.config_text(d.port)).unwrap();
+}

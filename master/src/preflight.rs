@@ -1,9 +1,13 @@
-//! A reload's dry run as a worker. Workers check a configuration again after dropping
-//! privileges (they parse it as their `user`, so a `root` the user cannot reach is an
-//! error, and open changed access logs as that user), so a configuration the master
-//! accepts can be refused by every worker. Before the master publishes anything, a
-//! forked child drops privileges exactly as a worker does and runs the same checks;
-//! its refusal fails the reload with its reason, and nothing changes.
+//! A reload's dry run as a worker, before the master publishes anything.
+//!
+//! A configuration the master accepts can still be refused by the workers: running
+//! workers check it again as their `user` when they adopt it in place (a `root` the
+//! user cannot reach is an error; changed access logs are opened as that user), and
+//! the workers of a new generation open their access logs, pin themselves to their
+//! CPUs and drop privileges as they start (a new generation that cannot start would
+//! otherwise replace the old one after its wait and leave nothing serving). A forked
+//! child of the master does the same, in the same order, and its refusal fails the
+//! reload with its reason, so every worker keeps the old configuration.
 //!
 //! What it cannot see: failures that depend on one worker's state at that moment (a
 //! full descriptor table, a full disk). Those are still only logged by the worker.
@@ -13,14 +17,14 @@ use crate::process;
 use crate::reload::How;
 use forkd_shared::config::{Config, LogTarget};
 use forkd_worker::access_log::AccessLogs;
+use forkd_worker::setup;
 use std::time::Duration;
 
 /// How long the check may take (parsing and opening log files).
 const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Checks, as the workers' user, that they can take `new` (with `text`, the text they
-/// will parse) from `current` the way `how` says. Nothing to check without `user`:
-/// the workers then run with the master's privileges.
+/// Checks in a forked child that the workers can take `new` (with `text`, the text
+/// running workers will parse) from `current` the way `how` says.
 pub fn check(
     current: &Config,
     new: &Config,
@@ -28,22 +32,35 @@ pub fn check(
     how: &How,
     pid_file: &mut Option<PidFile>,
 ) -> Result<(), String> {
-    let Some(user) = new.user.as_deref() else {
-        return Ok(());
-    };
-    let refused = |why: String| format!("the workers (user {user}) would refuse it: {why}");
+    let user = new.user.as_deref();
     process::run_check(pid_file, CHECK_TIMEOUT, || match how {
-        // New workers get the master's parsed configuration and open their logs
-        // before they drop privileges: dropping them is what can fail.
-        How::NewGeneration { .. } => {
-            forkd_worker::setup::drop_privileges(user).map_err(|e| e.to_string())
-        }
+        How::NewGeneration { .. } => startable(new),
         How::InPlace => {
-            forkd_worker::setup::drop_privileges(user).map_err(|e| e.to_string())?;
+            drop_privileges(user)?;
             adoptable(current, new, text)
         }
     })
-    .map_err(refused)
+    .map_err(|why| match user {
+        Some(user) => format!("the workers (user {user}) would refuse it: {why}"),
+        None => format!("the workers would refuse it: {why}"),
+    })
+}
+
+fn drop_privileges(user: Option<&str>) -> Result<(), String> {
+    match user {
+        Some(user) => setup::drop_privileges(user).map_err(|e| e.to_string()),
+        None => Ok(()),
+    }
+}
+
+/// What a new worker does as it starts with `new`, in its order: pin to each CPU a
+/// slot will use, open the access logs, drop privileges.
+fn startable(new: &Config) -> Result<(), String> {
+    for slot in 0..new.workers.get().min(new.cpus.len()) {
+        setup::pin(slot, &new.cpus).map_err(|e| e.to_string())?;
+    }
+    open_access_logs(new)?;
+    drop_privileges(new.user.as_deref())
 }
 
 /// What a running worker does on adopting `text` in place, short of adopting it:
@@ -60,17 +77,21 @@ fn adoptable(current: &Config, new: &Config, text: &str) -> Result<(), String> {
         .map(|s| &s.access_log)
         .ne(current.servers.iter().map(|s| &s.access_log));
     if logs_changed {
-        AccessLogs::open(&config.servers).map_err(|e| {
-            let files: Vec<String> = config
-                .servers
-                .iter()
-                .filter_map(|s| match &s.access_log {
-                    Some(LogTarget::File(path)) => Some(path.display().to_string()),
-                    _ => None,
-                })
-                .collect();
-            format!("opening its access logs ({}) failed: {e}", files.join(", "))
-        })?;
+        open_access_logs(&config)?;
     }
     Ok(())
+}
+
+fn open_access_logs(config: &Config) -> Result<(), String> {
+    AccessLogs::open(&config.servers).map(drop).map_err(|e| {
+        let files: Vec<String> = config
+            .servers
+            .iter()
+            .filter_map(|s| match &s.access_log {
+                Some(LogTarget::File(path)) => Some(path.display().to_string()),
+                _ => None,
+            })
+            .collect();
+        format!("opening its access logs ({}) failed: {e}", files.join(", "))
+    })
 }

@@ -337,7 +337,8 @@ impl Supervisor {
         }
         config.pid_file = self.config.pid_file.clone();
         config.shm_file = self.config.shm_file.clone();
-        // All or nothing: what the workers would refuse is refused here.
+        // All or nothing: what the workers would refuse is refused here, before
+        // anything is published.
         preflight::check(&self.config, &config, &text, &plan.how, &mut self.pid_file)?;
         // Open what the new configuration needs before anything changes.
         let sockets = match plan.how {

@@ -116,6 +116,9 @@ impl Supervisor {
             return Err(message);
         }
         sup.text = start.text;
+        // Before any worker serves: a stats reader never sees a serving worker
+        // without its listeners.
+        sup.publish_system_stats();
         sup.start_workers();
         sup.starting = Some(start.starting);
         Ok(sup)

@@ -80,6 +80,8 @@ impl Supervisor {
             }
             None => None,
         };
+        forkd_shared::log::hand_to_workers(&config)
+            .map_err(|e| format!("preparing the log files failed: {e}"))?;
         self.publish(&config, &text)?;
         if config.error_log != self.config.error_log || config.log_level != self.config.log_level {
             if let Err(e) = forkd_shared::log::init(&config.error_log, config.log_level, "-") {

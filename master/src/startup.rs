@@ -21,6 +21,10 @@ pub fn run(config: Config, text: String) -> i32 {
         eprintln!("forkd: cannot open the error log: {e}");
         return fail(&mut upgrade, format!("cannot open the error log: {e}"));
     }
+    if let Err(e) = forkd_shared::log::hand_to_workers(&config) {
+        forkd_shared::alert!("preparing the log files for the workers failed: {e}");
+        return fail(&mut upgrade, format!("preparing the log files failed: {e}"));
+    }
     if upgrade.is_none() {
         if let Err(e) = PidFile::check_free(&config.pid_file) {
             return fail(&mut upgrade, e.to_string());

@@ -182,6 +182,9 @@ impl Supervisor {
                 if let Err(e) = forkd_shared::log::reopen() {
                     forkd_shared::error!("reopening the error log failed: {e}");
                 }
+                if let Err(e) = forkd_shared::log::hand_to_workers(&self.config) {
+                    forkd_shared::error!("preparing the log files for the workers failed: {e}");
+                }
                 forkd_shared::notice!("reopening logs");
                 self.signal_all(Signal::SIGUSR1);
             }

@@ -47,7 +47,7 @@ pub fn check(
     process::run_check(pid_file, CHECK_TIMEOUT, || match how {
         How::NewGeneration { .. } => startable(new),
         How::InPlace => {
-            drop_privileges(user)?;
+            drop_privileges(user, new.group.as_deref())?;
             adoptable(current, new, text)
         }
     })
@@ -57,9 +57,9 @@ pub fn check(
     })
 }
 
-fn drop_privileges(user: Option<&str>) -> Result<(), String> {
+fn drop_privileges(user: Option<&str>, group: Option<&str>) -> Result<(), String> {
     match user {
-        Some(user) => setup::drop_privileges(user).map_err(|e| e.to_string()),
+        Some(user) => setup::drop_privileges(user, group).map_err(|e| e.to_string()),
         None => Ok(()),
     }
 }
@@ -71,7 +71,7 @@ fn startable(new: &Config) -> Result<(), String> {
         setup::pin(slot, &new.cpus).map_err(|e| e.to_string())?;
     }
     open_access_logs(new)?;
-    drop_privileges(new.user.as_deref())
+    drop_privileges(new.user.as_deref(), new.group.as_deref())
 }
 
 /// What a running worker does on adopting `text` in place, short of adopting it:

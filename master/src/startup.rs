@@ -22,6 +22,10 @@ pub fn run(config: Config, text: String) -> i32 {
         eprintln!("forkd: cannot open the error log: {e}");
         return fail(&mut upgrade, format!("cannot open the error log: {e}"));
     }
+    if let Err(e) = forkd_shared::log::hand_to_workers(&config) {
+        forkd_shared::alert!("preparing the log files for the workers failed: {e}");
+        return fail(&mut upgrade, format!("preparing the log files failed: {e}"));
+    }
     let mut inherited = match inherited {
         Ok(i) => i,
         Err(e) => {

@@ -249,6 +249,9 @@ impl Supervisor {
                 if let Err(e) = forkd_shared::log::reopen() {
                     forkd_shared::error!("reopening the error log failed: {e}");
                 }
+                if let Err(e) = forkd_shared::log::hand_to_workers(&self.config) {
+                    forkd_shared::error!("preparing the log files for the workers failed: {e}");
+                }
                 forkd_shared::notice!("reopening logs");
                 self.workers.signal_all(Signal::SIGUSR1);
             }
@@ -340,6 +343,9 @@ impl Supervisor {
         }
         config.pid_file = self.config.pid_file.clone();
         config.shm_file = self.config.shm_file.clone();
+        // Log files the workers re-open as their user must be theirs first.
+        forkd_shared::log::hand_to_workers(&config)
+            .map_err(|e| format!("preparing the log files failed: {e}"))?;
         // All or nothing: what the workers would refuse is refused here, before
         // anything is published.
         preflight::check(&self.config, &config, &text, &plan.how, &mut self.pid_file)?;

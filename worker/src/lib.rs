@@ -48,10 +48,12 @@ pub fn run(init: WorkerInit) -> i32 {
         setup::follow_master(init.master)?;
         setup::pin(init.slot, &init.config.cpus)?;
         let user = init.config.user.clone();
+        let group = init.config.group.clone();
         let event_loop = event_loop::EventLoop::new(init, signals)?;
         if let Some(user) = user {
-            setup::drop_privileges(&user)?;
+            setup::drop_privileges(&user, group.as_deref())?;
         }
+        setup::forbid_new_privileges()?;
         Ok(event_loop)
     });
     match prepared {

@@ -38,8 +38,10 @@ pub struct Config {
     pub worker_connections: NonZeroUsize,
     pub multi_accept: NonZeroUsize,
     pub rlimit_nofile: Option<u64>,
-    /// Workers switch to this user (and its group) after starting; None: stay as is.
+    /// Workers switch to this user after starting; None: stay as is.
     pub user: Option<String>,
+    /// Workers switch to this group (default: `user`'s primary group).
+    pub group: Option<String>,
     pub pid_file: PathBuf,
     pub shm_file: PathBuf,
     pub error_log: LogTarget,
@@ -138,6 +140,8 @@ impl Config {
             Some("rlimit_nofile changed")
         } else if self.user != new.user {
             Some("user changed")
+        } else if self.group != new.group {
+            Some("group changed")
         } else {
             None
         }

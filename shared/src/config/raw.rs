@@ -29,6 +29,8 @@ pub struct RawConfig {
     pub rlimit_nofile: Option<u64>,
     #[serde(default)]
     pub user: Option<String>,
+    #[serde(default)]
+    pub group: Option<String>,
     #[serde(default = "default_pid_file")]
     pub pid_file: String,
     #[serde(default = "default_shm_file")]

@@ -132,6 +132,31 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
             ),
         }
     }
+    if let Some(group) = &raw.group {
+        match nix::unistd::Group::from_name(group) {
+            Ok(Some(_)) => {}
+            Ok(None) => check.error(
+                &format!("\"{group}\""),
+                0,
+                "group".into(),
+                format!("no group named `{group}` on this system"),
+            ),
+            Err(e) => check.error(
+                &format!("\"{group}\""),
+                0,
+                "group".into(),
+                format!("looking up group `{group}` failed: {e}"),
+            ),
+        }
+        if raw.user.is_none() {
+            check.error(
+                "group:",
+                0,
+                "group".into(),
+                "`group` needs `user`: workers only switch credentials when `user` is set".into(),
+            );
+        }
+    }
     if raw.servers.is_empty() {
         check.error(
             "servers",
@@ -297,6 +322,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
         multi_accept: raw.multi_accept,
         rlimit_nofile: raw.rlimit_nofile,
         user: raw.user,
+        group: raw.group,
         pid_file: resolve(&base, &raw.pid_file),
         shm_file: resolve(&base, &raw.shm_file),
         error_log: resolve_log(&base, &raw.error_log),

@@ -18,10 +18,11 @@
 //! or the master for the master's and retired fields), so a read-modify-write needs no
 //! locked instruction.
 
+use super::counters::{Counter, COUNTER_CELLS};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FORKDSHM");
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Worker slots in the region: live workers of every generation share them.
 pub const MAX_SLOTS: usize = 256;
 pub const MAX_LISTENERS: usize = 32;
@@ -78,23 +79,49 @@ impl Histogram {
     }
 }
 
-/// Counters that only grow (per worker, and retired).
+/// Counters that only grow (per worker, and retired): one cell per counter of the
+/// table in `counters` (its id is the cell number), spare cells for counters later
+/// builds add, and the latency histogram.
 #[repr(C)]
 pub struct Counters {
-    pub connections_accepted: AtomicU64,
-    pub connections_handled: AtomicU64,
-    pub requests: AtomicU64,
-    /// Final and interim responses by class: `[1xx, 2xx, 3xx, 4xx, 5xx]`.
-    pub responses: [AtomicU64; 5],
-    /// Requests whose client went away before the response was sent.
-    pub responses_499: AtomicU64,
-    pub bytes_in: AtomicU64,
-    pub bytes_out: AtomicU64,
-    /// Accept wake-ups that found the queue empty (thundering-herd waste).
-    pub accept_empty_wakeups: AtomicU64,
-    /// Times the worker reached `worker_connections` and stopped accepting.
-    pub connection_limit_hits: AtomicU64,
+    pub cells: [AtomicU64; COUNTER_CELLS],
     pub latency: Histogram,
+}
+
+/// Every 64-bit word of a [`Counters`] block, numbered `0..WORDS` in a fixed order:
+/// the cells, the histogram's buckets, its sum and its count. Folding and zeroing go
+/// word by word in this order (the fold's journal records a word number).
+pub const WORDS: usize = COUNTER_CELLS + BUCKETS + 2;
+
+impl Counters {
+    #[inline]
+    pub fn get(&self, c: Counter) -> &AtomicU64 {
+        &self.cells[c.cell()]
+    }
+
+    /// Adds `n` to counter `c` (this process being the row's only writer).
+    #[inline]
+    pub fn bump(&self, c: Counter, n: u64) {
+        bump(self.get(c), n);
+    }
+
+    /// Word `i` of the block (see [`WORDS`]).
+    pub fn word(&self, i: usize) -> &AtomicU64 {
+        if i < COUNTER_CELLS {
+            &self.cells[i]
+        } else if i < COUNTER_CELLS + BUCKETS {
+            &self.latency.buckets[i - COUNTER_CELLS]
+        } else if i == COUNTER_CELLS + BUCKETS {
+            &self.latency.sum_us
+        } else {
+            &self.latency.count
+        }
+    }
+
+    /// Every word, in [`WORDS`] order.
+    pub fn words(&self) -> impl Iterator<Item = &AtomicU64> {
+        (0..WORDS).map(|i| self.word(i))
+    }
 }
 
 /// Worker states in a slot.
@@ -312,6 +339,11 @@ mod tests {
             assert_eq!(bucket_of(lo), b);
             assert_eq!(bucket_of(hi - 1), b);
         }
+    }
+
+    #[test]
+    fn words_cover_the_counters_block() {
+        assert_eq!(std::mem::size_of::<Counters>(), WORDS * 8);
     }
 
     #[test]

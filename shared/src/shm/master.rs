@@ -75,45 +75,13 @@ pub fn release_slot(layout: &Layout, index: usize) {
 }
 
 fn add_counters(into: &Counters, from: &Counters) {
-    let pairs = [
-        (&into.connections_accepted, &from.connections_accepted),
-        (&into.connections_handled, &from.connections_handled),
-        (&into.requests, &from.requests),
-        (&into.responses_499, &from.responses_499),
-        (&into.bytes_in, &from.bytes_in),
-        (&into.bytes_out, &from.bytes_out),
-        (&into.accept_empty_wakeups, &from.accept_empty_wakeups),
-        (&into.connection_limit_hits, &from.connection_limit_hits),
-        (&into.latency.sum_us, &from.latency.sum_us),
-        (&into.latency.count, &from.latency.count),
-    ];
-    for (a, b) in pairs {
-        bump(a, b.load(Relaxed));
-    }
-    for (a, b) in into.responses.iter().zip(&from.responses) {
-        bump(a, b.load(Relaxed));
-    }
-    for (a, b) in into.latency.buckets.iter().zip(&from.latency.buckets) {
+    for (a, b) in into.words().zip(from.words()) {
         bump(a, b.load(Relaxed));
     }
 }
 
 fn zero_counters(c: &Counters) {
-    for a in [
-        &c.connections_accepted,
-        &c.connections_handled,
-        &c.requests,
-        &c.responses_499,
-        &c.bytes_in,
-        &c.bytes_out,
-        &c.accept_empty_wakeups,
-        &c.connection_limit_hits,
-        &c.latency.sum_us,
-        &c.latency.count,
-    ] {
-        a.store(0, Relaxed);
-    }
-    for a in c.responses.iter().chain(c.latency.buckets.iter()) {
+    for a in c.words() {
         a.store(0, Relaxed);
     }
 }

@@ -1,18 +1,22 @@
 //! The shared-memory stats region: written by the master and its workers, read by
 //! `forkd stats`, the `Status` and `Metrics` handlers, and anything else that maps it.
 //!
+//! - `counters`: the table of counters, declared once.
 //! - `layout`: what is where (all atomics), the latency histogram's buckets.
 //! - `mapping`: creating and mapping the file (the only `unsafe`).
 //! - `master`: what the master writes: slots of new workers, folding exited workers
 //!   into the retired totals, system counters.
 //! - `snapshot`: the configuration the master publishes for workers to adopt.
+//! - `values`: counter values read out of the region, and their JSON.
 //! - `report`: a consistent reading of the region, as JSON, a table or Prometheus text.
 
+pub mod counters;
 pub mod layout;
 pub mod mapping;
 pub mod master;
 pub mod report;
 pub mod snapshot;
+pub mod values;
 
 pub use mapping::{Region, ShmError};
 

@@ -18,7 +18,7 @@
 //! or the master for the master's and retired fields), so a read-modify-write needs no
 //! locked instruction.
 
-use super::counters::{Counter, COUNTER_CELLS};
+use super::counters::{Counter, COUNTER_CELLS, NAME_BYTES};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FORKDSHM");
@@ -226,15 +226,55 @@ pub struct Header {
     pub slot_count: AtomicU32,
     pub region_size: AtomicU64,
     pub master_pid: AtomicI32,
-    _pad: AtomicU32,
+    /// Cells of `counter_names` that carry a name: the highest named id plus one.
+    pub counter_count: AtomicU32,
     /// Wall-clock start of the master, ms since the epoch.
     pub start_time_ms: AtomicU64,
     pub config_generation: AtomicU64,
     /// Odd while a master moves an exited worker's counters into `retired`.
     pub fold_seq: AtomicU64,
-    /// Held (non-zero) by a master folding: during a binary upgrade two masters share
-    /// the region.
+    /// The pid of the master folding, or 0: during a binary upgrade two masters share
+    /// the region. A master that finds it held by a dead process takes it over.
     pub fold_lock: AtomicU32,
+    /// The fold's journal, so a fold cut short by a dying master is finished exactly
+    /// (see `master::fold_slot`): the row being folded plus one (0: none),
+    pub fold_row: AtomicU32,
+    /// the word of the row being moved ([`NO_WORD`] before the first),
+    pub fold_word: AtomicU64,
+    /// and the retired value of that word before it was added to.
+    pub fold_base: AtomicU64,
+    /// The name of the counter in each cell, as the builds that used the region
+    /// declared it: a build checks that its ids mean the same counters before sharing
+    /// the region, and adds the names of its new ones.
+    pub counter_names: [CounterName; COUNTER_CELLS],
+}
+
+/// `fold_word` before the first word of a fold is moved.
+pub const NO_WORD: u64 = u64::MAX;
+
+/// A counter's name in the region's name table, NUL-padded. Written by a master before
+/// it forks workers, read when a master attaches.
+#[repr(C)]
+pub struct CounterName([AtomicU8; NAME_BYTES]);
+
+impl CounterName {
+    pub fn get(&self) -> String {
+        let bytes: Vec<u8> = self
+            .0
+            .iter()
+            .map(|b| b.load(Relaxed))
+            .take_while(|&b| b != 0)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Writes `name` (the table checks names fit when compiling).
+    pub fn set(&self, name: &str) {
+        let bytes = name.as_bytes();
+        for (i, cell) in self.0.iter().enumerate() {
+            cell.store(bytes.get(i).copied().unwrap_or(0), Relaxed);
+        }
+    }
 }
 
 #[repr(C, align(64))]

@@ -33,6 +33,11 @@ pub enum ShmError {
         path: PathBuf,
         size: u64,
     },
+    /// A cell of the region names another counter than this build's of that id.
+    Counters {
+        path: PathBuf,
+        mismatch: super::master::CounterMismatch,
+    },
     /// Another live master owns the region.
     InUse {
         path: PathBuf,
@@ -64,6 +69,14 @@ impl fmt::Display for ShmError {
                     path.display()
                 )
             }
+            ShmError::Counters { path, mismatch } => write!(
+                f,
+                "{} counts \"{}\" in cell {} where this forkd counts \"{}\": the builds cannot share it",
+                path.display(),
+                mismatch.region,
+                mismatch.cell,
+                mismatch.ours
+            ),
             ShmError::InUse { path, pid } => write!(
                 f,
                 "{} is in use by the forkd master {pid}: give each instance its own shm_file",
@@ -140,6 +153,7 @@ impl Region {
         h.region_size.store(REGION_SIZE as u64, Relaxed);
         h.master_pid.store(pid, Relaxed);
         h.start_time_ms.store(super::now_ms(), Relaxed);
+        super::master::adopt_counter_names(h).expect("a fresh region has no names");
         h.magic.store(MAGIC, std::sync::atomic::Ordering::Release);
         Ok(region)
     }
@@ -174,10 +188,17 @@ impl Region {
         // every process accesses it only through atomics.
         let map =
             unsafe { MmapOptions::new().len(REGION_SIZE).map_mut(&file) }.map_err(io("mmap"))?;
-        Ok(Region {
+        let region = Region {
             map: Map::Rw(map),
             path: path.to_path_buf(),
-        })
+        };
+        super::master::adopt_counter_names(&region.layout().header).map_err(|mismatch| {
+            ShmError::Counters {
+                path: path.to_path_buf(),
+                mismatch,
+            }
+        })?;
+        Ok(region)
     }
 
     /// Maps an existing region read-only, checking that it is a forkd region of this

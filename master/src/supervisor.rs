@@ -90,6 +90,7 @@ impl Supervisor {
                 self.on_child_ended(pid, how);
             }
             self.publish_system_stats();
+            shm_master::recover_fold(self.region.layout());
             let now = Instant::now();
             self.check_starting();
             self.start_requested_upgrade();

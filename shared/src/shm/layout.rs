@@ -193,14 +193,19 @@ impl<const N: usize> Text<N> {
         while !text.is_char_boundary(end) {
             end -= 1;
         }
-        self.seq.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        // Odd while writing; already odd only if a writer died mid-write.
+        let seq = self.seq.load(Relaxed) | 1;
+        self.seq.store(seq, Relaxed);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
         for (slot, b) in self.bytes.iter().zip(&text.as_bytes()[..end]) {
             slot.store(*b, Relaxed);
         }
         self.len.store(end as u32, Relaxed);
-        self.seq.fetch_add(1, std::sync::atomic::Ordering::Release);
+        self.seq
+            .store(seq + 1, std::sync::atomic::Ordering::Release);
     }
 
+    /// The text; empty if it stayed mid-write for a bounded number of readings.
     pub fn get(&self) -> String {
         for _ in 0..1000 {
             let before = self.seq.load(std::sync::atomic::Ordering::Acquire);
@@ -397,6 +402,18 @@ mod tests {
         let t: Text<8> = unsafe_free_zeroed();
         t.set("héllo wörld");
         assert_eq!(t.get(), "héllo w");
+    }
+
+    #[test]
+    fn a_text_left_mid_write_reads_empty_and_the_next_set_repairs_it() {
+        let t: Text<8> = unsafe_free_zeroed();
+        t.set("first");
+        // A writer killed mid-write leaves the count odd.
+        t.seq.store(t.seq.load(Relaxed) + 1, Relaxed);
+        assert_eq!(t.get(), "");
+        t.set("second");
+        assert_eq!(t.seq.load(Relaxed) % 2, 0);
+        assert_eq!(t.get(), "second");
     }
 
     /// A zeroed Text built from atomics' constructors (no unsafe needed).

@@ -7,6 +7,7 @@
 //! `forkd stats` can map it read-only by path, even after the master has gone.
 
 use super::layout::{Layout, LAYOUT_VERSION, MAGIC};
+use super::report::{self, Inconsistent, Report};
 use memmap2::{Mmap, MmapMut, MmapOptions};
 use std::fmt;
 use std::fs::OpenOptions;
@@ -88,14 +89,18 @@ impl fmt::Display for ShmError {
 
 impl std::error::Error for ShmError {}
 
-enum Map {
-    Rw(MmapMut),
-    Ro(Mmap),
+/// The region mapped for writing: the master's and (inherited through `fork`) its
+/// workers'. The only way to a `&Layout`, whose atomics can be stored to.
+pub struct Region {
+    map: MmapMut,
+    path: PathBuf,
 }
 
-/// A mapped region.
-pub struct Region {
-    map: Map,
+/// The region mapped read-only (`forkd stats`, `forkd -s reload` following a reload).
+/// It hands out readings, never the layout: nothing can store through it, so a reader
+/// cannot fault on its read-only pages or disturb a running master.
+pub struct RegionReader {
+    map: Mmap,
     path: PathBuf,
 }
 
@@ -114,9 +119,13 @@ impl Region {
                 source,
             }
         };
-        if let Ok(existing) = Region::open_read(path) {
+        if let Ok(existing) = RegionReader::open(path) {
             let owner = existing.layout().header.master_pid.load(Relaxed);
-            if owner != pid && Some(owner) != upgrading_from && owner > 0 && process_alive(owner) {
+            if owner != pid
+                && Some(owner) != upgrading_from
+                && owner > 0
+                && super::master::process_alive(owner)
+            {
                 return Err(ShmError::InUse {
                     path: path.to_path_buf(),
                     pid: owner,
@@ -144,7 +153,7 @@ impl Region {
         let map =
             unsafe { MmapOptions::new().len(REGION_SIZE).map_mut(&file) }.map_err(io("mmap"))?;
         let region = Region {
-            map: Map::Rw(map),
+            map,
             path: path.to_path_buf(),
         };
         let h = &region.layout().header;
@@ -170,7 +179,7 @@ impl Region {
                 source,
             }
         };
-        let existing = Region::open_read(path)?;
+        let existing = RegionReader::open(path)?;
         let owner = existing.layout().header.master_pid.load(Relaxed);
         if owner != from {
             return Err(ShmError::InUse {
@@ -189,7 +198,7 @@ impl Region {
         let map =
             unsafe { MmapOptions::new().len(REGION_SIZE).map_mut(&file) }.map_err(io("mmap"))?;
         let region = Region {
-            map: Map::Rw(map),
+            map,
             path: path.to_path_buf(),
         };
         super::master::adopt_counter_names(&region.layout().header).map_err(|mismatch| {
@@ -201,9 +210,31 @@ impl Region {
         Ok(region)
     }
 
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The region as its layout.
+    pub fn layout(&self) -> &Layout {
+        // SAFETY: the mapping is `REGION_SIZE` bytes (created at that size, or checked
+        // before `attach` mapped it) and page-aligned, which satisfies `Layout`'s
+        // 4096-byte alignment; it lives as long as `self`. `Layout` holds only atomics
+        // (and arrays and structs of them), for which every bit pattern, including all
+        // zeros, is valid, and which make concurrent access from other processes
+        // well-defined.
+        unsafe { &*(self.map.as_ptr() as *const Layout) }
+    }
+
+    /// A consistent reading of every counter (bounded: see [`report::read`]).
+    pub fn report(&self) -> Result<Report, Inconsistent> {
+        report::read(self.layout())
+    }
+}
+
+impl RegionReader {
     /// Maps an existing region read-only, checking that it is a forkd region of this
     /// layout version.
-    pub fn open_read(path: &Path) -> Result<Region, ShmError> {
+    pub fn open(path: &Path) -> Result<RegionReader, ShmError> {
         let io = |op| {
             move |source| ShmError::Io {
                 op,
@@ -243,8 +274,8 @@ impl Region {
                 size,
             });
         }
-        Ok(Region {
-            map: Map::Ro(map),
+        Ok(RegionReader {
+            map,
             path: path.to_path_buf(),
         })
     }
@@ -253,31 +284,23 @@ impl Region {
         &self.path
     }
 
-    /// The region as its layout.
-    pub fn layout(&self) -> &Layout {
-        let ptr = match &self.map {
-            Map::Rw(m) => m.as_ptr(),
-            Map::Ro(m) => m.as_ptr(),
-        };
-        // SAFETY: the mapping is at least `size_of::<Layout>()` bytes (created at that
-        // size, or checked in `open_read`) and page-aligned, which satisfies
-        // `Layout`'s 4096-byte alignment; it lives as long as `self`. `Layout` holds
-        // only atomics (and arrays and structs of them), for which every bit pattern,
-        // including all zeros, is valid, and which make concurrent access from other
-        // processes well-defined. A read-only mapping is only ever loaded from.
-        unsafe { &*(ptr as *const Layout) }
+    /// A consistent reading of every counter (bounded: see [`report::read`]).
+    pub fn report(&self) -> Result<Report, Inconsistent> {
+        report::read(self.layout())
     }
 
-    /// Whether this mapping may be written (the master's and workers').
-    pub fn writable(&self) -> bool {
-        matches!(self.map, Map::Rw(_))
+    /// The master recorded in the header (for messages: it may have exited, and its
+    /// pid may since name another process).
+    pub fn master_pid(&self) -> i32 {
+        self.layout().header.master_pid.load(Relaxed)
     }
-}
 
-fn process_alive(pid: i32) -> bool {
-    use nix::errno::Errno;
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
-        Ok(()) | Err(Errno::EPERM) => true,
-        Err(_) => false,
+    /// Private: the layout is never handed out of a read-only mapping.
+    fn layout(&self) -> &Layout {
+        // SAFETY: checked in `open` to be at least `REGION_SIZE` bytes; page-aligned;
+        // lives as long as `self`; only atomics (see `Region::layout`). The pages are
+        // read-only and this type only ever loads from them: `layout` is private and
+        // every caller in this file only reads.
+        unsafe { &*(self.map.as_ptr() as *const Layout) }
     }
 }

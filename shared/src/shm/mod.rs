@@ -16,9 +16,11 @@ pub mod mapping;
 pub mod master;
 pub mod report;
 pub mod snapshot;
+#[cfg(test)]
+mod testing;
 pub mod values;
 
-pub use mapping::{Region, ShmError};
+pub use mapping::{Region, RegionReader, ShmError};
 
 /// Wall-clock milliseconds since the epoch.
 pub fn now_ms() -> u64 {

@@ -11,6 +11,7 @@ pub use super::values::CounterValues;
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkerReport {
@@ -65,18 +66,79 @@ pub struct Report {
     pub totals: CounterValues,
 }
 
-/// Reads the region consistently: retried while the master is folding a worker.
-pub fn read(layout: &Layout) -> Report {
+/// How long a reader waits for a fold to end before it gives up on the reading. A fold
+/// takes microseconds; a count that stays odd this long belongs to a master that was
+/// stopped or killed mid-fold (the next fold, by any master, finishes it).
+pub const PATIENCE: Duration = Duration::from_millis(200);
+
+/// A reading that could not be made consistent within [`PATIENCE`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inconsistent {
+    /// The fold count, odd (a fold under way) or changing under the reader.
+    pub fold_seq: u64,
+    /// The process holding the fold lock (0: none), and whether it still runs.
+    pub holder: i32,
+    pub holder_alive: bool,
+}
+
+impl std::fmt::Display for Inconsistent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the stats region is inconsistent (a fold of a worker's counters is under way: \
+             fold_seq {}, ",
+            self.fold_seq
+        )?;
+        match (self.holder, self.holder_alive) {
+            (0, _) => write!(f, "no master holds the fold lock")?,
+            (pid, true) => write!(f, "held by master {pid}")?,
+            (pid, false) => write!(f, "held by process {pid}, which is gone")?,
+        }
+        write!(f, ") for {PATIENCE:?}")
+    }
+}
+
+impl std::error::Error for Inconsistent {}
+
+impl Inconsistent {
+    /// `{"error": "...", "retry": true}` and a newline: what the `Status` route answers
+    /// instead.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{}\n",
+            serde_json::json!({ "error": self.to_string(), "retry": true })
+        )
+    }
+}
+
+/// Reads the region consistently: retried while a master is folding a worker, for at
+/// most [`PATIENCE`] (the caller decides what to do then: a handler answers 503, the
+/// CLI says so and tries again).
+pub fn read(layout: &Layout) -> Result<Report, Inconsistent> {
+    let started = Instant::now();
+    let mut tries = 0u32;
     loop {
         let before = layout.header.fold_seq.load(Acquire);
-        if before % 2 == 1 {
-            std::thread::yield_now();
-            continue;
+        if before & 1 == 0 {
+            let report = read_once(layout);
+            std::sync::atomic::fence(Acquire);
+            if layout.header.fold_seq.load(Relaxed) == before {
+                return Ok(report);
+            }
         }
-        let report = read_once(layout);
-        std::sync::atomic::fence(Acquire);
-        if layout.header.fold_seq.load(Relaxed) == before {
-            return report;
+        if started.elapsed() >= PATIENCE {
+            let holder = layout.header.fold_lock.load(Relaxed) as i32;
+            return Err(Inconsistent {
+                fold_seq: before,
+                holder,
+                holder_alive: holder > 0 && super::master::process_alive(holder),
+            });
+        }
+        tries += 1;
+        if tries < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }

@@ -13,7 +13,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
-use support::{wait_until, TestDaemon, BIN};
+use support::{wait_until, TempDir, TestDaemon, BIN};
 
 /// Long enough for a loaded 2-core machine; only a failing test waits this long.
 const SETTLE: Duration = Duration::from_secs(30);
@@ -166,5 +166,148 @@ fn readers_answer_while_the_region_is_left_mid_fold_and_recover_after() {
         d.error_log().contains("took the fold lock over"),
         "{}",
         d.error_log()
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// "Another master runs" is the region's lock, not the pid in its header
+// ---------------------------------------------------------------------------------
+
+/// Starts `forkd -c CONFIG` and waits until it serves `/healthz` on `port` and has
+/// written its pid file.
+fn start_forkd(config: &Path, port: u16) -> Child {
+    let mut child = Command::new(BIN)
+        .arg("-c")
+        .arg(config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn forkd");
+    let dir = config.parent().unwrap();
+    let served = wait_until(SETTLE, || {
+        if child.try_wait().unwrap().is_some() {
+            return true;
+        }
+        dir.join("forkd.pid").exists()
+            && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok_and(|mut s| {
+                use std::io::{Read, Write};
+                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut buf = [0u8; 12];
+                s.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").is_ok()
+                    && s.read_exact(&mut buf).is_ok()
+                    && &buf == b"HTTP/1.1 200"
+            })
+    });
+    if let Some(status) = child.try_wait().unwrap() {
+        let log = std::fs::read_to_string(dir.join("error.log")).unwrap_or_default();
+        panic!("forkd exited during start-up ({status}):\n{log}");
+    }
+    assert!(served, "forkd did not serve within {SETTLE:?}");
+    child
+}
+
+fn quit(mut child: Child) {
+    support::signal(child.id() as i32, "QUIT");
+    let stopped = wait_until(SETTLE, || child.try_wait().unwrap().is_some());
+    if !stopped {
+        let _ = child.kill();
+    }
+    let _ = child.wait();
+    assert!(stopped, "forkd did not stop on QUIT");
+}
+
+/// After a crash the region's header names the crashed master, whose pid may by now
+/// belong to an unrelated live process: that does not stop a start.
+#[test]
+fn a_region_naming_an_unrelated_live_process_does_not_stop_a_start() {
+    let dir = TempDir::new();
+    let builder = TestDaemon::builder().routes(ROUTES);
+    builder.write_files(dir.path());
+    let port = support::free_port();
+    let config = dir.path().join("forkd.ron");
+    std::fs::write(&config, builder.config_text(port)).unwrap();
+    let unrelated = Sleeper::start();
+    // What a crashed master leaves, its pid since reused.
+    drop(
+        forkd_shared::shm::Region::create(&dir.path().join("forkd.shm"), unrelated.pid(), None)
+            .unwrap(),
+    );
+
+    let forkd = start_forkd(&config, port);
+    let (code, out, err) = forkd_within(&["stats", "-c", config.to_str().unwrap(), "--json"]);
+    assert!(code.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["master"]["pid"].as_i64(), Some(forkd.id() as i64));
+    quit(forkd);
+}
+
+/// A second instance configured with the same `shm_file` is refused while the first
+/// runs, even when the header names a process that is gone: the first one's region
+/// is neither replaced nor shared.
+#[test]
+fn a_second_master_is_refused_while_the_first_runs_whatever_its_header_says() {
+    let d = TestDaemon::builder().routes(ROUTES).start();
+    let shm = d.dir.path().join("forkd.shm");
+    let gone = {
+        let mut c = Command::new("true").spawn().unwrap();
+        let pid = c.id() as i32;
+        c.wait().unwrap();
+        pid
+    };
+    poke(
+        &shm,
+        header_offset(std::mem::offset_of!(Header, master_pid)),
+        &gone.to_le_bytes(),
+    );
+    let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&shm).unwrap());
+
+    let other = TempDir::new();
+    let port2 = support::free_port();
+    let config2 = other.path().join("second.ron");
+    std::fs::write(
+        &config2,
+        format!(
+            r#"(
+    workers: Count(1),
+    pid_file: "second.pid",
+    shm_file: "{}",
+    error_log: File("error.log"),
+    servers: [(
+        listen: ["127.0.0.1:{port2}"],
+        routes: [(prefix: "/", handler: Liveness)],
+    )],
+)
+"#,
+            shm.display()
+        ),
+    )
+    .unwrap();
+    let (status, _, err) = forkd_within(&["-c", config2.to_str().unwrap()]);
+    let log = std::fs::read_to_string(other.path().join("error.log")).unwrap_or_default();
+    assert!(!status.success(), "the second master ran beside the first");
+    assert!(
+        format!("{err}{log}").contains("in use by the forkd master"),
+        "stderr: {err}\nerror log: {log}"
+    );
+    assert!(!other.path().join("second.pid").exists());
+
+    // The first one keeps its region and keeps counting in it.
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&shm).unwrap()),
+        inode,
+        "the region file was replaced"
+    );
+    let before = d.get("/status");
+    assert_eq!(before.status, 200);
+    let requests = |r: &support::Response| {
+        serde_json::from_slice::<serde_json::Value>(&r.body).unwrap()["totals"]["requests"]
+            .as_u64()
+            .unwrap()
+    };
+    let n = requests(&before);
+    assert!(
+        wait_until(SETTLE, || requests(&d.get("/status")) > n),
+        "the first master stopped counting"
     );
 }

@@ -234,11 +234,19 @@ fn a_region_naming_an_unrelated_live_process_does_not_stop_a_start() {
             .unwrap(),
     );
 
+    // Nor does it make the crashed master look running.
+    let (code, out, err) = forkd_within(&["stats", "-c", config.to_str().unwrap(), "--json"]);
+    assert!(code.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["master"]["pid"].as_i64(), Some(unrelated.pid() as i64));
+    assert_eq!(v["master"]["alive"], false, "{v:#}");
+
     let forkd = start_forkd(&config, port);
     let (code, out, err) = forkd_within(&["stats", "-c", config.to_str().unwrap(), "--json"]);
     assert!(code.success(), "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["master"]["pid"].as_i64(), Some(forkd.id() as i64));
+    assert_eq!(v["master"]["alive"], true);
     quit(forkd);
 }
 

@@ -126,6 +126,8 @@ pub struct Region {
 pub struct RegionReader {
     map: Mmap,
     path: PathBuf,
+    /// To ask whether any master still holds the region's lock.
+    file: File,
 }
 
 pub const REGION_SIZE: usize = std::mem::size_of::<Layout>();
@@ -310,6 +312,7 @@ impl RegionReader {
         Ok(RegionReader {
             map,
             path: path.to_path_buf(),
+            file,
         })
     }
 
@@ -317,9 +320,27 @@ impl RegionReader {
         &self.path
     }
 
-    /// A consistent reading of every counter (bounded: see [`report::read`]).
+    /// A consistent reading of every counter (bounded: see [`report::read`]). Its
+    /// master counts as alive only while the region is locked, so a pid reused since
+    /// the master stopped does not make it look running.
     pub fn report(&self) -> Result<Report, Inconsistent> {
-        report::read(self.layout())
+        let mut report = report::read(self.layout())?;
+        report.master_alive &= self.locked();
+        Ok(report)
+    }
+
+    /// Whether a master (or its workers) holds the region's lock. Probes with the
+    /// exclusive lock, released at once: a master holds the shared one for its
+    /// lifetime (the probe fails at once), and a master starting fresh retries its
+    /// own exclusive lock for longer than the probe holds it.
+    fn locked(&self) -> bool {
+        match flock(&self.file, libc::LOCK_EX | libc::LOCK_NB) {
+            Ok(()) => {
+                let _ = flock(&self.file, libc::LOCK_UN);
+                false
+            }
+            Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+        }
     }
 
     /// The master recorded in the header (for messages: it may have exited, and its
@@ -480,6 +501,33 @@ mod tests {
         let _ = sleeper.wait();
         let r = r.expect("the start was refused by a stale pid");
         assert_eq!(r.layout().header.master_pid.load(Relaxed), 4242);
+    }
+
+    #[test]
+    fn a_reader_sees_a_master_as_running_only_while_the_region_is_locked() {
+        let tmp = TempRegion::new("alive");
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let running = Region::create(&tmp.0, sleeper.id() as i32, None).unwrap();
+        let reader = RegionReader::open(&tmp.0).unwrap();
+        assert!(reader.report().unwrap().master_alive);
+        // The master stopped; its pid now names an unrelated live process.
+        drop(running);
+        // (Other tests of this process fork: a child holds a copy of the descriptor
+        // until it execs, for microseconds.)
+        let mut alive = true;
+        for _ in 0..200 {
+            alive = reader.report().unwrap().master_alive;
+            if !alive {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+        assert!(!alive, "a stopped master looked running by its reused pid");
     }
 
     #[test]

@@ -192,8 +192,7 @@ fn read_once(layout: &Layout) -> Report {
     Report {
         layout_version: h.layout_version.load(Relaxed),
         master_pid,
-        master_alive: master_pid > 0
-            && nix::sys::signal::kill(nix::unistd::Pid::from_raw(master_pid), None).is_ok(),
+        master_alive: super::master::process_alive(master_pid),
         start_time_ms: h.start_time_ms.load(Relaxed),
         config_generation: h.config_generation.load(Relaxed),
         respawns: layout.master.respawns.load(Relaxed),

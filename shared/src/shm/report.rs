@@ -131,7 +131,7 @@ pub fn read(layout: &Layout) -> Result<Report, Inconsistent> {
             return Err(Inconsistent {
                 fold_seq: before,
                 holder,
-                holder_alive: holder > 0 && super::master::process_alive(holder),
+                holder_alive: holder > 0 && super::process_alive(holder),
             });
         }
         tries += 1;
@@ -192,7 +192,7 @@ fn read_once(layout: &Layout) -> Report {
     Report {
         layout_version: h.layout_version.load(Relaxed),
         master_pid,
-        master_alive: super::master::process_alive(master_pid),
+        master_alive: super::process_alive(master_pid),
         start_time_ms: h.start_time_ms.load(Relaxed),
         config_generation: h.config_generation.load(Relaxed),
         respawns: layout.master.respawns.load(Relaxed),

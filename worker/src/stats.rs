@@ -53,8 +53,10 @@ impl Stats {
         self.slot().heartbeat_ms.store(ms, Relaxed);
     }
 
+    /// Adds `n` to counter `c` of this worker's row: the increment of a counter
+    /// declared in `forkd_shared::shm::counters` (the named methods below are these).
     #[inline]
-    fn bump(&self, c: Counter, n: u64) {
+    pub fn bump(&self, c: Counter, n: u64) {
         self.slot().counters.bump(c, n);
     }
 

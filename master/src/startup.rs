@@ -48,7 +48,13 @@ pub fn run(config: Config, text: String) -> i32 {
     // every counter carries over; otherwise it starts a fresh one.
     let region = match from.map(|from| Region::attach(&config.shm_file, from)) {
         Some(Ok(r)) => Ok(r),
-        _ => Region::create(&config.shm_file, me, from),
+        Some(Err(e)) => {
+            forkd_shared::warn!(
+                "cannot share the previous master's stats region ({e}): starting a fresh one, totals restart"
+            );
+            Region::create(&config.shm_file, me, from)
+        }
+        None => Region::create(&config.shm_file, me, from),
     };
     let region = match region {
         Ok(r) => Rc::new(r),

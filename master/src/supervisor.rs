@@ -134,6 +134,7 @@ impl Supervisor {
                 self.on_child_ended(pid, how);
             }
             self.publish_system_stats();
+            forkd_shared::shm::master::recover_fold(self.region.layout());
             let now = Instant::now();
             self.check_starting();
             if self.starting.is_none() && self.upgrade.take_deferred() {

@@ -195,3 +195,27 @@ fn chunk_metadata_within_the_limits_is_still_served() {
     assert_eq!(second.status, 200, "{}", second.head);
     assert_eq!(second.body, b"hello\n");
 }
+
+#[test]
+fn http10_with_transfer_encoding_is_400_and_closes() {
+    // RFC 9112 §6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing.
+    // It used to be framed by the coding and answered (405 for a POST to a file).
+    let d = site().start();
+    for request in [
+        "POST /a.txt HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        "GET /a.txt HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /a.txt HTTP/1.0\r\n\r\n",
+        "GET /a.txt HTTP/1.0\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+    ] {
+        let mut s = open(&d);
+        send(&mut s, request);
+        let got = read_until_close(&mut s);
+        let expected = closing_error("400 Bad Request", &date_of(&got));
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            expected,
+            "the answer to {request:?}"
+        );
+    }
+    let r = d.get("/a.txt");
+    assert_eq!(r.status, 200, "{}", r.head);
+}

@@ -209,6 +209,12 @@ pub fn parse(buf: &[u8], max_header_bytes: usize) -> Result<Option<Request<'_>>,
                 }
             }
             17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+                if version == Version::Http10 {
+                    // RFC 9112 §6.1: faulty framing, whatever the coding.
+                    return Err(RequestError::Malformed(
+                        "Transfer-Encoding in an HTTP/1.0 request",
+                    ));
+                }
                 transfer_encoding = true;
                 for coding in value.split(|&b| b == b',').map(trim) {
                     if coding.is_empty() {
@@ -240,12 +246,8 @@ pub fn parse(buf: &[u8], max_header_bytes: usize) -> Result<Option<Request<'_>>,
         return Err(RequestError::Malformed("empty Transfer-Encoding"));
     }
     if version == Version::Http10 {
-        // RFC 9110 §10.1.1: a 1.0 client cannot expect 100 Continue. RFC 9112 §6.1: a
-        // 1.0 message with Transfer-Encoding is framed by it but the connection closes.
+        // RFC 9110 §10.1.1: a 1.0 client cannot expect 100 Continue.
         out.expect_continue = false;
-        if transfer_encoding {
-            out.keep_alive = false;
-        }
     }
     out.body = match (chunked, content_length) {
         (true, _) => BodyKind::Chunked,
@@ -486,13 +488,28 @@ mod tests {
     }
 
     #[test]
-    fn http10_ignores_expect_and_closes_after_chunked() {
+    fn http10_ignores_expect() {
         let r = ok("GET / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n");
         assert!(!r.expect_continue);
-        let r =
-            ok("GET / HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n");
-        assert!(!r.keep_alive);
-        assert_eq!(r.body, BodyKind::Chunked);
+    }
+
+    #[test]
+    fn http10_with_transfer_encoding_is_faulty_framing() {
+        // RFC 9112 §6.1: 400 (and close, as after every RequestError), whatever the
+        // coding and even beside a Content-Length.
+        for raw in [
+            "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "GET / HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.0\r\nTransfer-Encoding: gzip\r\n\r\n",
+            "POST / HTTP/1.0\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.0\r\nTransfer-Encoding:\r\n\r\n",
+        ] {
+            assert_eq!(
+                err(raw),
+                RequestError::Malformed("Transfer-Encoding in an HTTP/1.0 request"),
+                "{raw:?}"
+            );
+        }
     }
 
     #[test]

@@ -219,3 +219,39 @@ fn http10_with_transfer_encoding_is_400_and_closes() {
     let r = d.get("/a.txt");
     assert_eq!(r.status, 200, "{}", r.head);
 }
+
+#[test]
+fn range_units_are_case_insensitive_and_positions_may_exceed_u64() {
+    // Found by fuzzing the range parser: both were ignored (the whole file, 200).
+    let d = site().file("digits.txt", b"0123456789").start();
+    let get = |range: &str| {
+        d.request(&format!(
+            "GET /digits.txt HTTP/1.1\r\nHost: localhost\r\nRange: {range}\r\nConnection: close\r\n\r\n"
+        ))
+    };
+    let r = get("BYTES=2-4");
+    assert_eq!(
+        (r.status, r.body.as_slice()),
+        (206, &b"234"[..]),
+        "{}",
+        r.head
+    );
+    let r = get("bytes=7-99999999999999999999999");
+    assert_eq!(
+        (r.status, r.body.as_slice()),
+        (206, &b"789"[..]),
+        "{}",
+        r.head
+    );
+    assert_eq!(r.header("Content-Range"), Some("bytes 7-9/10"));
+    let r = get("bytes=-99999999999999999999999");
+    assert_eq!(
+        (r.status, r.body.as_slice()),
+        (206, &b"0123456789"[..]),
+        "{}",
+        r.head
+    );
+    let r = get("bytes=99999999999999999999999-");
+    assert_eq!(r.status, 416, "{}", r.head);
+    assert_eq!(r.header("Content-Range"), Some("bytes */10"));
+}

@@ -8,7 +8,10 @@
 //! that found bugs are also kept as plain unit tests beside the code they fixed.
 
 mod fuzz_parsers {
+    pub mod chunked;
     pub mod mutate;
+    pub mod path;
+    pub mod range;
     pub mod request;
 }
 

@@ -92,3 +92,13 @@ pub fn prefix_lengths(len: usize, cuts: &[u16]) -> Vec<usize> {
     out.dedup();
     out
 }
+/// Consecutive pieces of `input` cut at `cuts`.
+pub fn pieces<'a>(input: &'a [u8], cuts: &[u16]) -> Vec<&'a [u8]> {
+    let mut start = 0;
+    let mut out = Vec::new();
+    for end in prefix_lengths(input.len(), cuts) {
+        out.push(&input[start..end]);
+        start = end;
+    }
+    out
+}

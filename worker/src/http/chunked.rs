@@ -21,8 +21,9 @@ use super::request::MAX_HEADERS;
 use super::response::Status;
 
 /// Extension bytes one chunk line may carry. The extensions in use (a name, perhaps a
-/// short value) take tens of bytes; 4 KiB leaves room for a signature or a checksum
-/// and is a quarter of the default `max_header_bytes`, the most a line of a head may be.
+/// short value) take tens of bytes; 4 KiB leaves a hundredfold room for a signature
+/// or a checksum, and is a quarter of the default `max_header_bytes`, so a chunk line
+/// never gets more room than a header field line could reasonably take.
 pub const MAX_EXTENSION_BYTES: usize = 4 * 1024;
 
 /// Extension bytes one body may carry, across all its chunk lines. Without it, a body of

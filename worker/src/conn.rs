@@ -21,7 +21,7 @@ use crate::handlers::health::{self, Probe};
 use crate::handlers::static_files::{self, StaticRoute};
 use crate::handlers::status::{self, Format};
 use crate::handlers::{Outcome, Reply};
-use crate::http::chunked::{ChunkedDecoder, ChunkedError};
+use crate::http::chunked::ChunkedDecoder;
 use crate::http::request::{self, BodyKind, Method, Request, RequestError, Version};
 use crate::http::response::{self, Persistence, Status};
 use crate::out::{Flush, OutQueue};
@@ -415,10 +415,7 @@ impl Conn {
             Body::Chunked(decoder) => match decoder.decode(available) {
                 Ok(used) => (used, decoder.is_done()),
                 Err(e) => {
-                    let status = match e {
-                        ChunkedError::BadFraming => Status::BAD_REQUEST,
-                        ChunkedError::TooLarge => Status::CONTENT_TOO_LARGE,
-                    };
+                    let status = e.status();
                     busy.body = None;
                     busy.in_start = busy.in_end; // the rest cannot be trusted
                     self.phase = Phase::ReadHead;
@@ -701,7 +698,10 @@ fn answer(mut c: Parts, svc: &mut Services, req: &Request, head: &[u8]) -> Next 
             return Next::Finish(After::Linger);
         }
         BodyKind::Length(n) => Some(Body::Length(n)),
-        BodyKind::Chunked => Some(Body::Chunked(ChunkedDecoder::new(limit))),
+        BodyKind::Chunked => Some(Body::Chunked(ChunkedDecoder::new(
+            limit,
+            svc.config.servers[server].max_header_bytes,
+        ))),
     };
     if let Some(body) = body {
         ensure_out(c.out);

@@ -10,6 +10,7 @@
 //! The master loads it before forking; workers inherit the validated value.
 
 mod error;
+mod locate;
 pub mod raw;
 pub mod units;
 mod validate;

@@ -5,6 +5,7 @@
 //! is about in the source text (the n-th occurrence of the key or literal).
 
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors};
+use super::locate::locate;
 use super::raw::{self, RawConfig, RawHandler, RawLogTarget, Workers};
 use super::{Config, Handler, Listener, LogTarget, Route, Server};
 use std::collections::HashMap;
@@ -21,9 +22,15 @@ struct Checker<'a> {
 }
 
 impl Checker<'_> {
-    /// Records an error located at the `nth` (0-based) occurrence of `needle`.
+    /// Records an error located at the `nth` (0-based) occurrence of `needle`; if the
+    /// file does not spell it that way (a literal written with escapes), at the first
+    /// occurrence of the field's key; at 1:1 if neither is there.
     fn error(&mut self, needle: &str, nth: usize, field: String, message: String) {
-        let (line, col) = locate(self.text, needle, nth);
+        let key = field.rsplit('.').next().unwrap_or(&field);
+        let key = key.split('[').next().unwrap_or(key);
+        let (line, col) = locate(self.text, needle, nth)
+            .or_else(|| locate(self.text, key, 0))
+            .unwrap_or((1, 1));
         self.errors.push(ConfigError {
             file: self.file.to_path_buf(),
             line,
@@ -31,23 +38,6 @@ impl Checker<'_> {
             kind: ConfigErrorKind::Invalid { field, message },
         });
     }
-}
-
-/// 1-based line and column of the `nth` occurrence of `needle` in `text`, or of the
-/// last occurrence when there are fewer; 1:1 when there is none.
-fn locate(text: &str, needle: &str, nth: usize) -> (usize, usize) {
-    let mut found = None;
-    for (i, (offset, _)) in text.match_indices(needle).enumerate() {
-        found = Some(offset);
-        if i == nth {
-            break;
-        }
-    }
-    let Some(offset) = found else { return (1, 1) };
-    let before = &text[..offset];
-    let line = before.matches('\n').count() + 1;
-    let col = before.rfind('\n').map_or(offset, |nl| offset - nl - 1) + 1;
-    (line, col)
 }
 
 fn resolve(base: &Path, path: &str) -> PathBuf {

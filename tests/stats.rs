@@ -437,6 +437,13 @@ fn stats_json_matches_the_status_handler() {
         assert_eq!(get_close(d.port, "/nothing-here").status, 404);
     }
     wait_quiet(&d);
+    // The master publishes its listeners on its loop turns, not before its workers
+    // serve: both readings below must come after the first.
+    poll_stats(&d.config, "the listeners published", |s| {
+        s["system"]["listeners"]
+            .as_array()
+            .is_some_and(|l| !l.is_empty())
+    });
 
     let mut c = Counted::new(d.port);
     let r = c.exchange(&get_request("/status", "", true));
@@ -494,7 +501,13 @@ fn stats_json_matches_the_status_handler() {
             })
             .collect()
     };
-    assert_eq!(ids(&cli), ids(&status));
+    assert_eq!(
+        ids(&cli),
+        ids(&status),
+        "worker rows (id, pid, state) of the CLI and of /status differ:\nCLI {:#}\n/status {:#}",
+        cli["workers"],
+        status["workers"]
+    );
     assert_eq!(cli["system"]["listeners"], status["system"]["listeners"]);
     let addr = format!("127.0.0.1:{}", d.port);
     assert_eq!(cli["system"]["listeners"][0]["addr"], addr.as_str());

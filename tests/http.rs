@@ -350,11 +350,12 @@ fn assert_rejected(d: &TestDaemon, request: impl AsRef<[u8]>, status: &str) {
     let request = request.as_ref();
     let t0 = now_secs();
     let got = exchange(d, request);
-    let date = date_of(&got, t0);
-    let expected = error_response(status, &date, &[], Conn::Close, false);
-    assert_same(
+    assert_error_page(
         &got,
-        expected.as_bytes(),
+        t0,
+        status,
+        &[],
+        Conn::Close,
         &format!("the answer to\n{}\n", show(request)),
     );
     let r = d.get("/a.txt");
@@ -390,9 +391,14 @@ fn assert_error_pages(
     for (method, target) in requests {
         send(s, req(method, target, ""));
         let got = raw(&recv(s));
-        let date = date_of(&got, t0);
-        let expected = error_response(status, &date, extra, Conn::Keep, false);
-        assert_same(&got, expected.as_bytes(), &format!("{method} {target}"));
+        assert_error_page(
+            &got,
+            t0,
+            status,
+            extra,
+            Conn::Keep,
+            &format!("{method} {target}"),
+        );
     }
     send(s, req("GET", "/a.txt", ""));
     assert_eq!(
@@ -405,6 +411,40 @@ fn assert_error_pages(
 /// `(GET, target)` for each of `targets`.
 fn gets<'a>(targets: &[&'a str]) -> Vec<(&'static str, &'a str)> {
     targets.iter().map(|t| ("GET", *t)).collect()
+}
+
+/// `got` is exactly the error page `status` with the `extra` fields and `conn`'s
+/// `Connection` field, dated between `t0` and now.
+fn assert_error_page(
+    got: &[u8],
+    t0: i64,
+    status: &str,
+    extra: &[(&str, &str)],
+    conn: Conn,
+    what: &str,
+) {
+    let date = date_of(got, t0);
+    let expected = error_response(status, &date, extra, conn, false);
+    assert_same(got, expected.as_bytes(), what);
+}
+
+/// A last `GET path` with `Connection: close` on `s`: answered with `body`, then the
+/// server closes the connection.
+fn get_last(s: &mut TcpStream, path: &str, body: &[u8]) {
+    send(s, req("GET", path, CLOSE));
+    assert_eq!(recv(s).body, body, "GET {path} with Connection: close");
+    assert_closed(s);
+}
+
+/// Sends `bytes` on a new connection: the answers' bodies are `bodies`, in order, and
+/// then the server closes the connection.
+fn assert_bodies_then_close(d: &TestDaemon, bytes: impl AsRef<[u8]>, bodies: &[&[u8]]) {
+    let mut s = open(d);
+    send(&mut s, bytes);
+    for (i, body) in bodies.iter().enumerate() {
+        assert_eq!(recv(&mut s).body, *body, "response {i}");
+    }
+    assert_closed(&mut s);
 }
 
 /// The site most tests serve.
@@ -518,15 +558,14 @@ fn directory_without_slash_redirects_keeping_the_query() {
     for (target, location) in [("/dir", "/dir/"), ("/dir?x=1&y=%20", "/dir/?x=1&y=%20")] {
         send(&mut s, req("GET", target, ""));
         let got = raw(&recv(&mut s));
-        let date = date_of(&got, t0);
-        let expected = error_response(
+        assert_error_page(
+            &got,
+            t0,
             "301 Moved Permanently",
-            &date,
             &[("Location", location)],
             Conn::Keep,
-            false,
+            &format!("GET {target}"),
         );
-        assert_same(&got, expected.as_bytes(), &format!("GET {target}"));
     }
 }
 
@@ -587,9 +626,7 @@ fn directory_without_index_is_403() {
     let d = site().start();
     let t0 = now_secs();
     let got = exchange(&d, req("GET", "/noindex/", CLOSE));
-    let date = date_of(&got, t0);
-    let expected = error_response("403 Forbidden", &date, &[], Conn::Close, false);
-    assert_same(&got, expected.as_bytes(), "GET /noindex/");
+    assert_error_page(&got, t0, "403 Forbidden", &[], Conn::Close, "GET /noindex/");
     // Its files are still served.
     assert_eq!(d.get("/noindex/x.txt").body, b"x\n");
 }
@@ -905,15 +942,14 @@ fn unsatisfiable_range_is_416_with_the_size() {
     let mut s = open(&d);
     for range in ["bytes=20-", "bytes=100-200", "bytes=-0"] {
         let got = get_digits(&mut s, &format!("Range: {range}\r\n"));
-        let date = date_of(&got, t0);
-        let expected = error_response(
+        assert_error_page(
+            &got,
+            t0,
             "416 Range Not Satisfiable",
-            &date,
             &[("Content-Range", "bytes */20")],
             Conn::Keep,
-            false,
+            &format!("Range: {range}"),
         );
-        assert_same(&got, expected.as_bytes(), &format!("Range: {range}"));
     }
 }
 
@@ -1263,9 +1299,8 @@ fn http10_needs_no_host() {
 fn identical_content_length_duplicates_are_one_length() {
     // RFC 9112 §6.3.
     let d = site().start();
-    let mut s = open(&d);
-    send(
-        &mut s,
+    assert_bodies_then_close(
+        &d,
         format!(
             "{}hello{}",
             req(
@@ -1275,10 +1310,8 @@ fn identical_content_length_duplicates_are_one_length() {
             ),
             req("GET", "/a.txt", CLOSE)
         ),
+        &[&b"hello\n"[..], &b"hello\n"[..]],
     );
-    assert_eq!(recv(&mut s).body, b"hello\n");
-    assert_eq!(recv(&mut s).body, b"hello\n");
-    assert_closed(&mut s);
 }
 
 #[test]
@@ -1365,9 +1398,8 @@ fn body_over_max_body_bytes_is_413() {
     );
     // Exactly at the limit is fine, both ways.
     let exact = "z".repeat(1024);
-    let mut s = open(&d);
-    send(
-        &mut s,
+    assert_bodies_then_close(
+        &d,
         format!(
             "{}{exact}{}400\r\n{exact}\r\n0\r\n\r\n",
             req("GET", "/a.txt", "Content-Length: 1024\r\n"),
@@ -1377,10 +1409,8 @@ fn body_over_max_body_bytes_is_413() {
                 "Transfer-Encoding: chunked\r\nConnection: close\r\n"
             ),
         ),
+        &[&b"hello\n"[..], &b"hello\n"[..]],
     );
-    assert_eq!(recv(&mut s).body, b"hello\n");
-    assert_eq!(recv(&mut s).body, b"hello\n");
-    assert_closed(&mut s);
 }
 
 #[test]
@@ -1440,9 +1470,7 @@ fn content_length_body_is_discarded_exactly() {
         send(&mut s, piece);
     }
     assert_eq!(recv(&mut s).body, b"hello\n");
-    send(&mut s, req("GET", "/digits.txt", CLOSE));
-    assert_eq!(recv(&mut s).body, b"0123456789abcdefghij");
-    assert_closed(&mut s);
+    get_last(&mut s, "/digits.txt", b"0123456789abcdefghij");
 }
 
 #[test]
@@ -1484,9 +1512,7 @@ fn chunked_body_with_extensions_and_trailers_is_discarded() {
         "{}",
         r.head
     );
-    send(&mut s, req("GET", "/digits.txt", CLOSE));
-    assert_eq!(recv(&mut s).body, b"0123456789abcdefghij");
-    assert_closed(&mut s);
+    get_last(&mut s, "/digits.txt", b"0123456789abcdefghij");
 }
 
 #[test]
@@ -1548,18 +1574,15 @@ fn empty_lines_before_a_request_line_are_ignored() {
     // RFC 9112 §2.2: a server SHOULD ignore at least one empty line before the request
     // line (old clients send an extra CRLF after a body).
     let d = site().start();
-    let mut s = open(&d);
-    send(
-        &mut s,
+    assert_bodies_then_close(
+        &d,
         format!(
             "{}hello\r\n{}",
             req("GET", "/a.txt", "Content-Length: 5\r\n"),
             req("GET", "/digits.txt", CLOSE)
         ),
+        &[&b"hello\n"[..], &b"0123456789abcdefghij"[..]],
     );
-    assert_eq!(recv(&mut s).body, b"hello\n");
-    assert_eq!(recv(&mut s).body, b"0123456789abcdefghij");
-    assert_closed(&mut s);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1576,9 +1599,7 @@ fn several_requests_share_one_connection() {
         assert_eq!(r.status, 200, "request {i}: {}", r.head);
         assert_eq!(r.header("Connection"), None, "request {i}");
     }
-    send(&mut s, req("GET", "/a.txt", CLOSE));
-    assert_eq!(recv(&mut s).body, b"hello\n");
-    assert_closed(&mut s);
+    get_last(&mut s, "/a.txt", b"hello\n");
 }
 
 #[test]
@@ -1710,9 +1731,14 @@ fn http10_without_keep_alive_gets_connection_close_and_is_closed() {
     assert_same(&got, &expected, "HTTP/1.0 GET");
     // Errors too.
     let got = exchange(&d, "GET /nope HTTP/1.0\r\n\r\n");
-    let date = date_of(&got, t0);
-    let expected = error_response("404 Not Found", &date, &[], Conn::Close, false);
-    assert_same(&got, expected.as_bytes(), "HTTP/1.0 GET of a missing file");
+    assert_error_page(
+        &got,
+        t0,
+        "404 Not Found",
+        &[],
+        Conn::Close,
+        "HTTP/1.0 GET of a missing file",
+    );
 }
 
 #[test]
@@ -1736,9 +1762,14 @@ fn http10_with_keep_alive_stays_open() {
         "GET /nope HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
     );
     let got = raw(&recv(&mut s));
-    let date = date_of(&got, t0);
-    let expected = error_response("404 Not Found", &date, &[], Conn::KeepAlive, false);
-    assert_same(&got, expected.as_bytes(), "HTTP/1.0 keep-alive 404");
+    assert_error_page(
+        &got,
+        t0,
+        "404 Not Found",
+        &[],
+        Conn::KeepAlive,
+        "HTTP/1.0 keep-alive 404",
+    );
     // The last one without keep-alive: closed.
     send(&mut s, "GET /a.txt HTTP/1.0\r\n\r\n");
     let r = recv(&mut s);
@@ -1832,9 +1863,14 @@ fn incomplete_head_gets_408_after_header_timeout() {
         "answered after {:?}, before the 1 s header_timeout",
         start.elapsed()
     );
-    let date = date_of(&got, t0);
-    let expected = error_response("408 Request Timeout", &date, &[], Conn::Close, false);
-    assert_same(&got, expected.as_bytes(), "an incomplete head");
+    assert_error_page(
+        &got,
+        t0,
+        "408 Request Timeout",
+        &[],
+        Conn::Close,
+        "an incomplete head",
+    );
 }
 
 #[test]
@@ -1847,9 +1883,14 @@ fn stalled_body_gets_408_after_body_timeout() {
         req("GET", "/a.txt", "Content-Length: 10\r\n") + "abc",
     );
     let got = read_until_close(&mut s);
-    let date = date_of(&got, t0);
-    let expected = error_response("408 Request Timeout", &date, &[], Conn::Close, false);
-    assert_same(&got, expected.as_bytes(), "a stalled body");
+    assert_error_page(
+        &got,
+        t0,
+        "408 Request Timeout",
+        &[],
+        Conn::Close,
+        "a stalled body",
+    );
 }
 
 // ---------------------------------------------------------------------------------------

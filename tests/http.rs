@@ -57,6 +57,13 @@ struct Civil {
 
 /// H. Hinnant's `civil_from_days`, written out here so the expectations do not borrow
 /// the server's own date code.
+impl Civil {
+    /// `HH:MM:SS`.
+    fn clock(&self) -> String {
+        format!("{:02}:{:02}:{:02}", self.hour, self.minute, self.second)
+    }
+}
+
 fn civil(secs: i64) -> Civil {
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
@@ -83,30 +90,20 @@ fn civil(secs: i64) -> Civil {
 /// RFC 9110 IMF-fixdate: `Sun, 06 Nov 1994 08:49:37 GMT`.
 fn http_date(secs: i64) -> String {
     let c = civil(secs);
+    let (day, month) = (WEEKDAYS[c.weekday], MONTHS[c.month - 1]);
     format!(
-        "{}, {:02} {} {:04} {:02}:{:02}:{:02} GMT",
-        WEEKDAYS[c.weekday],
+        "{day}, {:02} {month} {:04} {} GMT",
         c.day,
-        MONTHS[c.month - 1],
         c.year,
-        c.hour,
-        c.minute,
-        c.second
+        c.clock()
     )
 }
 
 /// nginx's `$time_local` in UTC: `29/Nov/2026:22:10:00 +0000`.
 fn log_time(secs: i64) -> String {
     let c = civil(secs);
-    format!(
-        "{:02}/{}/{:04}:{:02}:{:02}:{:02} +0000",
-        c.day,
-        MONTHS[c.month - 1],
-        c.year,
-        c.hour,
-        c.minute,
-        c.second
-    )
+    let month = MONTHS[c.month - 1];
+    format!("{:02}/{month}/{:04}:{} +0000", c.day, c.year, c.clock())
 }
 
 /// The `Date` of a raw response, which must be the IMF-fixdate of a second between
@@ -454,19 +451,6 @@ fn site() -> Builder {
         .file("dir/index.html", b"<p>dir index</p>\n")
         .file("noindex/x.txt", b"x\n")
         .file("digits.txt", b"0123456789abcdefghij")
-}
-
-/// Deterministic, incompressible-looking bytes.
-fn pseudo_random(len: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1016,7 +1000,7 @@ fn if_range_with_a_stale_validator_gets_the_whole_file() {
 #[test]
 fn large_file_is_sent_whole_and_by_range_byte_identical() {
     const SIZE: usize = 3 << 20;
-    let content = pseudo_random(SIZE);
+    let content = noise(SIZE, 11);
     let d = site().file("big.bin", &content).start();
     let info = file_info(&d.www().join("big.bin"), "application/octet-stream");
     let t0 = now_secs();
@@ -1486,13 +1470,12 @@ fn chunked_body_with_extensions_and_trailers_is_discarded() {
             req("GET", "/digits.txt", "")
         ),
     );
-    let r = recv(&mut s);
-    assert_eq!(
-        (r.status, r.body.as_slice()),
-        (200, &b"hello\n"[..]),
-        "{}",
-        r.head
-    );
+    let hello = |s: &mut TcpStream, how: &str| {
+        let r = recv(s);
+        let got = (r.status, r.body.as_slice());
+        assert_eq!(got, (200, &b"hello\n"[..]), "{how}: {}", r.head);
+    };
+    hello(&mut s, "the chunked body in one write");
     let r = recv(&mut s);
     assert_eq!(r.body, b"0123456789abcdefghij");
 
@@ -1505,13 +1488,7 @@ fn chunked_body_with_extensions_and_trailers_is_discarded() {
     for b in body.as_bytes() {
         send(&mut s, [*b]);
     }
-    let r = recv(&mut s);
-    assert_eq!(
-        (r.status, r.body.as_slice()),
-        (200, &b"hello\n"[..]),
-        "{}",
-        r.head
-    );
+    hello(&mut s, "the chunked body byte by byte");
     get_last(&mut s, "/digits.txt", b"0123456789abcdefghij");
 }
 
@@ -1641,7 +1618,7 @@ fn hundreds_of_pipelined_requests_overflowing_the_buffers_are_all_answered() {
     // two; and enough output that it is written in several batches.
     let d = site()
         .server(r#"max_header_bytes: "1KiB","#)
-        .file("m.bin", &pseudo_random(40 * 1024))
+        .file("m.bin", &noise(40 * 1024, 12))
         .start();
     let mut s = open(&d);
     let mut pipeline: String = (0..300)
@@ -1659,7 +1636,7 @@ fn hundreds_of_pipelined_requests_overflowing_the_buffers_are_all_answered() {
         };
         assert_eq!((r.status, r.body.as_slice()), (200, body), "response {i}");
     }
-    let m = pseudo_random(40 * 1024);
+    let m = noise(40 * 1024, 12);
     for i in 0..40 {
         let r = recv(&mut s);
         assert!(
@@ -1850,47 +1827,34 @@ fn idle_keep_alive_connection_is_closed_after_keepalive_timeout() {
     );
 }
 
-#[test]
-fn incomplete_head_gets_408_after_header_timeout() {
-    let d = site().server(r#"header_timeout: "1s","#).start();
+/// With `key: "1s"`, a client that sends `partial` and stalls gets exactly the 408
+/// page with `Connection: close`, not before the timeout, and the connection closed.
+fn assert_408_after_1s(key: &str, partial: &str, what: &str) {
+    let d = site().server(&format!(r#"{key}: "1s","#)).start();
     let t0 = now_secs();
     let mut s = open(&d);
     let start = Instant::now();
-    send(&mut s, "GET /a.txt HTTP/1.1\r\nHost: localhost\r\n");
+    send(&mut s, partial);
     let got = read_until_close(&mut s);
     assert!(
         start.elapsed() >= Duration::from_millis(900),
-        "answered after {:?}, before the 1 s header_timeout",
+        "{what}: answered after {:?}, before the 1 s {key}",
         start.elapsed()
     );
-    assert_error_page(
-        &got,
-        t0,
-        "408 Request Timeout",
-        &[],
-        Conn::Close,
-        "an incomplete head",
-    );
+    let page = "408 Request Timeout";
+    assert_error_page(&got, t0, page, &[], Conn::Close, what);
+}
+
+#[test]
+fn incomplete_head_gets_408_after_header_timeout() {
+    let partial = "GET /a.txt HTTP/1.1\r\nHost: localhost\r\n";
+    assert_408_after_1s("header_timeout", partial, "an incomplete head");
 }
 
 #[test]
 fn stalled_body_gets_408_after_body_timeout() {
-    let d = site().server(r#"body_timeout: "1s","#).start();
-    let t0 = now_secs();
-    let mut s = open(&d);
-    send(
-        &mut s,
-        req("GET", "/a.txt", "Content-Length: 10\r\n") + "abc",
-    );
-    let got = read_until_close(&mut s);
-    assert_error_page(
-        &got,
-        t0,
-        "408 Request Timeout",
-        &[],
-        Conn::Close,
-        "a stalled body",
-    );
+    let partial = req("GET", "/a.txt", "Content-Length: 10\r\n") + "abc";
+    assert_408_after_1s("body_timeout", &partial, "a stalled body");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ mod support;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 use support::*;
 
@@ -24,14 +24,7 @@ fn write_site(builder: &Builder) -> (TempDir, PathBuf) {
 
 /// Starts `forkd -c config` in the background (stdout/stderr discarded).
 fn spawn_forkd(config: &Path) -> Child {
-    Command::new(BIN)
-        .arg("-c")
-        .arg(config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn forkd")
+    forkd_command(config).spawn().expect("spawn forkd")
 }
 
 /// GET `path` on a new connection with `Connection: close`, reading until EOF. None if
@@ -505,21 +498,11 @@ fn int_stops_fast_without_waiting_for_a_response_in_flight() {
     d.signal("INT");
     // The client reads nothing, so a drain could only end at drain_timeout: an exit
     // well before it (a deadline no loaded machine misses) is a fast stop.
-    let status = d
-        .wait_exit(Duration::from_secs(60))
-        .expect("a fast stop, not a 120 s drain");
-    assert!(status.success(), "exit status {status}");
+    assert_clean_exit(&mut d, &workers, Duration::from_secs(60));
     assert!(
         !d.error_log().contains("drain_timeout reached"),
         "INT waited for drain_timeout:\n{}",
         d.error_log()
-    );
-    assert!(!d.pid_file().exists(), "pid file left behind");
-    assert!(
-        wait_until(Duration::from_secs(3), || workers
-            .iter()
-            .all(|&w| !alive(w))),
-        "workers outlived a fast stop"
     );
     // The download was cut short.
     let mut got = 0;
@@ -858,28 +841,34 @@ fn worker_connections_limit_defers_a_new_connection_until_one_closes() {
 // Timeouts
 // ---------------------------------------------------------------------------------------
 
-#[test]
-fn header_timeout_answers_408_to_a_partial_request_line() {
+/// With `key: "300ms"`, a client that sends `partial` and stalls gets a 408 with
+/// `Connection: close`, not before the timeout, and the connection closed after it.
+fn assert_408_after_the_timeout(key: &str, partial: &[u8]) {
     let d = TestDaemon::builder()
-        .server(r#"header_timeout: "300ms","#)
+        .server(&format!(r#"{key}: "300ms","#))
         .start();
     let mut s = d.connect();
     // The deadline for the 408: generous, the timeout itself is 300 ms.
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let sent = Instant::now();
-    s.write_all(b"GET /index.ht").unwrap();
+    s.write_all(partial).unwrap();
     let r = read_response(&mut s, false).expect("a 408");
     let waited = sent.elapsed();
-    assert_eq!(r.status, 408, "{}", r.head);
-    assert_eq!(r.header("Connection"), Some("close"));
+    assert_eq!(r.status, 408, "{key}: {}", r.head);
+    assert_eq!(r.header("Connection"), Some("close"), "{key}");
     assert!(
         read_until_eof(&mut s).is_ok_and(|rest| rest.is_empty()),
-        "closed after the 408"
+        "{key}: closed after the 408"
     );
     assert!(
         waited >= Duration::from_millis(250),
-        "408 after only {waited:?}"
+        "{key}: 408 after only {waited:?}"
     );
+}
+
+#[test]
+fn header_timeout_answers_408_to_a_partial_request_line() {
+    assert_408_after_the_timeout("header_timeout", b"GET /index.ht");
 }
 
 #[test]
@@ -927,22 +916,9 @@ fn keepalive_timeout_closes_an_idle_keepalive_connection() {
 
 #[test]
 fn body_timeout_answers_408_to_a_stalled_body() {
-    let d = TestDaemon::builder()
-        .server(r#"body_timeout: "300ms","#)
-        .start();
-    let mut s = d.connect();
-    // The deadline for the 408: generous, the timeout itself is 300 ms.
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let sent = Instant::now();
-    s.write_all(b"POST /healthz HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10\r\n\r\nabc")
-        .unwrap();
-    let r = read_response(&mut s, false).expect("a 408");
-    let waited = sent.elapsed();
-    assert_eq!(r.status, 408, "{}", r.head);
-    assert_eq!(r.header("Connection"), Some("close"));
-    assert!(
-        waited >= Duration::from_millis(250),
-        "408 after only {waited:?}"
+    assert_408_after_the_timeout(
+        "body_timeout",
+        b"POST /healthz HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10\r\n\r\nabc",
     );
 }
 
@@ -1009,10 +985,7 @@ fn reload_applies_a_changed_route_in_place_and_new_workers_for_a_new_count() {
         "{out}"
     );
     assert!(
-        wait_until(Duration::from_secs(10), || {
-            let now = d.workers();
-            now.len() == 3 && now.iter().all(|w| !old.contains(w))
-        }),
+        d.wait_replaced(&old, 3, Duration::from_secs(10)),
         "workers not replaced: before {old:?}, now {:?}",
         d.workers()
     );

@@ -286,10 +286,7 @@ fn worker_count_reloads_fail_no_request(accept: &'static str) {
             "{accept}: reload to {workers} workers: {out}"
         );
         assert!(
-            wait_until(Duration::from_secs(10), || {
-                let now = d.workers();
-                now.len() == workers && now.iter().all(|w| !old.contains(w))
-            }),
+            d.wait_replaced(&old, workers, Duration::from_secs(10)),
             "{accept}: the old generation {old:?} did not leave for {workers} new workers: {:?}\n{}",
             d.workers(),
             d.error_log()
@@ -313,7 +310,12 @@ fn rapid_worker_count_reloads_fail_no_request(accept: &'static str) {
     for (i, workers) in sequence.into_iter().enumerate() {
         d.builder.workers = workers;
         let (code, out, err) = d.reload();
-        assert_eq!(code, 0, "{accept}: reload to {workers} workers: {out}{err}");
+        assert_eq!(
+            code,
+            0,
+            "{accept}: reload to {workers} workers: {out}{err}\nerror log:\n{}",
+            d.error_log()
+        );
         assert!(
             out.contains(&format!(
                 "configuration generation {} in force in {workers} worker(s)",
@@ -323,10 +325,7 @@ fn rapid_worker_count_reloads_fail_no_request(accept: &'static str) {
         );
     }
     assert!(
-        wait_until(Duration::from_secs(15), || {
-            let now = d.workers();
-            now.len() == 2 && now.iter().all(|w| !first.contains(w))
-        }),
+        d.wait_replaced(&first, 2, Duration::from_secs(15)),
         "{accept}: the earlier generations did not leave: {:?}\n{}",
         d.workers(),
         d.error_log()
@@ -815,23 +814,12 @@ fn crash_looping_worker_backs_off_visibly_in_stats_and_serves_again() {
         "no backoff in the error log:\n{}",
         d.error_log()
     );
-    let mut last = String::new();
-    assert!(
-        wait_until(Duration::from_secs(15), || {
-            match get_close(d.port, SMALL_PATH) {
-                Ok(r) => {
-                    last = format!("status {}", r.status);
-                    check_small(&r).is_ok()
-                }
-                Err(e) => {
-                    last = e;
-                    false
-                }
-            }
-        }),
-        "no worker serves after the crash loop ({last}):\n{}",
-        d.error_log()
-    );
+    if let Err(last) = wait_small_served(d.port, Duration::from_secs(15)) {
+        panic!(
+            "no worker serves after the crash loop ({last}):\n{}",
+            d.error_log()
+        );
+    }
     assert_eq!(
         d.workers(),
         vec![respawned],
@@ -923,14 +911,11 @@ fn forkd_as_pid_1_serves_reaps_orphans_and_stops_on_term() {
     let error_log = || site.error_log();
 
     // No skipping: the test fails if unshare is missing or not permitted.
-    let unshare = Command::new("unshare")
-        .args(["--pid", "--fork", "--mount-proc"])
-        .arg(BIN)
-        .arg("-c")
-        .arg(&config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--mount-proc", BIN, "-c"])
+        .arg(&config);
+    site.plumb(&mut cmd);
+    let unshare = cmd
         .spawn()
         .expect("unshare --pid --fork --mount-proc (util-linux) must be available");
     let mut ns = Pid1 { forkd: 0, unshare };
@@ -962,23 +947,9 @@ fn forkd_as_pid_1_serves_reaps_orphans_and_stops_on_term() {
     assert_eq!(nspid, "1", "forkd is not PID 1 in its namespace: {status}");
 
     // It serves.
-    let mut last = String::new();
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            match get_close(port, SMALL_PATH) {
-                Ok(r) => {
-                    last = format!("status {}", r.status);
-                    check_small(&r).is_ok()
-                }
-                Err(e) => {
-                    last = e;
-                    false
-                }
-            }
-        }),
-        "forkd as PID 1 does not serve ({last}):\n{}",
-        error_log()
-    );
+    if let Err(last) = wait_small_served(port, Duration::from_secs(10)) {
+        panic!("forkd as PID 1 does not serve ({last}):\n{}", error_log());
+    }
     assert!(
         wait_until(Duration::from_secs(5), || children_of(forkd).len() == 2),
         "workers: {:?}",

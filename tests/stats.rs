@@ -16,7 +16,7 @@ use std::net::{Shutdown, TcpStream};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{read_response, run_forkd, wait_until, Response, TempDir, TestDaemon, BIN};
+use support::*;
 
 /// How long a counter may take to settle, or a worker or a generation to come up: only
 /// a failing test waits this long, so it is generous for a loaded 2-core machine.
@@ -66,15 +66,6 @@ fn forkd_stats(args: &[&str]) -> (i32, String, String) {
     )
 }
 
-/// `forkd stats -c CONFIG --json`, parsed.
-fn stats_json(config: &Path) -> Value {
-    let config = config.to_str().expect("UTF-8 path");
-    let (code, out, err) = forkd_stats(&["-c", config, "--json"]);
-    assert_eq!(code, 0, "forkd stats --json failed: {err}");
-    serde_json::from_str(&out)
-        .unwrap_or_else(|e| panic!("forkd stats --json printed no JSON ({e}):\n{out}"))
-}
-
 /// `forkd stats -c CONFIG` (the table).
 fn stats_table(config: &Path) -> String {
     let config = config.to_str().expect("UTF-8 path");
@@ -107,14 +98,6 @@ fn row_of(stats: &Value, pid: i32) -> Option<&Value> {
     rows(stats)
         .iter()
         .find(|w| w["pid"].as_i64() == Some(pid as i64))
-}
-
-/// `forkd stats --shm PATH --json`, parsed.
-fn shm_json(shm: &Path) -> Value {
-    let (code, out, err) = forkd_stats(&["--shm", shm.to_str().expect("UTF-8 path"), "--json"]);
-    assert_eq!(code, 0, "forkd stats --shm --json failed: {err}");
-    serde_json::from_str(&out)
-        .unwrap_or_else(|e| panic!("forkd stats --json printed no JSON ({e}):\n{out}"))
 }
 
 /// Polls `read` until `cond` holds; returns that reading, or panics with the last one.
@@ -286,27 +269,14 @@ impl Drop for ContOnDrop {
     }
 }
 
-/// Deterministic filler bytes.
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
 // ---------------------------------------------------------------------------------
 // 1. Exact accounting
 // ---------------------------------------------------------------------------------
 
 #[test]
 fn counters_account_exactly_for_requests_responses_connections_and_bytes() {
-    let small = pattern(1000, 1);
-    let large = pattern(200 * 1024, 2); // above the in-memory limit: sent with sendfile
+    let small = noise(1000, 1);
+    let large = noise(200 * 1024, 2); // above the in-memory limit: sent with sendfile
     let d = TestDaemon::builder()
         .routes(ROUTES)
         .file("small.bin", &small)
@@ -975,7 +945,7 @@ fn stats_rejects_missing_foreign_and_other_version_regions() {
     assert!(err.contains("does not exist"), "{err}");
 
     let foreign = tmp.path().join("foreign.shm");
-    std::fs::write(&foreign, pattern(64 * 1024, 7)).unwrap();
+    std::fs::write(&foreign, noise(64 * 1024, 7)).unwrap();
     let (code, out, err) = forkd_stats(&["--shm", foreign.to_str().unwrap(), "--json"]);
     assert_eq!(code, 1, "{out}{err}");
     assert!(err.contains("not a forkd stats region"), "{err}");
@@ -1089,11 +1059,7 @@ fn a_second_master_on_the_same_region_is_refused() {
         ),
     )
     .unwrap();
-    let mut second = Command::new(BIN)
-        .arg("-c")
-        .arg(&config2)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
+    let mut second = forkd_command(&config2)
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn the second forkd");

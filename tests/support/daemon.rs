@@ -429,6 +429,15 @@ impl TestDaemon {
         children_of(self.pid())
     }
 
+    /// Waits (at most `timeout`) until the first master has exactly `n` workers, none of
+    /// them in `old`: a new generation replaced the old one.
+    pub fn wait_replaced(&self, old: &[i32], n: usize, timeout: Duration) -> bool {
+        wait_until(timeout, || {
+            let now = self.workers();
+            now.len() == n && now.iter().all(|w| !old.contains(w))
+        })
+    }
+
     pub fn signal(&self, sig: &str) {
         signal(self.pid(), sig);
     }

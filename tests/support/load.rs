@@ -64,6 +64,26 @@ pub fn check_small(r: &super::http::Response) -> Result<(), String> {
     check_response(r, SMALL_PATH, 200, Some(small_body()))
 }
 
+/// Polls GET of the small load file on new connections until one is answered
+/// completely and as expected (at most `timeout`); Err: the last failure.
+pub fn wait_small_served(port: u16, timeout: Duration) -> Result<(), String> {
+    let mut last = String::new();
+    let served = wait_until(timeout, || {
+        match super::http::get_close(port, SMALL_PATH).and_then(|r| check_small(&r)) {
+            Ok(()) => true,
+            Err(e) => {
+                last = e;
+                false
+            }
+        }
+    });
+    if served {
+        Ok(())
+    } else {
+        Err(last)
+    }
+}
+
 /// What one client thread does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {

@@ -184,6 +184,21 @@ pub fn forkd_ctl(config: &Path, args: &[&str]) -> Ctl {
     }
 }
 
+/// `forkd -c CONFIG` with no stdio and no protocol variables, to spawn (the daemon
+/// harness aside: for a second master, or one that is meant to fail).
+pub fn forkd_command(config: &Path) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("-c")
+        .arg(config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    for name in PROTOCOL_ENV {
+        cmd.env_remove(name);
+    }
+    cmd
+}
+
 /// Runs forkd with `-c config` and `args`; (exit code, stdout, stderr).
 pub fn run_forkd(config: &Path, args: &[&str]) -> (i32, String, String) {
     let r = forkd_ctl(config, args);

@@ -264,7 +264,7 @@ fn ten_upgrades_under_load(accept: &'static str) {
     let first = start(&mut srv);
     let load = Load::start_mix(srv.port, &LIGHT_MIX);
     let watch = StatsWatch::start(srv.shm(), load.tally());
-    load.wait_for(200);
+    load.wait_for_requests(200);
     let config = srv.config.clone();
     let mut masters = vec![first];
     let mut last_total = 0;
@@ -280,7 +280,7 @@ fn ten_upgrades_under_load(accept: &'static str) {
         assert!(!masters.contains(&new), "{what}: master {new} again");
         masters.push(new);
         // The new master's workers carry the load before the next upgrade.
-        load.wait_for(100);
+        load.wait_for_requests(100);
         let completed = load.ok();
         let total = total_requests(&srv.shm()).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert!(
@@ -324,7 +324,7 @@ fn failed_upgrades_roll_back_under_load_and_a_good_one_follows() {
     let master = start(&mut srv);
     let timeout = Duration::from_secs(1);
     let load = Load::start_mix(port, &LIGHT_MIX);
-    load.wait_for(200);
+    load.wait_for_requests(200);
 
     srv.install_script("#!/bin/sh\nexit 3\n");
     failed_upgrade(
@@ -334,7 +334,7 @@ fn failed_upgrades_roll_back_under_load_and_a_good_one_follows() {
         &["exited with code 3"],
         "a new binary that exits at once",
     );
-    load.wait_for(100);
+    load.wait_for_requests(100);
 
     srv.install_script("#!/bin/sh\nexec sleep 60\n");
     failed_upgrade(
@@ -344,7 +344,7 @@ fn failed_upgrades_roll_back_under_load_and_a_good_one_follows() {
         &["not ready within upgrade_timeout"],
         "a new binary that never says ready",
     );
-    load.wait_for(100);
+    load.wait_for_requests(100);
 
     srv.install_real_binary();
     let broken = good_text.replacen("(\n", "(\n    no_such_key: 1,\n", 1);
@@ -358,7 +358,7 @@ fn failed_upgrades_roll_back_under_load_and_a_good_one_follows() {
         &[&config_name, "no_such_key"],
         "a configuration the new master rejects",
     );
-    load.wait_for(100);
+    load.wait_for_requests(100);
     assert_eq!(srv.master(), Some(master));
 
     // The final good upgrade, with room for a busy machine.
@@ -372,7 +372,7 @@ fn failed_upgrades_roll_back_under_load_and_a_good_one_follows() {
     assert_eq!(r.code, 0, "reload to upgrade_timeout 10s: {r:?}");
     let new = good_upgrade(&mut srv, &config, "the good upgrade after the failed ones");
     assert_ne!(new, master);
-    load.wait_for(100);
+    load.wait_for_requests(100);
     load.stop().assert_clean(scenario, 0);
     srv.stop_master();
     srv.assert_log_clean();

@@ -291,8 +291,18 @@ impl Load {
     /// Keeps the load running until `more` requests more have succeeded and at least
     /// `LOAD_PHASE_MIN` has passed (at most `PROGRESS_WAIT`).
     pub fn wait_for(&self, more: u64) {
+        self.wait_progress(more, LOAD_PHASE_MIN);
+    }
+
+    /// Keeps the load running until `more` requests more have succeeded, however soon
+    /// (at most `PROGRESS_WAIT`).
+    pub fn wait_for_requests(&self, more: u64) {
+        self.wait_progress(more, Duration::ZERO);
+    }
+
+    fn wait_progress(&self, more: u64, at_least: Duration) {
         let target = self.ok() + more;
-        let until = Instant::now() + LOAD_PHASE_MIN;
+        let until = Instant::now() + at_least;
         assert!(
             wait_until(PROGRESS_WAIT, || self.ok() >= target
                 && Instant::now() >= until),

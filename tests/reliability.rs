@@ -331,7 +331,8 @@ fn rapid_worker_count_reloads_fail_no_request(accept: &'static str) {
                 "configuration generation {} in force in {workers} worker(s)",
                 i + 2
             )),
-            "{accept}: reload to {workers} workers: {out}"
+            "{accept}: reload to {workers} workers: {out}\nerror log:\n{}",
+            d.error_log()
         );
     }
     assert!(

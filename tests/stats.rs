@@ -123,6 +123,26 @@ fn poll_stats(config: &Path, what: &str, cond: impl FnMut(&Value) -> bool) -> Va
     poll(|| stats_json(config), what, cond)
 }
 
+/// Polls `forkd stats` until every total of `expected` has grown by exactly its
+/// number since `before`; returns that reading.
+fn wait_deltas(d: &TestDaemon, before: &Value, expected: &[(&str, u64)]) -> Value {
+    let delta = |s: &Value, k: &str| total(s, k).wrapping_sub(total(before, k));
+    let mut last = Value::Null;
+    let settled = wait_until(SETTLE, || {
+        last = stats_json(&d.config);
+        expected.iter().all(|&(k, v)| delta(&last, k) == v)
+    });
+    let got: Vec<(&str, u64)> = expected
+        .iter()
+        .map(|&(k, _)| (k, delta(&last, k)))
+        .collect();
+    assert!(
+        settled,
+        "counter deltas (expected vs got):\n{expected:?}\n{got:?}\nlast reading: {last:#}"
+    );
+    last
+}
+
 /// Waits until every worker of `d` has a `serving` row with its pid; returns the reading.
 fn wait_serving(d: &TestDaemon) -> Value {
     let n = d.builder.workers;
@@ -360,20 +380,7 @@ fn counters_account_exactly_for_requests_responses_connections_and_bytes() {
         ("bytes_out", read),
         ("latency.count", requests),
     ];
-    let delta = |s: &Value, k: &str| total(s, k).wrapping_sub(total(&before, k));
-    let mut last = Value::Null;
-    let settled = wait_until(SETTLE, || {
-        last = stats_json(&d.config);
-        expected.iter().all(|&(k, v)| delta(&last, k) == v)
-    });
-    let got: Vec<(&str, u64)> = expected
-        .iter()
-        .map(|&(k, _)| (k, delta(&last, k)))
-        .collect();
-    assert!(
-        settled,
-        "counter deltas (expected vs got):\n{expected:?}\n{got:?}\nlast reading: {last:#}"
-    );
+    let last = wait_deltas(&d, &before, &expected);
     // One worker: its row and the totals agree (nothing retired).
     let row = &rows(&last)[0];
     for k in COUNTERS {
@@ -812,8 +819,8 @@ fn totals_stay_monotonic_when_a_worker_is_killed() {
 // 5. Load spreads over both workers
 // ---------------------------------------------------------------------------------
 
-/// Sends 500 requests on new connections from 4 threads; returns each worker row's
-/// request delta by pid.
+/// Sends 500 requests on new connections from 4 threads; asserts that both workers
+/// served some and returns each worker row's request delta by pid.
 fn spread(accept: &'static str) -> Vec<(i32, u64)> {
     let d = TestDaemon::builder()
         .workers(2)
@@ -839,27 +846,22 @@ fn spread(accept: &'static str) -> Vec<(i32, u64)> {
         })
         .collect();
     assert_eq!(deltas.iter().map(|d| d.1).sum::<u64>(), 500, "{deltas:?}");
+    assert_eq!(deltas.len(), 2, "{accept}");
+    assert!(
+        deltas.iter().all(|&(_, n)| n > 0),
+        "{accept}: a worker served nothing: {deltas:?}"
+    );
     deltas
 }
 
 #[test]
 fn reuseport_spreads_load_over_both_workers() {
-    let deltas = spread("ReusePort");
-    assert_eq!(deltas.len(), 2);
-    assert!(
-        deltas.iter().all(|&(_, n)| n > 0),
-        "a worker served nothing: {deltas:?}"
-    );
+    spread("ReusePort");
 }
 
 #[test]
 fn shared_accept_spreads_load_over_both_workers() {
-    let deltas = spread("Shared");
-    assert_eq!(deltas.len(), 2);
-    assert!(
-        deltas.iter().all(|&(_, n)| n > 0),
-        "a worker served nothing: {deltas:?}"
-    );
+    spread("Shared");
 }
 
 // ---------------------------------------------------------------------------------
@@ -1150,20 +1152,7 @@ fn interim_100_continue_counts_as_1xx_but_not_as_a_request() {
         ("bytes_out", read),
         ("latency.count", 1),
     ];
-    let delta = |s: &Value, k: &str| total(s, k).wrapping_sub(total(&before, k));
-    let mut last = Value::Null;
-    let settled = wait_until(SETTLE, || {
-        last = stats_json(&d.config);
-        expected.iter().all(|&(k, v)| delta(&last, k) == v)
-    });
-    let got: Vec<(&str, u64)> = expected
-        .iter()
-        .map(|&(k, _)| (k, delta(&last, k)))
-        .collect();
-    assert!(
-        settled,
-        "counter deltas (expected vs got):\n{expected:?}\n{got:?}"
-    );
+    wait_deltas(&d, &before, &expected);
 }
 
 // ---------------------------------------------------------------------------------

@@ -1186,7 +1186,9 @@ fn wait_generation(d: &TestDaemon, reloads_ok: u64, generation: u64, workers: us
                 && serving.len() == workers
                 && serving == pids
                 && rows(s).iter().all(|w| {
-                    w["state"] == "serving"
+                    // A row of the old generation still marked serving belongs to
+                    // a worker the master has not reaped and folded yet.
+                    (w["state"] == "serving" && w["generation"] == generation)
                         || (w["state"] == "exited"
                             && COUNTERS.iter().all(|k| counter(&w["counters"], k) == 0))
                 })

@@ -81,19 +81,17 @@ fn progress(report: &Report, before: &Before) -> Progress {
     if report.reloads_ok <= before.ok {
         return Progress::Waiting;
     }
+    // The master says when every one of its workers serves the generation: only it
+    // knows how many it runs and which are still to start.
     let generation = report.config_generation;
-    let mut current = 0;
-    for worker in &report.workers {
-        match worker.state {
-            WorkerState::Starting => return Progress::Waiting,
-            WorkerState::Serving if worker.generation != generation => return Progress::Waiting,
-            WorkerState::Serving => current += 1,
-            _ => {}
-        }
-    }
-    if current == 0 {
+    if report.generation_in_force != generation {
         return Progress::Waiting;
     }
+    let current = report
+        .workers
+        .iter()
+        .filter(|w| w.state == WorkerState::Serving && w.generation == generation)
+        .count();
     Progress::Done {
         generation,
         workers: current,

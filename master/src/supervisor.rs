@@ -406,7 +406,12 @@ impl Supervisor {
         let Some((generation, deadline)) = self.reload_pending else {
             return;
         };
-        if self.workers.in_force(self.region.layout(), generation) || now >= deadline {
+        let in_force = self.workers.in_force(self.region.layout(), generation);
+        if in_force {
+            let master = &self.region.layout().master;
+            master.generation_in_force.store(generation, Relaxed);
+        }
+        if in_force || now >= deadline {
             self.reload_pending = None;
             notify::notify(&format!(
                 "READY=1\nSTATUS=serving configuration generation {generation}"
@@ -425,6 +430,8 @@ impl Supervisor {
         let Some(starting) = self.starting.take() else {
             return;
         };
+        let master = &self.region.layout().master;
+        master.generation_in_force.store(self.generation, Relaxed);
         match starting.finish(&self.config.pid_file, &self.region) {
             Started::Fresh => {}
             Started::TookOver(pid_file) => self.pid_file = Some(pid_file),

@@ -285,6 +285,10 @@ impl CounterName {
 #[repr(C, align(64))]
 pub struct MasterStats {
     pub respawns: AtomicU64,
+    /// The configuration generation every worker of the master serves, once they all
+    /// do (after start-up, a reload in place, or a new generation replacing the old):
+    /// `forkd -s reload` waits for the master's verdict rather than judging the rows.
+    pub generation_in_force: AtomicU64,
     pub reloads_ok: AtomicU64,
     pub reloads_failed: AtomicU64,
     pub upgrades_ok: AtomicU64,

@@ -2,13 +2,15 @@
 //! deadlines, react to signals, and drain when told to stop.
 
 use crate::access_log::AccessLogs;
+use crate::busy::BusyPool;
 use crate::clock::Clock;
-use crate::conn::{Activity, Busy, Conn, Verdict};
+use crate::conn::{Activity, Conn, Verdict};
 use crate::file_cache::FileCache;
+use crate::init::WorkerInit;
+use crate::services::{max_header_bytes, routing, Services};
 use crate::setup::InitError;
 use crate::stats::Stats;
 use crate::timers::Timers;
-use crate::WorkerInit;
 use forkd_shared::config::Config;
 use forkd_shared::exit;
 use forkd_shared::shm::layout::WorkerState;
@@ -33,89 +35,6 @@ const LISTENER_BASE: usize = usize::MAX - 1;
 const REARM_EVERY: u32 = 16;
 /// After EMFILE/ENFILE, wait this long before accepting again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-
-/// Which servers a listener's connections may be routed to.
-pub struct Routing {
-    pub servers: Vec<usize>,
-    /// The first server on the address: used when no name matches.
-    pub default: usize,
-}
-
-/// For each listener, the servers on its address (a validated config has at least one).
-fn routing(config: &Config) -> Vec<Routing> {
-    config
-        .listeners
-        .iter()
-        .map(|l| {
-            let servers: Vec<usize> = (0..config.servers.len())
-                .filter(|&s| config.servers[s].listen.contains(&l.addr))
-                .collect();
-            Routing {
-                default: servers[0],
-                servers,
-            }
-        })
-        .collect()
-}
-
-/// The input buffer size: room for the largest head any server accepts.
-fn max_header_bytes(config: &Config) -> usize {
-    config
-        .servers
-        .iter()
-        .map(|s| s.max_header_bytes)
-        .max()
-        .unwrap_or(16384)
-}
-
-/// Per-worker state every connection uses.
-pub struct Services {
-    pub config: Config,
-    pub routing: Vec<Routing>,
-    pub cache: FileCache,
-    /// Connection buffers not in use (see `conn::Busy`). Boxed because a connection
-    /// holds them as `Option<Box<Busy>>`: handing one over moves a pointer.
-    #[allow(clippy::vec_box)]
-    busy_pool: Vec<Box<Busy>>,
-    /// Input buffer size: room for the largest head any server accepts.
-    in_capacity: usize,
-    pub logs: AccessLogs,
-    pub clock: Clock,
-    pub timers: Timers,
-    pub stats: Stats,
-    /// Readiness answers 503 (a stop was requested).
-    pub not_ready: bool,
-    /// Responses carry `Connection: close`; idle connections are closed.
-    pub draining: bool,
-}
-
-/// Spare connection buffers kept for reuse.
-const BUSY_POOL_MAX: usize = 64;
-
-impl Services {
-    /// Buffers for a connection that has work.
-    pub fn take_busy(&mut self) -> Box<Busy> {
-        self.busy_pool
-            .pop()
-            .unwrap_or_else(|| Busy::new(self.in_capacity))
-    }
-
-    /// Buffers back from a connection that is idle or closed.
-    pub fn give_busy(&mut self, mut busy: Box<Busy>) {
-        if self.busy_pool.len() < BUSY_POOL_MAX && busy.in_capacity() == self.in_capacity {
-            busy.reset();
-            self.busy_pool.push(busy);
-        }
-    }
-
-    /// Server `index`, or the first one if a configuration change removed it.
-    pub fn server(&self, index: usize) -> &forkd_shared::config::Server {
-        self.config
-            .servers
-            .get(index)
-            .unwrap_or(&self.config.servers[0])
-    }
-}
 
 struct ListenerSlot {
     sock: TcpListener,
@@ -212,8 +131,7 @@ impl EventLoop {
                 config,
                 routing,
                 cache: FileCache::default(),
-                busy_pool: Vec::new(),
-                in_capacity: max_header,
+                pool: BusyPool::new(max_header),
                 logs,
                 clock: Clock::new(),
                 timers: Timers::default(),
@@ -525,10 +443,7 @@ impl EventLoop {
             }
         }
         let max_header = max_header_bytes(&config);
-        if max_header != self.svc.in_capacity {
-            self.svc.in_capacity = max_header;
-            self.svc.busy_pool.clear();
-        }
+        self.svc.pool.resize(max_header);
         self.svc.routing = routing(&config);
         self.svc.cache = FileCache::default();
         self.svc.config = config;

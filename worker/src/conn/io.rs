@@ -1,4 +1,6 @@
-//! One client connection: its state machine and its I/O.
+//! A client connection's state machine and its socket I/O: reading heads and bodies
+//! into the buffers, writing the output queue, deadlines, lingering close. What a
+//! request is answered with is `dispatch.rs`'s business.
 //!
 //! ```text
 //!             ┌──────────── response(s) queued ─────────────┐
@@ -15,18 +17,14 @@
 //! batch of responses and one `write`. Input is only read while nothing is waiting
 //! to be written, so a client that does not read its responses stops being read.
 
-use crate::access_log;
-use crate::event_loop::Services;
-use crate::handlers::health::{self, Probe};
-use crate::handlers::static_files::{self, StaticRoute};
-use crate::handlers::status::{self, Format};
-use crate::handlers::{Outcome, Reply};
-use crate::http::chunked::{ChunkedDecoder, ChunkedError};
-use crate::http::request::{self, BodyKind, Method, Request, RequestError, Version};
-use crate::http::response::{self, Persistence, Status};
-use crate::out::{Flush, OutQueue};
+use super::dispatch::{self, After, Exchange, Next};
+use crate::busy::{Body, Busy};
+use crate::http::chunked::ChunkedError;
+use crate::http::request::{self, RequestError};
+use crate::http::response::Status;
+use crate::out::Flush;
+use crate::services::Services;
 use crate::timers::{Deadline, Micros};
-use forkd_shared::config::{Handler, Server};
 use mio::net::TcpStream;
 use std::io::{self, Read};
 use std::net::{IpAddr, Shutdown};
@@ -39,29 +37,6 @@ const LINGER: Micros = 2_000_000;
 const DRAIN_IDLE_GRACE: Micros = 500_000;
 /// Stop answering pipelined requests and write once this much output is queued.
 const BATCH_BYTES: usize = 64 * 1024;
-
-/// What to do once the queued output is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum After {
-    ReadHead,
-    Close,
-    /// Close our side, then drain the client's input for a while before closing.
-    Linger,
-}
-
-/// A request body being read and discarded.
-enum Body {
-    Length(u64),
-    Chunked(ChunkedDecoder),
-}
-
-/// A request whose body is being read: answered once the body is in.
-struct PendingBody {
-    /// A copy of the request head, parsed again to answer.
-    head: Box<[u8]>,
-    body: Body,
-    server: usize,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -90,47 +65,6 @@ pub enum Verdict {
     Close,
 }
 
-/// What a connection holds only while it has work: buffers and a body under way.
-/// Taken from a pool when bytes arrive and given back when the connection is idle
-/// again, so an idle keep-alive connection is just its `Conn` (about 80 bytes).
-pub struct Busy {
-    inbuf: Vec<u8>,
-    in_start: usize,
-    in_end: usize,
-    out: OutQueue,
-    body: Option<PendingBody>,
-}
-
-impl Busy {
-    /// A fresh one, with an input buffer of `in_capacity` bytes.
-    pub fn new(in_capacity: usize) -> Box<Busy> {
-        Box::new(Busy {
-            inbuf: vec![0; in_capacity],
-            in_start: 0,
-            in_end: 0,
-            out: OutQueue::default(),
-            body: None,
-        })
-    }
-
-    /// The size of its input buffer (to drop it when the configuration wants another).
-    pub fn in_capacity(&self) -> usize {
-        self.inbuf.len()
-    }
-
-    fn idle(&self) -> bool {
-        self.in_start == self.in_end && self.out.is_empty() && self.body.is_none()
-    }
-
-    /// Empties it for reuse by another connection (the buffers stay allocated).
-    pub fn reset(&mut self) {
-        self.in_start = 0;
-        self.in_end = 0;
-        self.body = None;
-        self.out.clear();
-    }
-}
-
 pub struct Conn {
     stream: TcpStream,
     /// The listener it came through: selects the servers it may be routed to.
@@ -153,16 +87,6 @@ pub struct Conn {
     /// Last time a read or write made progress.
     progress: Micros,
     busy: Option<Box<Busy>>,
-}
-
-/// Result of answering one parsed request.
-enum Next {
-    /// Look for another request in the buffer.
-    Continue,
-    /// A body follows; the phase is now `ReadBody`.
-    Body,
-    /// The connection ends after the queued output.
-    Finish(After),
 }
 
 impl Conn {
@@ -333,37 +257,28 @@ impl Conn {
     /// output should be written first.
     fn answer_buffered(&mut self, svc: &mut Services) -> Option<After> {
         let busy = self.busy.as_deref_mut()?;
-        let default_server = svc.routing[usize::from(self.listener)].default;
+        let default_server = svc.default_server(usize::from(self.listener));
         let max_header = svc.config.servers[default_server].max_header_bytes;
         loop {
-            if busy.in_start == busy.in_end {
+            if !busy.has_input() {
                 return None;
             }
             if busy.out.mem_len() >= BATCH_BYTES || busy.out.has_file() {
                 return None; // write this batch first
             }
-            // Borrow the input buffer and the rest separately: the parsed request
-            // points into the buffer while its answer is queued.
-            let Busy {
-                inbuf,
-                in_start,
-                in_end,
-                out,
-                body,
-            } = &mut *busy;
-            let buf = &inbuf[*in_start..*in_end];
+            // Borrow the input buffer and the output apart: the parsed request points
+            // into the buffer while its answer is queued.
+            let buf = &busy.inbuf[busy.in_start..busy.in_end];
             let step = match request::parse(buf, max_header) {
                 Ok(Some(req)) => {
-                    let parts = Parts {
-                        out,
-                        body,
-                        phase: &mut self.phase,
+                    let x = Exchange {
+                        out: &mut busy.out,
                         requests: &mut self.requests,
                         peer: self.peer,
                         listener: usize::from(self.listener),
                         started: self.head_since,
                     };
-                    let next = answer(parts, svc, &req, &buf[..req.head_len]);
+                    let next = dispatch::answer(x, svc, &req, &buf[..req.head_len]);
                     Ok(Some((req.head_len, next)))
                 }
                 Ok(None) => Ok(None),
@@ -371,24 +286,20 @@ impl Conn {
             };
             match step {
                 Ok(Some((head_len, next))) => {
-                    busy.in_start += head_len;
-                    if busy.in_start == busy.in_end {
-                        busy.in_start = 0;
-                        busy.in_end = 0;
-                    }
+                    busy.consume(head_len);
                     match next {
                         Next::Continue => continue,
-                        Next::Body => return None,
+                        Next::Body(pending) => {
+                            busy.body = Some(pending);
+                            self.phase = Phase::ReadBody;
+                            return None;
+                        }
                         Next::Finish(after) => return Some(after),
                     }
                 }
                 Ok(None) => {
-                    if busy.in_start > 0 {
-                        // Make room at the end of the buffer for the rest of the head.
-                        busy.inbuf.copy_within(busy.in_start..busy.in_end, 0);
-                        busy.in_end -= busy.in_start;
-                        busy.in_start = 0;
-                    }
+                    // Make room at the end of the buffer for the rest of the head.
+                    busy.compact();
                     return None;
                 }
                 Err(e) => {
@@ -420,18 +331,14 @@ impl Conn {
                         ChunkedError::TooLarge => Status::CONTENT_TOO_LARGE,
                     };
                     busy.body = None;
-                    busy.in_start = busy.in_end; // the rest cannot be trusted
+                    busy.discard_input(); // the rest cannot be trusted
                     self.phase = Phase::ReadHead;
                     self.simple_error(svc, status, server);
                     return Some(After::Linger);
                 }
             },
         };
-        busy.in_start += used;
-        if busy.in_start == busy.in_end {
-            busy.in_start = 0;
-            busy.in_end = 0;
-        }
+        busy.consume(used);
         if !done {
             return None;
         }
@@ -439,19 +346,14 @@ impl Conn {
         self.phase = Phase::ReadHead;
         match request::parse(&head, head.len()) {
             Ok(Some(req)) => {
-                let parts = Parts {
+                let x = Exchange {
                     out: &mut busy.out,
-                    body: &mut busy.body,
-                    phase: &mut self.phase,
                     requests: &mut self.requests,
                     peer: self.peer,
                     listener: usize::from(self.listener),
                     started: self.head_since,
                 };
-                match respond(parts, svc, &req, server) {
-                    Persistence::Close => Some(After::Close),
-                    _ => None,
-                }
+                dispatch::answer_after_body(x, svc, &req, server)
             }
             // It parsed before being copied; parsing it again cannot fail.
             _ => Some(After::Close),
@@ -619,197 +521,18 @@ impl Conn {
 
     /// Queues an error page that closes the connection, and logs it.
     fn simple_error(&mut self, svc: &mut Services, status: Status, server: usize) {
-        let date = *svc.clock.http_date_array();
         let busy = self.busy.get_or_insert_with(|| svc.take_busy());
-        ensure_out(&mut busy.out);
-        let body_bytes = response::error(
-            busy.out.bytes(),
+        dispatch::error_page(
+            &mut busy.out,
+            svc,
             status,
-            &date,
-            Persistence::Close,
-            &[],
-            false,
-        );
-        let latency = svc.clock.precise_us().saturating_sub(self.head_since);
-        svc.stats.response(status.0, Some(latency));
-        if svc.logs.enabled(server) {
-            let entry = access_log::Entry {
-                peer: self.peer,
-                method: "-",
-                target: b"",
-                http10: false,
-                status: status.0,
-                body_bytes,
-                referer: None,
-                user_agent: None,
-            };
-            svc.logs.record(server, &entry, svc.clock.log_time());
-        }
-    }
-}
-
-/// Output buffers stay with their `Busy` (which is pooled), so this allocates only for
-/// a fresh one.
-fn ensure_out(out: &mut OutQueue) {
-    if !out.has_buffer() {
-        out.attach(Vec::with_capacity(OUT_CAPACITY));
-    }
-}
-
-/// Initial size of an output buffer: a few responses' heads and small bodies.
-const OUT_CAPACITY: usize = 16 * 1024;
-
-/// The fields of a connection that answering a request touches, borrowed apart from
-/// the input buffer the request itself borrows.
-struct Parts<'c> {
-    out: &'c mut OutQueue,
-    body: &'c mut Option<PendingBody>,
-    phase: &'c mut Phase,
-    requests: &'c mut u32,
-    peer: IpAddr,
-    listener: usize,
-    /// When the request's first byte arrived.
-    started: Micros,
-}
-
-/// Picks the server for `host` among those on the connection's listener.
-fn select_server(svc: &Services, listener: usize, host: Option<&[u8]>) -> usize {
-    let routing = &svc.routing[listener];
-    if let Some(host) = host {
-        for &s in &routing.servers {
-            if svc.config.servers[s]
-                .names
-                .iter()
-                .any(|n| n.as_bytes().eq_ignore_ascii_case(host))
-            {
-                return s;
-            }
-        }
-    }
-    routing.default
-}
-
-/// Answers one parsed request: frames its body, or responds right away.
-fn answer(mut c: Parts, svc: &mut Services, req: &Request, head: &[u8]) -> Next {
-    let server = select_server(svc, c.listener, req.host);
-    let limit = svc.config.servers[server].max_body_bytes;
-    let body = match req.body {
-        BodyKind::None => None,
-        BodyKind::Length(n) if n > limit => {
-            *c.requests = c.requests.saturating_add(1);
-            too_large(&mut c, svc, req, server);
-            return Next::Finish(After::Linger);
-        }
-        BodyKind::Length(n) => Some(Body::Length(n)),
-        BodyKind::Chunked => Some(Body::Chunked(ChunkedDecoder::new(limit))),
-    };
-    if let Some(body) = body {
-        ensure_out(c.out);
-        if req.expect_continue {
-            c.out
-                .bytes()
-                .extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-            svc.stats.response(100, None);
-        }
-        *c.body = Some(PendingBody {
-            head: Box::from(head),
-            body,
             server,
-        });
-        *c.phase = Phase::ReadBody;
-        return Next::Body;
-    }
-    match respond(c, svc, req, server) {
-        Persistence::Close => Next::Finish(After::Close),
-        _ => Next::Continue,
+            self.peer,
+            self.head_since,
+        );
     }
 }
 
-fn too_large(c: &mut Parts, svc: &mut Services, req: &Request, server: usize) {
-    ensure_out(c.out);
-    let mut reply = Reply {
-        out: c.out,
-        date: svc.clock.http_date(),
-        persistence: Persistence::Close,
-        head_only: req.method == Method::Head,
-    };
-    let outcome = reply.error(Status::CONTENT_TOO_LARGE, &[]);
-    let latency = svc.clock.precise_us().saturating_sub(c.started);
-    svc.stats.response(outcome.status.0, Some(latency));
-    log_request(svc, server, c.peer, req, &outcome);
-}
-
-/// Runs the route's handler and queues its response. Returns the persistence used.
-fn respond(c: Parts, svc: &mut Services, req: &Request, server_index: usize) -> Persistence {
-    *c.requests = c.requests.saturating_add(1);
-    // A body may have been read across a configuration change: fall back to the first
-    // server if this one is gone.
-    let server_index = server_index.min(svc.config.servers.len() - 1);
-    let server: &Server = &svc.config.servers[server_index];
-    let keep = req.keep_alive
-        && !svc.draining
-        && (server.keepalive_requests == 0 || u64::from(*c.requests) < server.keepalive_requests);
-    let persistence = match (keep, req.version) {
-        (false, _) => Persistence::Close,
-        (true, Version::Http10) => Persistence::KeepAlive10,
-        (true, Version::Http11) => Persistence::KeepAlive11,
-    };
-    ensure_out(c.out);
-    let mut reply = Reply {
-        out: c.out,
-        date: svc.clock.http_date(),
-        persistence,
-        head_only: req.method == Method::Head,
-    };
-    let outcome = match server.route_index(req.path) {
-        None => reply.error(Status::NOT_FOUND, &[]),
-        Some(route_index) => match &server.routes[route_index].handler {
-            Handler::Liveness => {
-                health::serve(Probe::Liveness, req.method, svc.draining, &mut reply)
-            }
-            Handler::Readiness => {
-                health::serve(Probe::Readiness, req.method, svc.not_ready, &mut reply)
-            }
-            Handler::Status => {
-                status::serve(Format::Json, req.method, svc.stats.region(), &mut reply)
-            }
-            Handler::Metrics => status::serve(
-                Format::Prometheus,
-                req.method,
-                svc.stats.region(),
-                &mut reply,
-            ),
-            Handler::Static { root, index } => {
-                let id = server_index << 16 | route_index;
-                let route = StaticRoute { id, root, index };
-                static_files::serve(&route, req, &mut svc.cache, svc.clock.unix_secs, &mut reply)
-            }
-        },
-    };
-    let latency = svc.clock.precise_us().saturating_sub(c.started);
-    svc.stats.response(outcome.status.0, Some(latency));
-    if outcome.logged {
-        log_request(svc, server_index, c.peer, req, &outcome);
-    }
-    persistence
-}
-
-fn log_request(svc: &mut Services, server: usize, peer: IpAddr, req: &Request, outcome: &Outcome) {
-    if !svc.logs.enabled(server) {
-        return;
-    }
-    let entry = access_log::Entry {
-        peer,
-        method: req.method_name,
-        target: req.target,
-        http10: req.version == Version::Http10,
-        status: outcome.status.0,
-        body_bytes: outcome.body_bytes,
-        referer: req.referer,
-        user_agent: req.user_agent,
-    };
-    svc.logs.record(server, &entry, svc.clock.log_time());
-}
 #[cfg(test)]
 mod tests {
     /// An idle keep-alive connection costs its `Conn` in the slab and nothing else: keep

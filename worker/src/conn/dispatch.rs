@@ -14,12 +14,14 @@ use crate::handlers::static_files::{self, StaticRoute};
 use crate::handlers::status::{self, Format};
 use crate::handlers::{Outcome, Reply};
 use crate::http::chunked::ChunkedDecoder;
+use crate::http::path::{self, PathError};
 use crate::http::request::{BodyKind, Method, Request, Version};
 use crate::http::response::{self, Persistence, Status};
 use crate::out::OutQueue;
 use crate::services::Services;
 use crate::timers::Micros;
 use forkd_shared::config::{Handler, Server};
+use std::borrow::Cow;
 use std::net::IpAddr;
 
 /// What the connection does once the queued output is written.
@@ -153,7 +155,15 @@ fn respond(x: Exchange, svc: &mut Services, req: &Request, server_index: usize) 
         persistence,
         head_only: req.method == Method::Head,
     };
-    let outcome = match server.route_index(req.path) {
+    let path = match route_path(req.path) {
+        Ok(path) => path,
+        Err(_) => {
+            let outcome = reply.error(Status::BAD_REQUEST, &[]);
+            count_and_log(svc, server_index, x.peer, x.started, req, &outcome);
+            return persistence;
+        }
+    };
+    let outcome = match server.route_index(&path) {
         None => reply.error(Status::NOT_FOUND, &[]),
         Some(route_index) => match &server.routes[route_index].handler {
             Handler::Liveness => {
@@ -174,16 +184,60 @@ fn respond(x: Exchange, svc: &mut Services, req: &Request, server_index: usize) 
             Handler::Static { root, index } => {
                 let id = server_index << 16 | route_index;
                 let route = StaticRoute { id, root, index };
-                static_files::serve(&route, req, &mut svc.cache, svc.clock.unix_secs, &mut reply)
+                let now = svc.clock.unix_secs;
+                static_files::serve(&route, req, &path, &mut svc.cache, now, &mut reply)
             }
         },
     };
-    let latency = svc.clock.precise_us().saturating_sub(x.started);
+    count_and_log(svc, server_index, x.peer, x.started, req, &outcome);
+    persistence
+}
+
+fn count_and_log(
+    svc: &mut Services,
+    server: usize,
+    peer: IpAddr,
+    started: Micros,
+    req: &Request,
+    outcome: &Outcome,
+) {
+    let latency = svc.clock.precise_us().saturating_sub(started);
     svc.stats.response(outcome.status.0, Some(latency));
     if outcome.logged {
-        log_request(svc, server_index, x.peer, req, &outcome);
+        log_request(svc, server, peer, req, outcome);
     }
-    persistence
+}
+
+/// The path a request is routed and served by: decoded and normalised by
+/// [`path::normalize`], so that `//api`, `/%61pi` and `/x/../api` all reach the route
+/// of `/api`. A path already in normal form (the common case) is borrowed as is.
+fn route_path(raw: &[u8]) -> Result<Cow<'_, [u8]>, PathError> {
+    if is_normal(raw) {
+        Ok(Cow::Borrowed(raw))
+    } else {
+        path::normalize(raw).map(Cow::Owned)
+    }
+}
+
+/// Whether `normalize(raw)` is `raw` itself: it starts with `/` and has no escape and
+/// no empty, `.` or `..` segment, a trailing slash aside.
+fn is_normal(raw: &[u8]) -> bool {
+    let Some(rest) = raw.strip_prefix(b"/") else {
+        return false;
+    };
+    if rest.contains(&b'%') {
+        return false;
+    }
+    let mut segments = rest.split(|&b| b == b'/').peekable();
+    while let Some(segment) = segments.next() {
+        let last = segments.peek().is_none();
+        match segment {
+            b"" if !last => return false,
+            b"." | b".." => return false,
+            _ => {}
+        }
+    }
+    true
 }
 
 /// Queues an error page that closes the connection (no request could be answered:
@@ -243,3 +297,57 @@ fn ensure_out(out: &mut OutQueue) {
 
 /// Initial size of an output buffer: a few responses' heads and small bodies.
 const OUT_CAPACITY: usize = 16 * 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shortcut must agree with the normaliser it stands in for.
+    #[test]
+    fn a_path_is_normal_exactly_when_normalize_keeps_it() {
+        let cases: &[&[u8]] = &[
+            b"/",
+            b"/a",
+            b"/a/",
+            b"/a/b.txt",
+            b"/a/b/",
+            b"//",
+            b"//a",
+            b"/a//b",
+            b"/a/./b",
+            b"/a/.",
+            b"/a/..",
+            b"/..",
+            b"/.",
+            b"/a/../b",
+            b"/%61",
+            b"/a%20b",
+            b"/.a/b..",
+            b"/...",
+            b"a",
+            b"",
+            b"*",
+            b"/a/b//",
+        ];
+        for &raw in cases {
+            let kept = path::normalize(raw).is_ok_and(|n| n == raw);
+            assert_eq!(is_normal(raw), kept, "{:?}", String::from_utf8_lossy(raw));
+        }
+    }
+
+    #[test]
+    fn every_spelling_of_a_path_routes_the_same() {
+        for raw in [
+            &b"/api/x"[..],
+            b"//api/x",
+            b"/%61pi/x",
+            b"/x/../api/x",
+            b"/./api//x",
+        ] {
+            assert_eq!(&*route_path(raw).unwrap(), b"/api/x");
+        }
+        assert_eq!(&*route_path(b"/healthz/../1kb.txt").unwrap(), b"/1kb.txt");
+        assert!(route_path(b"/../x").is_err());
+        assert!(route_path(b"/a%2fb").is_err());
+    }
+}

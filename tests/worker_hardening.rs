@@ -7,6 +7,7 @@
 
 mod support;
 
+use std::io::{Read, Write};
 use std::time::Duration;
 use support::*;
 
@@ -96,4 +97,143 @@ fn every_spelling_of_a_file_is_the_same_file_and_the_cache_follows_changes() {
         "a changed file is served fresh under another spelling"
     );
     assert_eq!(get_close(&d, "/dir/a.txt").body_str(), "two, longer\n");
+}
+
+// ---------------------------------------------------------------------------------------
+// Per-host settings (item 4)
+
+/// Two servers on one address: the default one (`localhost`) with the limits given in
+/// `default_keys`, and `other` with `other_keys`. Both serve liveness and `www`.
+fn two_servers(default_keys: &str, other_keys: &str) -> Builder {
+    let routes = r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/", handler: Static(root: "www", index: ["index.html"])),"#;
+    // The support builder writes one server; the routes text closes it and opens a
+    // second one on the same address.
+    let second = format!(
+        r#"{routes}
+        ],
+    ), (
+        listen: ["127.0.0.1:{{port}}"],
+        names: ["other"],
+        {other_keys}
+        routes: [
+            {routes}"#
+    );
+    TestDaemon::builder().server(default_keys).routes(&second)
+}
+
+fn head_with_padding(host: &str, padding: usize, close: bool) -> String {
+    format!(
+        "GET /healthz HTTP/1.1\r\nHost: {host}\r\nX-Pad: {}\r\n{}\r\n",
+        "p".repeat(padding),
+        if close { "Connection: close\r\n" } else { "" }
+    )
+}
+
+#[test]
+fn max_header_bytes_is_the_selected_servers() {
+    let d = two_servers(
+        r#"max_header_bytes: "1KiB","#,
+        r#"max_header_bytes: "8KiB","#,
+    )
+    .start();
+    // 3 KiB of header: too large for the default server, fine for `other`.
+    let r = d.request(&head_with_padding("other", 3000, true));
+    assert_eq!(r.status, 200, "{}", r.head);
+    let r = d.request(&head_with_padding("localhost", 3000, true));
+    assert_eq!(r.status, 431, "{}", r.head);
+    let r = d.request(&head_with_padding("unknown.example", 3000, true));
+    assert_eq!(
+        r.status, 431,
+        "an unknown name gets the default server: {}",
+        r.head
+    );
+    // The other way round: a small limit on the named server applies to it.
+    let d = two_servers(
+        r#"max_header_bytes: "8KiB","#,
+        r#"max_header_bytes: "1KiB","#,
+    )
+    .start();
+    assert_eq!(
+        d.request(&head_with_padding("other", 3000, true)).status,
+        431
+    );
+    assert_eq!(
+        d.request(&head_with_padding("localhost", 3000, true))
+            .status,
+        200
+    );
+}
+
+/// Whether the server closes `s` (EOF) before `WAIT`, reading and dropping anything.
+fn closed_by_server(s: &mut std::net::TcpStream) -> bool {
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false, // timed out: still open
+        }
+    }
+}
+
+#[test]
+fn keepalive_timeout_is_the_selected_servers() {
+    let d = two_servers(
+        r#"keepalive_timeout: "60s", header_timeout: "60s","#,
+        r#"keepalive_timeout: "1s","#,
+    )
+    .start();
+    let mut s = d.connect();
+    s.write_all(head_with_padding("other", 1, false).as_bytes())
+        .unwrap();
+    let r = read_response(&mut s, false).expect("a response");
+    assert_eq!(r.status, 200);
+    assert!(
+        closed_by_server(&mut s),
+        "the idle connection outlived the 1 s keepalive_timeout of the server its Host chose"
+    );
+}
+
+#[test]
+fn header_timeout_of_a_later_request_is_the_selected_servers() {
+    let d = two_servers(
+        r#"keepalive_timeout: "60s", header_timeout: "60s","#,
+        r#"keepalive_timeout: "60s", header_timeout: "1s","#,
+    )
+    .start();
+    let mut s = d.connect();
+    s.write_all(head_with_padding("other", 1, false).as_bytes())
+        .unwrap();
+    assert_eq!(
+        read_response(&mut s, false).expect("a response").status,
+        200
+    );
+    // Half a head, never finished.
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: oth").unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let r = read_response(&mut s, false).expect("408 before the connection closes");
+    assert_eq!(r.status, 408, "{}", r.head);
+}
+
+#[test]
+fn send_timeout_is_the_selected_servers() {
+    let big = noise(32 << 20, 7);
+    let d = two_servers(r#"send_timeout: "60s","#, r#"send_timeout: "1s","#)
+        .file("big.bin", &big)
+        .start();
+    let mut s = d.connect();
+    s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: other\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    // Not reading: the server's writes stop making progress. With `other`'s 1 s
+    // send_timeout it gives up; a reader that starts after that gets a cut response.
+    let gave_up = wait_until(WAIT, || {
+        d.error_log().contains("timed out reading its response")
+    });
+    assert!(gave_up, "no send timeout: {}", d.error_log());
+    let got = read_to_close(&mut s);
+    assert!(got.len() < big.len(), "the whole response arrived");
 }

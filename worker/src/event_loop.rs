@@ -499,7 +499,8 @@ impl EventLoop {
             }
             let entry = self.conns.vacant_entry();
             let key = entry.key();
-            let mut conn = Conn::new(stream, peer.ip(), index, self.svc.clock.now_us);
+            let server = self.svc.default_server(index);
+            let mut conn = Conn::new(stream, peer.ip(), index, server, self.svc.clock.now_us);
             // The request usually arrives with the connection (TCP_DEFER_ACCEPT): answer
             // it before paying for registration, which a one-request connection skips.
             match conn.drive(key, &mut self.svc) {

@@ -69,6 +69,9 @@ pub struct Conn {
     stream: TcpStream,
     /// The listener it came through: selects the servers it may be routed to.
     listener: u16,
+    /// The server the latest request's `Host` selected (the listener's default server
+    /// before the first): its timeouts and limits apply from then on.
+    server: u16,
     phase: Phase,
     /// The socket may have input we have not read (edge-triggered readiness).
     pub readable: bool,
@@ -90,10 +93,18 @@ pub struct Conn {
 }
 
 impl Conn {
-    pub fn new(stream: TcpStream, peer: IpAddr, listener: usize, now: Micros) -> Conn {
+    /// A connection accepted on `listener`, whose default server is `server`.
+    pub fn new(
+        stream: TcpStream,
+        peer: IpAddr,
+        listener: usize,
+        server: usize,
+        now: Micros,
+    ) -> Conn {
         Conn {
             stream,
             listener: listener as u16,
+            server: server as u16,
             phase: Phase::ReadHead,
             readable: true,
             write_interest: false,
@@ -111,10 +122,6 @@ impl Conn {
 
     pub fn stream(&mut self) -> &mut TcpStream {
         &mut self.stream
-    }
-
-    fn listener(&self) -> usize {
-        usize::from(self.listener)
     }
 
     /// Idle: between requests, with nothing buffered either way.
@@ -257,8 +264,10 @@ impl Conn {
     /// output should be written first.
     fn answer_buffered(&mut self, svc: &mut Services) -> Option<After> {
         let busy = self.busy.as_deref_mut()?;
-        let default_server = svc.default_server(usize::from(self.listener));
-        let max_header = svc.config.servers[default_server].max_header_bytes;
+        // Until the head is complete its `Host` is unknown: read up to the largest
+        // head any server on the address takes; `dispatch` then applies the limit of
+        // the server the `Host` selects.
+        let max_header = svc.routing[usize::from(self.listener)].max_header_bytes;
         loop {
             if !busy.has_input() {
                 return None;
@@ -274,6 +283,7 @@ impl Conn {
                     let x = Exchange {
                         out: &mut busy.out,
                         requests: &mut self.requests,
+                        server: &mut self.server,
                         peer: self.peer,
                         listener: usize::from(self.listener),
                         started: self.head_since,
@@ -295,6 +305,10 @@ impl Conn {
                             return None;
                         }
                         Next::Finish(after) => return Some(after),
+                        Next::Reject(e) => {
+                            self.reject(svc, e.status(), e);
+                            return Some(After::Linger);
+                        }
                     }
                 }
                 Ok(None) => {
@@ -349,6 +363,7 @@ impl Conn {
                 let x = Exchange {
                     out: &mut busy.out,
                     requests: &mut self.requests,
+                    server: &mut self.server,
                     peer: self.peer,
                     listener: usize::from(self.listener),
                     started: self.head_since,
@@ -431,7 +446,7 @@ impl Conn {
 
     /// Sets the deadline for the phase the connection waits in.
     fn arm(&mut self, key: usize, svc: &mut Services) {
-        let server = &svc.config.servers[svc.routing[self.listener()].default];
+        let server = svc.server(usize::from(self.server));
         let us = |d: Duration| d.as_micros() as Micros;
         let has_input = self.busy.as_ref().is_some_and(|b| b.in_start != b.in_end);
         let at = match self.phase {
@@ -469,7 +484,7 @@ impl Conn {
                 let server = busy.body.take().map(|p| p.server);
                 busy.in_start = 0;
                 busy.in_end = 0;
-                let server = server.unwrap_or(svc.routing[self.listener()].default);
+                let server = server.unwrap_or(usize::from(self.server));
                 self.phase = Phase::ReadHead;
                 self.simple_error(svc, Status::REQUEST_TIMEOUT, server);
                 // Linger: input that arrived unread must not turn the close into a reset
@@ -515,8 +530,7 @@ impl Conn {
         forkd_shared::info!("client {} sent a bad request: {}", self.peer, e.reason());
         let busy = self.busy(svc);
         busy.in_start = busy.in_end; // nothing after it can be trusted
-        let server = svc.routing[self.listener()].default;
-        self.simple_error(svc, status, server);
+        self.simple_error(svc, status, usize::from(self.server));
     }
 
     /// Queues an error page that closes the connection, and logs it.

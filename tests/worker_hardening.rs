@@ -237,3 +237,55 @@ fn send_timeout_is_the_selected_servers() {
     let got = read_to_close(&mut s);
     assert!(got.len() < big.len(), "the whole response arrived");
 }
+
+// ---------------------------------------------------------------------------------------
+// `Expect: 100-continue` when the answer is already known (item 10)
+
+/// Sends `head` (with `Expect: 100-continue` and a body announced but not sent) and
+/// returns the first response, and whether the server then closed the connection.
+fn expect_continue(d: &TestDaemon, method: &str, target: &str) -> (Response, bool) {
+    let mut s = d.connect();
+    write!(
+        s,
+        "{method} {target} HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n"
+    )
+    .unwrap();
+    let r = read_response(&mut s, false).expect("a response before the body is sent");
+    let closed = closed_by_server(&mut s);
+    (r, closed)
+}
+
+#[test]
+fn a_known_refusal_comes_instead_of_100_continue_and_the_connection_closes() {
+    let d = TestDaemon::builder()
+        .routes(
+            r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/files/", handler: Static(root: "www", index: ["index.html"])),"#,
+        )
+        .file("files/a.txt", b"a\n")
+        .start();
+    for (method, target, status) in [
+        ("POST", "/files/a.txt", 405), // the static handler takes GET and HEAD only
+        ("PUT", "/healthz", 405),
+        ("GET", "/elsewhere", 404),     // no route
+        ("GET", "/files/../../x", 400), // cannot be normalised
+    ] {
+        let (r, closed) = expect_continue(&d, method, target);
+        assert_eq!(r.status, status, "{method} {target}: {}", r.head);
+        assert_eq!(r.header("Connection"), Some("close"), "{method} {target}");
+        assert!(
+            closed,
+            "{method} {target}: the unread body would be taken for a request"
+        );
+    }
+    // A request the route will answer still gets its `100 Continue`.
+    let mut s = d.connect();
+    s.write_all(
+        b"GET /files/a.txt HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!(read_response(&mut s, false).unwrap().status, 100);
+    s.write_all(b"abc").unwrap();
+    let r = read_response(&mut s, false).unwrap();
+    assert_eq!((r.status, r.body_str().as_str()), (200, "a\n"));
+}

@@ -171,8 +171,10 @@ impl EventLoop {
             let timeout = self.poll_timeout();
             if let Err(e) = self.poll.poll(&mut self.events, Some(timeout)) {
                 if e.kind() != io::ErrorKind::Interrupted {
+                    // A run-time failure, not an init failure: exit so the master
+                    // respawns the slot (FATAL_INIT would leave it empty).
                     forkd_shared::alert!("epoll_wait failed: {e}");
-                    return exit::FATAL_INIT;
+                    return exit::CRASH;
                 }
             }
             if self.svc.clock.tick() {

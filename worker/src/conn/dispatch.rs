@@ -12,7 +12,7 @@ use crate::busy::{Body, PendingBody};
 use crate::handlers::health::{self, Probe};
 use crate::handlers::static_files::{self, StaticRoute};
 use crate::handlers::status::{self, Format};
-use crate::handlers::{Outcome, Reply};
+use crate::handlers::{self, Outcome, Reply};
 use crate::http::chunked::ChunkedDecoder;
 use crate::http::path::{self, PathError};
 use crate::http::request::{self, BodyKind, Method, Request, RequestError, Version};
@@ -103,6 +103,13 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
         BodyKind::Chunked => Some(Body::Chunked(ChunkedDecoder::new(limit))),
     };
     if let Some(body) = body {
+        if req.expect_continue && refused_from_head(svc, server, req) {
+            // RFC 9110 §10.1.1: the final answer instead of `100 Continue`. The client
+            // may or may not send the body now, so the connection cannot tell where
+            // the next request starts: it closes (lingering, so the answer is read).
+            respond(x, svc, req, server, Close::Now);
+            return Next::Finish(After::Linger);
+        }
         ensure_out(x.out);
         if req.expect_continue {
             x.out
@@ -116,7 +123,7 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
             server,
         });
     }
-    match respond(x, svc, req, server) {
+    match respond(x, svc, req, server, Close::IfAsked) {
         Persistence::Close => Next::Finish(After::Close),
         _ => Next::Continue,
     }
@@ -129,7 +136,7 @@ pub fn answer_after_body(
     req: &Request,
     server: usize,
 ) -> Option<After> {
-    match respond(x, svc, req, server) {
+    match respond(x, svc, req, server, Close::IfAsked) {
         Persistence::Close => Some(After::Close),
         _ => None,
     }
@@ -149,14 +156,43 @@ fn too_large(x: &mut Exchange, svc: &mut Services, req: &Request, server: usize)
     log_request(svc, server, x.peer, req, &outcome);
 }
 
+/// Whether the answer to `req` is an error known from its head alone (a path that
+/// cannot be normalised, no route, a method the route's handler refuses).
+fn refused_from_head(svc: &Services, server: usize, req: &Request) -> bool {
+    let server = &svc.config.servers[server];
+    let Ok(path) = route_path(req.path) else {
+        return true;
+    };
+    match server.route_index(&path) {
+        None => true,
+        Some(route) => !handlers::allows(&server.routes[route].handler, req.method),
+    }
+}
+
+/// Whether a response must close the connection whatever the request asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Close {
+    /// The request, the server's `keepalive_requests` and draining decide.
+    IfAsked,
+    /// Close after this response.
+    Now,
+}
+
 /// Runs the route's handler and queues its response. Returns the persistence used.
-fn respond(x: Exchange, svc: &mut Services, req: &Request, server_index: usize) -> Persistence {
+fn respond(
+    x: Exchange,
+    svc: &mut Services,
+    req: &Request,
+    server_index: usize,
+    close: Close,
+) -> Persistence {
     *x.requests = x.requests.saturating_add(1);
     // A body may have been read across a configuration change: fall back to the first
     // server if this one is gone.
     let server_index = server_index.min(svc.config.servers.len() - 1);
     let server: &Server = &svc.config.servers[server_index];
     let keep = req.keep_alive
+        && close == Close::IfAsked
         && !svc.draining
         && (server.keepalive_requests == 0 || u64::from(*x.requests) < server.keepalive_requests);
     let persistence = match (keep, req.version) {
@@ -238,19 +274,22 @@ fn route_path(raw: &[u8]) -> Result<Cow<'_, [u8]>, PathError> {
 /// Whether `normalize(raw)` is `raw` itself: it starts with `/` and has no escape and
 /// no empty, `.` or `..` segment, a trailing slash aside.
 fn is_normal(raw: &[u8]) -> bool {
-    let Some(rest) = raw.strip_prefix(b"/") else {
-        return false;
-    };
-    if rest.contains(&b'%') {
+    if raw.first() != Some(&b'/') {
         return false;
     }
-    let mut segments = rest.split(|&b| b == b'/').peekable();
-    while let Some(segment) = segments.next() {
-        let last = segments.peek().is_none();
-        match segment {
-            b"" if !last => return false,
-            b"." | b".." => return false,
-            _ => {}
+    // One pass, on every request: where the current segment began.
+    let mut start = 1;
+    for i in 1..=raw.len() {
+        let b = raw.get(i).copied().unwrap_or(b'/');
+        if b == b'%' {
+            return false;
+        }
+        if b == b'/' {
+            let segment = &raw[start..i];
+            if (segment.is_empty() && i < raw.len()) || segment == b"." || segment == b".." {
+                return false;
+            }
+            start = i + 1;
         }
     }
     true

@@ -37,6 +37,11 @@ enum Resolved {
     Status(Status),
 }
 
+/// GET and HEAD only.
+pub fn allows(method: Method) -> bool {
+    method != Method::Other
+}
+
 /// Serves `path`, the request's path as [`path::normalize`] made it (the router
 /// normalises it once, before choosing the route).
 pub fn serve(
@@ -47,7 +52,7 @@ pub fn serve(
     now_secs: u64,
     reply: &mut Reply,
 ) -> Outcome {
-    if req.method == Method::Other {
+    if !allows(req.method) {
         return reply.error(Status::METHOD_NOT_ALLOWED, &[("Allow", b"GET, HEAD")]);
     }
     let file = match cache.get(route.id, path, now_secs) {

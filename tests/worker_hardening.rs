@@ -289,3 +289,77 @@ fn a_known_refusal_comes_instead_of_100_continue_and_the_connection_closes() {
     let r = read_response(&mut s, false).unwrap();
     assert_eq!((r.status, r.body_str().as_str()), (200, "a\n"));
 }
+
+// ---------------------------------------------------------------------------------------
+// Fairness inside a worker (item 6)
+
+#[test]
+fn small_requests_are_served_while_a_client_pulls_a_huge_file() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    use std::sync::Arc;
+    const HUGE: u64 = 256 << 20;
+    let d = TestDaemon::builder()
+        .file("small.txt", b"small\n")
+        .server(r#"send_timeout: "60s","#)
+        .start();
+    // Sparse: no disk, and read from the page cache as fast as memory goes.
+    std::fs::File::create(d.www().join("huge.bin"))
+        .unwrap()
+        .set_len(HUGE)
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let pulled = Arc::new(AtomicU64::new(0)); // body bytes
+    let done = Arc::new(AtomicU64::new(0)); // complete huge responses
+    let puller = {
+        let (stop, pulled, done) = (stop.clone(), pulled.clone(), done.clone());
+        let mut s = d.connect();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 1 << 20];
+            while !stop.load(SeqCst) {
+                s.write_all(b"GET /huge.bin HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                    .unwrap();
+                // The head is small and ends the first read or so; then the body.
+                let mut head = Vec::new();
+                while !head.ends_with(b"\r\n\r\n") {
+                    let mut b = [0u8; 1];
+                    s.read_exact(&mut b).unwrap();
+                    head.push(b[0]);
+                }
+                let mut left = HUGE;
+                while left > 0 {
+                    let want = left.min(buf.len() as u64) as usize;
+                    let n = s.read(&mut buf[..want]).unwrap();
+                    assert!(n > 0, "the huge response was cut short");
+                    left -= n as u64;
+                    pulled.fetch_add(n as u64, SeqCst);
+                }
+                done.fetch_add(1, SeqCst);
+            }
+        })
+    };
+    assert!(
+        wait_until(WAIT, || pulled.load(SeqCst) > 4 << 20),
+        "the huge download does not start"
+    );
+    // A keep-alive client asks for a small file again and again meanwhile.
+    let mut s = d.connect();
+    let huge_before = done.load(SeqCst);
+    let pulled_before = pulled.load(SeqCst);
+    const SMALL: usize = 100;
+    for i in 0..SMALL {
+        s.write_all(b"GET /small.txt HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .unwrap();
+        let r = read_response(&mut s, false).unwrap_or_else(|| panic!("request {i}: no answer"));
+        assert_eq!(r.body_str(), "small\n");
+    }
+    let huge_during = done.load(SeqCst) - huge_before;
+    let pulled_during = pulled.load(SeqCst) - pulled_before;
+    stop.store(true, SeqCst);
+    puller.join().unwrap();
+    // Served between the huge responses only, the small requests would each wait for
+    // one to end. Interleaved, they all fit within the span of one or two.
+    assert!(
+        huge_during <= 2,
+        "{SMALL} small requests took {huge_during} complete huge responses ({pulled_during} bytes) to be answered"
+    );
+}

@@ -78,6 +78,12 @@ pub struct EventLoop {
     svc: Services,
     run: Run,
     expired: Vec<usize>,
+    /// Connections that stopped on their per-turn budget with work left (see
+    /// `Conn::yielded`): driven again next turn, without waiting for an event, which
+    /// edge-triggered readiness would never send.
+    ready: Vec<usize>,
+    /// The list being worked through this turn (kept to reuse its allocation).
+    ready_now: Vec<usize>,
     /// The configuration generation this worker serves.
     generation: u64,
     /// A generation this worker must not adopt (it needs new workers; ours retire).
@@ -141,6 +147,8 @@ impl EventLoop {
             },
             run: Run::Serving,
             expired: Vec::new(),
+            ready: Vec::new(),
+            ready_now: Vec::new(),
             generation: 0,
             declined: 0,
             master: init.master.as_raw(),
@@ -204,6 +212,7 @@ impl EventLoop {
                 }
             }
             self.events = events;
+            self.drive_ready();
             self.accept_more();
             if fast_exit {
                 return exit::OK;
@@ -274,6 +283,9 @@ impl EventLoop {
         }
         if self.accepting && self.listeners.iter().any(|l| l.more) {
             return Duration::ZERO; // connections are waiting in the accept queue
+        }
+        if !self.ready.is_empty() {
+            return Duration::ZERO; // connections have work left from the last turn
         }
         // Round up to the next millisecond so a deadline is never polled for as 0 ms early.
         until.saturating_duration_since(now) + Duration::from_micros(500)
@@ -549,6 +561,28 @@ impl EventLoop {
         }
     }
 
+    /// Drives, once each, the connections that stopped on their budget last turn.
+    /// Those that stop on it again wait for the next turn, after the events.
+    fn drive_ready(&mut self) {
+        if self.ready.is_empty() {
+            return;
+        }
+        std::mem::swap(&mut self.ready, &mut self.ready_now);
+        let mut now = std::mem::take(&mut self.ready_now);
+        for key in now.drain(..) {
+            let Some(conn) = self.conns.get_mut(key) else {
+                continue;
+            };
+            if !conn.queued {
+                continue; // closed, and the key given to a new connection
+            }
+            conn.queued = false;
+            let verdict = conn.drive(key, &mut self.svc);
+            self.settle(key, verdict);
+        }
+        self.ready_now = now;
+    }
+
     /// After a drive: close, or make sure the poll reports what the connection waits for.
     fn settle(&mut self, key: usize, verdict: Verdict) {
         if verdict == Verdict::Close {
@@ -556,6 +590,10 @@ impl EventLoop {
             return;
         }
         let conn = &mut self.conns[key];
+        if conn.yielded() && !conn.queued {
+            conn.queued = true;
+            self.ready.push(key);
+        }
         let want_write = conn.wants_write();
         if !conn.registered {
             let interest = if want_write {

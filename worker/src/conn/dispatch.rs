@@ -207,17 +207,11 @@ fn respond(
         persistence,
         head_only: req.method == Method::Head,
     };
-    let path = match route_path(req.path) {
-        Ok(path) => path,
-        Err(_) => {
-            let outcome = reply.error(Status::BAD_REQUEST, &[]);
-            count_and_log(svc, server_index, x.peer, x.started, req, &outcome);
-            return persistence;
-        }
-    };
-    let outcome = match server.route_index(&path) {
-        None => reply.error(Status::NOT_FOUND, &[]),
-        Some(route_index) => match &server.routes[route_index].handler {
+    let path = route_path(req.path);
+    let outcome = match path.as_deref().map(|p| (p, server.route_index(p))) {
+        Err(_) => reply.error(Status::BAD_REQUEST, &[]),
+        Ok((_, None)) => reply.error(Status::NOT_FOUND, &[]),
+        Ok((path, Some(route_index))) => match &server.routes[route_index].handler {
             Handler::Liveness => {
                 health::serve(Probe::Liveness, req.method, svc.draining, &mut reply)
             }
@@ -237,27 +231,16 @@ fn respond(
                 let id = server_index << 16 | route_index;
                 let route = StaticRoute { id, root, index };
                 let now = svc.clock.unix_secs;
-                static_files::serve(&route, req, &path, &mut svc.cache, now, &mut reply)
+                static_files::serve(&route, req, path, &mut svc.cache, now, &mut reply)
             }
         },
     };
-    count_and_log(svc, server_index, x.peer, x.started, req, &outcome);
-    persistence
-}
-
-fn count_and_log(
-    svc: &mut Services,
-    server: usize,
-    peer: IpAddr,
-    started: Micros,
-    req: &Request,
-    outcome: &Outcome,
-) {
-    let latency = svc.clock.precise_us().saturating_sub(started);
+    let latency = svc.clock.precise_us().saturating_sub(x.started);
     svc.stats.response(outcome.status.0, Some(latency));
     if outcome.logged {
-        log_request(svc, server, peer, req, outcome);
+        log_request(svc, server_index, x.peer, req, &outcome);
     }
+    persistence
 }
 
 /// The path a request is routed and served by: decoded and normalised by
@@ -274,25 +257,27 @@ fn route_path(raw: &[u8]) -> Result<Cow<'_, [u8]>, PathError> {
 /// Whether `normalize(raw)` is `raw` itself: it starts with `/` and has no escape and
 /// no empty, `.` or `..` segment, a trailing slash aside.
 fn is_normal(raw: &[u8]) -> bool {
-    if raw.first() != Some(&b'/') {
+    let Some((&b'/', rest)) = raw.split_first() else {
         return false;
-    }
-    // One pass, on every request: where the current segment began.
-    let mut start = 1;
-    for i in 1..=raw.len() {
-        let b = raw.get(i).copied().unwrap_or(b'/');
-        if b == b'%' {
-            return false;
+    };
+    // On every request, so one compare per ordinary byte: `%`, `.` and `/` are all
+    // at or below `/`. `len` and `dots` count the current segment's bytes and dots
+    // (a segment of dots only, one or two, is `.` or `..`).
+    let (mut len, mut dots) = (0usize, 0usize);
+    for &b in rest {
+        if b > b'/' {
+            len += 1;
+            continue;
         }
-        if b == b'/' {
-            let segment = &raw[start..i];
-            if (segment.is_empty() && i < raw.len()) || segment == b"." || segment == b".." {
-                return false;
-            }
-            start = i + 1;
+        match b {
+            b'/' if len == dots && len <= 2 => return false, // empty, `.` or `..`
+            b'/' => (len, dots) = (0, 0),
+            b'%' => return false,
+            b'.' => (len, dots) = (len + 1, dots + 1),
+            _ => len += 1,
         }
     }
-    true
+    !(len == dots && (len == 1 || len == 2))
 }
 
 /// Queues an error page that closes the connection (no request could be answered:

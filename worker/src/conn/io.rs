@@ -37,6 +37,12 @@ const LINGER: Micros = 2_000_000;
 const DRAIN_IDLE_GRACE: Micros = 500_000;
 /// Stop answering pipelined requests and write once this much output is queued.
 const BATCH_BYTES: usize = 64 * 1024;
+/// What one connection may do in one turn of the event loop before the others get
+/// theirs: steps of its state machine (a read, a batch of answers, a write) and bytes
+/// written (like nginx's `sendfile_max_chunk`, but per turn). A connection that stops
+/// on its budget rather than on EAGAIN is driven again next turn without an event.
+const STEPS_PER_TURN: u32 = 16;
+const BYTES_PER_TURN: u64 = 256 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -79,6 +85,11 @@ pub struct Conn {
     pub write_interest: bool,
     /// Registered with the poll at all.
     pub registered: bool,
+    /// The last drive stopped on its budget, not on EAGAIN: edge-triggered readiness
+    /// will not report it again, so the event loop must drive it next turn.
+    yielded: bool,
+    /// In the event loop's ready list (so it is queued once).
+    pub queued: bool,
     nodelay: bool,
     requests: u32,
     peer: IpAddr,
@@ -109,6 +120,8 @@ impl Conn {
             readable: true,
             write_interest: false,
             registered: false,
+            yielded: false,
+            queued: false,
             nodelay: false,
             requests: 0,
             peer,
@@ -166,6 +179,7 @@ impl Conn {
 
     /// Advances the connection as far as it can go without blocking.
     pub fn drive(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        self.yielded = false;
         let verdict = self.step(svc);
         if verdict == Verdict::Keep {
             self.park(svc);
@@ -174,12 +188,28 @@ impl Conn {
         verdict
     }
 
+    /// Stopped on its budget with work left: drive it again next turn.
+    pub fn yielded(&self) -> bool {
+        self.yielded
+    }
+
     fn step(&mut self, svc: &mut Services) -> Verdict {
+        let mut steps = STEPS_PER_TURN;
+        let mut bytes = BYTES_PER_TURN;
         loop {
+            if steps == 0 {
+                self.yielded = true;
+                return Verdict::Keep;
+            }
+            steps -= 1;
             match self.phase {
-                Phase::Write(then) => match self.flush(svc) {
+                Phase::Write(then) => match self.flush(svc, &mut bytes) {
                     Err(_) => return Verdict::Close,
                     Ok(Flush::Blocked) => return Verdict::Keep,
+                    Ok(Flush::Budget) => {
+                        self.yielded = true;
+                        return Verdict::Keep;
+                    }
                     Ok(Flush::Done) => match then {
                         After::ReadHead => {
                             self.phase = Phase::ReadHead;
@@ -221,9 +251,13 @@ impl Conn {
                 Phase::ReadBody => {
                     if self.wants_write() {
                         // `100 Continue`: send it before waiting for the body.
-                        match self.flush(svc) {
+                        match self.flush(svc, &mut bytes) {
                             Err(_) => return Verdict::Close,
                             Ok(Flush::Blocked) => return Verdict::Keep,
+                            Ok(Flush::Budget) => {
+                                self.yielded = true;
+                                return Verdict::Keep;
+                            }
                             Ok(Flush::Done) => {}
                         }
                     }
@@ -243,15 +277,11 @@ impl Conn {
                 }
                 Phase::Linger => {
                     // Read and drop until the client closes or the socket is empty.
-                    loop {
-                        let busy = self.busy(svc);
-                        busy.in_start = 0;
-                        busy.in_end = 0;
-                        match self.fill(svc) {
-                            Ok(true) => continue,
-                            Ok(false) => return Verdict::Keep,
-                            Err(_) => return Verdict::Close,
-                        }
+                    self.busy(svc).discard_input();
+                    match self.fill(svc) {
+                        Ok(true) => continue,
+                        Ok(false) => return Verdict::Keep,
+                        Err(_) => return Verdict::Close,
                     }
                 }
             }
@@ -419,12 +449,14 @@ impl Conn {
         }
     }
 
-    fn flush(&mut self, svc: &Services) -> io::Result<Flush> {
+    /// Writes queued output, at most `budget` bytes (less what it wrote).
+    fn flush(&mut self, svc: &Services, budget: &mut u64) -> io::Result<Flush> {
         let Some(busy) = self.busy.as_deref_mut() else {
             return Ok(Flush::Done);
         };
         let mut sent = 0;
-        let result = busy.out.flush(&mut self.stream, &mut sent);
+        let result = busy.out.flush(&mut self.stream, &mut sent, *budget);
+        *budget = budget.saturating_sub(sent);
         if sent > 0 {
             self.progress = svc.clock.now_us;
             svc.stats.bytes_out(sent);

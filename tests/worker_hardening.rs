@@ -363,3 +363,83 @@ fn small_requests_are_served_while_a_client_pulls_a_huge_file() {
         "{SMALL} small requests took {huge_during} complete huge responses ({pulled_during} bytes) to be answered"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Minimum rates (item 12)
+
+#[test]
+fn a_body_sent_below_min_body_rate_is_answered_408_after_the_grace() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::sync::Arc;
+    let d = TestDaemon::builder()
+        .server(r#"body_timeout: "3s", min_body_rate: "1KiB/s", min_rate_grace: "2s","#)
+        .start();
+    let mut s = d.connect();
+    s.write_all(b"GET /index.html HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000\r\n\r\n")
+        .unwrap();
+    // One byte a second: never 3 s apart, so body_timeout alone would wait for ever.
+    let stop = Arc::new(AtomicBool::new(false));
+    let dripper = {
+        let (stop, mut w) = (stop.clone(), s.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let mut sent = 0;
+            while !stop.load(SeqCst) && w.write_all(b"x").is_ok() {
+                sent += 1;
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            sent
+        })
+    };
+    s.set_read_timeout(Some(WAIT + WAIT)).unwrap();
+    let r = read_response(&mut s, false);
+    stop.store(true, SeqCst);
+    let sent = dripper.join().unwrap();
+    let r = r.unwrap_or_else(|| panic!("closed without an answer after {sent} body bytes"));
+    assert_eq!(r.status, 408, "{}", r.head);
+    assert!(
+        d.error_log()
+            .contains("sent its request body below the minimum rate"),
+        "{}",
+        d.error_log()
+    );
+}
+
+#[test]
+fn a_reader_below_min_send_rate_is_closed() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    use std::sync::Arc;
+    const SIZE: u64 = 32 << 20;
+    let d = TestDaemon::builder()
+        .server(r#"send_timeout: "60s", min_send_rate: "1KiB/s", min_rate_grace: "1s","#)
+        .start();
+    std::fs::File::create(d.www().join("big.bin"))
+        .unwrap()
+        .set_len(SIZE)
+        .unwrap();
+    let mut s = d.connect();
+    s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    // One byte at a time, about 200 bytes a second.
+    let stop = Arc::new(AtomicBool::new(false));
+    let got = Arc::new(AtomicU64::new(0));
+    let reader = {
+        let (stop, got, mut r) = (stop.clone(), got.clone(), s.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let mut b = [0u8; 1];
+            while !stop.load(SeqCst) && matches!(r.read(&mut b), Ok(1)) {
+                got.fetch_add(1, SeqCst);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let closed = wait_until(WAIT + WAIT, || {
+        d.error_log()
+            .contains("read its response below the minimum rate")
+    });
+    stop.store(true, SeqCst);
+    reader.join().unwrap();
+    assert!(closed, "the slow reader was not closed: {}", d.error_log());
+    // What the socket buffers still hold arrives, then the end: the response is cut.
+    let rest = read_to_close(&mut s).len() as u64;
+    assert!(got.load(SeqCst) + rest < SIZE, "the whole response arrived");
+}

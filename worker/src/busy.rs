@@ -6,6 +6,7 @@
 
 use crate::http::chunked::ChunkedDecoder;
 use crate::out::OutQueue;
+use crate::timers::Micros;
 
 /// How a request body being read is framed, and how much of it is left.
 pub enum Body {
@@ -22,6 +23,32 @@ pub struct PendingBody {
     pub server: usize,
 }
 
+/// The bytes a body or a response moved in the current period of `min_rate_grace`,
+/// to hold them against `min_body_rate` / `min_send_rate`. Measured per period rather
+/// than since the start, so that what the socket buffers took at once does not buy a
+/// slow reader minutes.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RateWindow {
+    pub since: Micros,
+    pub bytes: u64,
+}
+
+impl RateWindow {
+    pub fn starting(now: Micros) -> RateWindow {
+        RateWindow {
+            since: now,
+            bytes: 0,
+        }
+    }
+
+    /// Whether the period that began at `since` and ends at `now` moved at least `rate`
+    /// bytes per second.
+    pub fn kept(&self, rate: u64, now: Micros) -> bool {
+        let elapsed = now.saturating_sub(self.since);
+        u128::from(self.bytes) * 1_000_000 >= u128::from(rate) * u128::from(elapsed)
+    }
+}
+
 /// A connection's buffers and the request body under way.
 pub struct Busy {
     pub inbuf: Vec<u8>,
@@ -30,6 +57,8 @@ pub struct Busy {
     pub in_end: usize,
     pub out: OutQueue,
     pub body: Option<PendingBody>,
+    /// The transfer rate of the body being read or the response being written.
+    pub rate: RateWindow,
 }
 
 impl Busy {
@@ -41,6 +70,7 @@ impl Busy {
             in_end: 0,
             out: OutQueue::default(),
             body: None,
+            rate: RateWindow::default(),
         })
     }
 
@@ -86,6 +116,7 @@ impl Busy {
     pub fn reset(&mut self) {
         self.discard_input();
         self.body = None;
+        self.rate = RateWindow::default();
         self.out.clear();
     }
 }
@@ -131,5 +162,22 @@ impl BusyPool {
             self.in_capacity = in_capacity;
             self.spare.clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RateWindow;
+
+    #[test]
+    fn a_period_keeps_the_rate_when_enough_bytes_moved() {
+        let w = RateWindow {
+            since: 1_000_000,
+            bytes: 2048,
+        };
+        assert!(w.kept(1024, 3_000_000)); // 2 KiB in 2 s
+        assert!(!w.kept(1024, 3_000_001));
+        assert!(!RateWindow { bytes: 2, ..w }.kept(1024, 3_000_000));
+        assert!(RateWindow { bytes: 0, ..w }.kept(0, 9_000_000));
     }
 }

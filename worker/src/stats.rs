@@ -94,6 +94,11 @@ impl Stats {
         bump(&self.slot().counters.accept_empty_wakeups, 1);
     }
 
+    /// A connection was closed for a transfer below its server's minimum rate.
+    pub fn slow_client(&self) {
+        bump(&self.slot().counters.slow_clients_closed, 1);
+    }
+
     pub fn limit_hit(&self) {
         bump(&self.slot().counters.connection_limit_hits, 1);
     }

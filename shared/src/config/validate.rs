@@ -278,6 +278,9 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
             send_timeout: s.send_timeout.0,
             max_header_bytes: max_header as usize,
             max_body_bytes: s.max_body_bytes.0,
+            min_body_rate: s.min_body_rate.0,
+            min_send_rate: s.min_send_rate.0,
+            min_rate_grace: s.min_rate_grace.0,
             routes,
         });
     }
@@ -363,6 +366,8 @@ mod tests {
         assert_eq!(s.max_header_bytes, 16384);
         assert_eq!(s.max_body_bytes, 1 << 20);
         assert_eq!(s.keepalive_timeout.as_secs(), 15);
+        assert_eq!((s.min_body_rate, s.min_send_rate), (1024, 1024));
+        assert_eq!(s.min_rate_grace.as_secs(), 10);
         assert_eq!(
             s.routes[0].handler,
             Handler::Static {
@@ -452,6 +457,24 @@ mod tests {
         assert_eq!(c.listeners.len(), 2);
         assert_eq!(c.listeners[0].backlog, 200);
         assert_eq!(c.listeners[1].addr, "0.0.0.0:9090".parse().unwrap());
+    }
+
+    #[test]
+    fn rates_take_a_size_per_second_or_zero() {
+        let d = site();
+        let with = |rate: &str| {
+            let text = format!(
+                r#"(servers: [(listen: ["127.0.0.1:8080"], min_body_rate: {rate}, routes: [(prefix: "/", handler: Liveness)])])"#
+            );
+            parse(&d.0, &text).map(|c| c.servers[0].min_body_rate)
+        };
+        assert_eq!(with(r#""1KiB/s""#), Ok(1024));
+        assert_eq!(with(r#""512B/s""#), Ok(512));
+        assert_eq!(with("0"), Ok(0));
+        for bad in [r#""1KiB""#, "100", r#""1KB/s""#, r#""fast/s""#] {
+            let err = with(bad).unwrap_err();
+            assert!(err.contains(":1:"), "{bad}: {err}");
+        }
     }
 
     #[test]

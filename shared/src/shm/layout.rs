@@ -21,7 +21,7 @@
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FORKDSHM");
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Worker slots in the region: live workers of every generation share them.
 pub const MAX_SLOTS: usize = 256;
 pub const MAX_LISTENERS: usize = 32;
@@ -94,6 +94,9 @@ pub struct Counters {
     pub accept_empty_wakeups: AtomicU64,
     /// Times the worker reached `worker_connections` and stopped accepting.
     pub connection_limit_hits: AtomicU64,
+    /// Connections closed for sending a body below `min_body_rate` or reading a
+    /// response below `min_send_rate` (layout version 2).
+    pub slow_clients_closed: AtomicU64,
     pub latency: Histogram,
 }
 

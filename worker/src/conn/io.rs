@@ -18,13 +18,14 @@
 //! to be written, so a client that does not read its responses stops being read.
 
 use super::dispatch::{self, After, Exchange, Next};
-use crate::busy::{Body, Busy};
+use crate::busy::{Body, Busy, RateWindow};
 use crate::http::chunked::ChunkedError;
 use crate::http::request::{self, RequestError};
 use crate::http::response::Status;
 use crate::out::Flush;
 use crate::services::Services;
 use crate::timers::{Deadline, Micros};
+use forkd_shared::config::Server;
 use mio::net::TcpStream;
 use std::io::{self, Read};
 use std::net::{IpAddr, Shutdown};
@@ -232,14 +233,14 @@ impl Conn {
                 Phase::ReadHead => {
                     match self.answer_buffered(svc) {
                         Some(after) => {
-                            self.phase = Phase::Write(after);
+                            self.start_writing(after, svc);
                             continue;
                         }
                         None if self.phase == Phase::ReadBody => continue,
                         None => {}
                     }
                     if self.wants_write() {
-                        self.phase = Phase::Write(After::ReadHead);
+                        self.start_writing(After::ReadHead, svc);
                         continue;
                     }
                     match self.fill(svc) {
@@ -263,7 +264,7 @@ impl Conn {
                     }
                     match self.discard_body(svc) {
                         Some(after) => {
-                            self.phase = Phase::Write(after);
+                            self.start_writing(after, svc);
                             continue;
                         }
                         None if self.phase == Phase::ReadHead => continue,
@@ -286,6 +287,14 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Queued output is to be written, then `after`: a new response, a new rate period.
+    fn start_writing(&mut self, after: After, svc: &Services) {
+        if let Some(busy) = self.busy.as_deref_mut() {
+            busy.rate = RateWindow::starting(svc.clock.now_us);
+        }
+        self.phase = Phase::Write(after);
     }
 
     /// Answers every complete request in the input buffer. Returns `Some(after)` when
@@ -331,6 +340,7 @@ impl Conn {
                         Next::Continue => continue,
                         Next::Body(pending) => {
                             busy.body = Some(pending);
+                            busy.rate = RateWindow::starting(svc.clock.now_us);
                             self.phase = Phase::ReadBody;
                             return None;
                         }
@@ -433,6 +443,9 @@ impl Conn {
                         self.head_since = now;
                     }
                     busy.in_end += n;
+                    if self.phase == Phase::ReadBody {
+                        busy.rate.bytes += n as u64;
+                    }
                     self.progress = now;
                     svc.stats.bytes_in(n as u64);
                     // A short read drained the socket: the next edge will tell us of more.
@@ -457,6 +470,9 @@ impl Conn {
         let mut sent = 0;
         let result = busy.out.flush(&mut self.stream, &mut sent, *budget);
         *budget = budget.saturating_sub(sent);
+        if matches!(self.phase, Phase::Write(_)) {
+            busy.rate.bytes += sent;
+        }
         if sent > 0 {
             self.progress = svc.clock.now_us;
             svc.stats.bytes_out(sent);
@@ -498,16 +514,82 @@ impl Conn {
                     .as_ref()
                     .and_then(|b| b.body.as_ref())
                     .map_or(0, |p| p.server);
-                self.progress + us(svc.server(s).body_timeout)
+                let server = svc.server(s);
+                let idle = self.progress + us(server.body_timeout);
+                idle.min(self.rate_due(server.min_body_rate, server))
             }
-            Phase::Write(_) => self.progress + us(server.send_timeout),
+            Phase::Write(_) => {
+                let idle = self.progress + us(server.send_timeout);
+                idle.min(self.rate_due(server.min_send_rate, server))
+            }
             Phase::Linger => self.idle_since + LINGER,
         };
         svc.timers.set(key, &mut self.deadline, at);
     }
 
     /// The deadline passed: answer 408 where a request was under way, or close.
+    /// When the current rate period ends (never, without a minimum rate).
+    fn rate_due(&self, rate: u64, server: &Server) -> Micros {
+        match (rate, self.busy.as_deref()) {
+            (0, _) | (_, None) => Micros::MAX,
+            (_, Some(busy)) => busy.rate.since + server.min_rate_grace.as_micros() as Micros,
+        }
+    }
+
+    /// A deadline passed while a body or a response was under way, before its idle
+    /// timeout: the end of a rate period. `true` if the transfer kept its server's
+    /// minimum rate (a new period begins); `false` if it fell below it.
+    fn rate_kept(&mut self, svc: &Services) -> bool {
+        let now = svc.clock.now_us;
+        let us = |d: Duration| d.as_micros() as Micros;
+        let (timeout, rate) = match self.phase {
+            Phase::ReadBody => {
+                let s = self.busy.as_ref().and_then(|b| b.body.as_ref());
+                let server = svc.server(s.map_or(usize::from(self.server), |p| p.server));
+                (server.body_timeout, server.min_body_rate)
+            }
+            Phase::Write(_) => {
+                let server = svc.server(usize::from(self.server));
+                (server.send_timeout, server.min_send_rate)
+            }
+            _ => return true,
+        };
+        if self.progress + us(timeout) <= now {
+            return true; // idle: the timeout's business, not the rate's
+        }
+        let Some(busy) = self.busy.as_deref_mut() else {
+            return true;
+        };
+        if busy.rate.kept(rate, now) {
+            busy.rate = RateWindow::starting(now);
+            return true;
+        }
+        false
+    }
+
     pub fn on_timeout(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        if matches!(self.phase, Phase::ReadBody | Phase::Write(_)) {
+            let before = self.busy.as_ref().map(|b| b.rate.since);
+            if !self.rate_kept(svc) {
+                svc.stats.slow_client();
+                let what = match self.phase {
+                    Phase::ReadBody => "sent its request body",
+                    _ => "read its response",
+                };
+                forkd_shared::info!(
+                    "client {} {what} below the minimum rate: closing",
+                    self.peer
+                );
+                if matches!(self.phase, Phase::Write(_)) {
+                    return Verdict::Close;
+                }
+                // A body: answered 408 below, as for a timeout.
+            } else if self.busy.as_ref().map(|b| b.rate.since) != before {
+                // A new rate period began: wait for it (or the idle timeout).
+                self.arm(key, svc);
+                return Verdict::Keep;
+            }
+        }
         let has_input = self.busy.as_ref().is_some_and(|b| b.in_start != b.in_end);
         match self.phase {
             Phase::ReadHead if !has_input => self.close_if_quiet(key, svc),

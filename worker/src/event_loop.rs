@@ -1,5 +1,6 @@
-//! The worker's mio loop: accept connections, dispatch readiness to them, expire
-//! deadlines, react to signals, and drain when told to stop.
+//! The worker's mio loop: accept connections, dispatch readiness to them, drive again
+//! those that stopped on their per-turn budget (the ready list), expire deadlines,
+//! react to signals, and drain when told to stop.
 
 use crate::access_log::AccessLogs;
 use crate::busy::BusyPool;

@@ -180,6 +180,20 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                 format!("{max_header} bytes is out of range 1KiB..=1MiB"),
             );
         }
+        let rated = s.min_body_rate.0 > 0 || s.min_send_rate.0 > 0;
+        if rated && s.min_rate_grace.0 < std::time::Duration::from_secs(1) {
+            // A rate measured over less than a second would close clients for a TCP
+            // hiccup (and a zero period would never end).
+            check.error(
+                "min_rate_grace",
+                si,
+                field("min_rate_grace"),
+                format!(
+                    "{:?} is too short: a minimum rate is measured over at least 1s",
+                    s.min_rate_grace.0
+                ),
+            );
+        }
         let names: Vec<String> = s.names.iter().map(|n| n.to_ascii_lowercase()).collect();
         for name in &names {
             if name.is_empty() || name.contains(['/', ' ', ':']) {
@@ -475,6 +489,17 @@ mod tests {
             let err = with(bad).unwrap_err();
             assert!(err.contains(":1:"), "{bad}: {err}");
         }
+        let text = r#"(servers: [(listen: ["127.0.0.1:8080"], min_rate_grace: "0s", routes: [(prefix: "/", handler: Liveness)])])"#;
+        let err = parse(&d.0, text).unwrap_err();
+        assert!(
+            err.contains("min_rate_grace") && err.contains(":1:"),
+            "{err}"
+        );
+        let text = text.replace(
+            "min_rate_grace",
+            r#"min_body_rate: 0, min_send_rate: 0, min_rate_grace"#,
+        );
+        assert!(parse(&d.0, &text).is_ok(), "no rate, no period needed");
     }
 
     #[test]

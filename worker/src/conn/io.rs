@@ -536,82 +536,90 @@ impl Conn {
         }
     }
 
-    /// A deadline passed while a body or a response was under way, before its idle
-    /// timeout: the end of a rate period. `true` if the transfer kept its server's
-    /// minimum rate (a new period begins); `false` if it fell below it.
-    fn rate_kept(&mut self, svc: &Services) -> bool {
-        let now = svc.clock.now_us;
-        let us = |d: Duration| d.as_micros() as Micros;
-        let (timeout, rate) = match self.phase {
+    /// The idle timeout and the minimum rate of the transfer under way (a body or a
+    /// response), if one is.
+    fn transfer_limits(&self, svc: &Services) -> Option<(Duration, u64)> {
+        match self.phase {
             Phase::ReadBody => {
                 let s = self.busy.as_ref().and_then(|b| b.body.as_ref());
                 let server = svc.server(s.map_or(usize::from(self.server), |p| p.server));
-                (server.body_timeout, server.min_body_rate)
+                Some((server.body_timeout, server.min_body_rate))
             }
             Phase::Write(_) => {
                 let server = svc.server(usize::from(self.server));
-                (server.send_timeout, server.min_send_rate)
+                Some((server.send_timeout, server.min_send_rate))
             }
-            _ => return true,
-        };
-        if self.progress + us(timeout) <= now {
-            return true; // idle: the timeout's business, not the rate's
+            _ => None,
         }
-        let Some(busy) = self.busy.as_deref_mut() else {
-            return true;
-        };
-        if busy.rate.kept(rate, now) {
-            busy.rate = RateWindow::starting(now);
-            return true;
+    }
+
+    /// A deadline passed while a body or a response was under way, before its idle
+    /// timeout: a rate period ended. Judges the client's pace, after first moving
+    /// what the socket allows now: the worker itself may have been kept from the
+    /// socket (a loaded machine), and that is not the client's doing.
+    fn on_rate_period(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        let (phase, since) = (self.phase, self.busy.as_ref().map(|b| b.rate.since));
+        self.readable = true;
+        if self.drive(key, svc) == Verdict::Close {
+            return Verdict::Close;
         }
-        false
+        if self.phase != phase || self.busy.as_ref().map(|b| b.rate.since) != since {
+            return Verdict::Keep; // the transfer ended or moved on (and is armed)
+        }
+        let now = svc.clock.now_us;
+        let rate = self.transfer_limits(svc).map_or(0, |(_, rate)| rate);
+        if let Some(busy) = self.busy.as_deref_mut() {
+            if busy.rate.kept(rate, now) {
+                busy.rate = RateWindow::starting(now);
+                self.arm(key, svc);
+                return Verdict::Keep;
+            }
+        }
+        svc.stats.slow_client();
+        let what = match self.phase {
+            Phase::ReadBody => "sent its request body",
+            _ => "read its response",
+        };
+        forkd_shared::info!(
+            "client {} {what} below the minimum rate: closing",
+            self.peer
+        );
+        match self.phase {
+            Phase::ReadBody => self.request_timeout(key, svc),
+            _ => Verdict::Close,
+        }
     }
 
     pub fn on_timeout(&mut self, key: usize, svc: &mut Services) -> Verdict {
-        if matches!(self.phase, Phase::ReadBody | Phase::Write(_)) {
-            let before = self.busy.as_ref().map(|b| b.rate.since);
-            if !self.rate_kept(svc) {
-                svc.stats.slow_client();
-                let what = match self.phase {
-                    Phase::ReadBody => "sent its request body",
-                    _ => "read its response",
-                };
-                forkd_shared::info!(
-                    "client {} {what} below the minimum rate: closing",
-                    self.peer
-                );
-                if matches!(self.phase, Phase::Write(_)) {
-                    return Verdict::Close;
-                }
-                // A body: answered 408 below, as for a timeout.
-            } else if self.busy.as_ref().map(|b| b.rate.since) != before {
-                // A new rate period began: wait for it (or the idle timeout).
-                self.arm(key, svc);
-                return Verdict::Keep;
+        if let Some((timeout, _)) = self.transfer_limits(svc) {
+            if svc.clock.now_us < self.progress + timeout.as_micros() as Micros {
+                return self.on_rate_period(key, svc);
             }
         }
         let has_input = self.busy.as_ref().is_some_and(|b| b.in_start != b.in_end);
         match self.phase {
             Phase::ReadHead if !has_input => self.close_if_quiet(key, svc),
-            Phase::ReadHead | Phase::ReadBody => {
-                let busy = self.busy(svc);
-                let server = busy.body.take().map(|p| p.server);
-                busy.in_start = 0;
-                busy.in_end = 0;
-                let server = server.unwrap_or(usize::from(self.server));
-                self.phase = Phase::ReadHead;
-                self.simple_error(svc, Status::REQUEST_TIMEOUT, server);
-                // Linger: input that arrived unread must not turn the close into a reset
-                // that destroys the 408 before the client reads it.
-                self.phase = Phase::Write(After::Linger);
-                self.drive(key, svc)
-            }
+            Phase::ReadHead | Phase::ReadBody => self.request_timeout(key, svc),
             Phase::Write(_) => {
                 forkd_shared::info!("client {} timed out reading its response", self.peer);
                 Verdict::Close
             }
             Phase::Linger => Verdict::Close,
         }
+    }
+
+    /// A request under way is answered 408 and the connection closes.
+    fn request_timeout(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        let busy = self.busy(svc);
+        let server = busy.body.take().map(|p| p.server);
+        busy.discard_input();
+        let server = server.unwrap_or(usize::from(self.server));
+        self.phase = Phase::ReadHead;
+        self.simple_error(svc, Status::REQUEST_TIMEOUT, server);
+        // Linger: input that arrived unread must not turn the close into a reset that
+        // destroys the 408 before the client reads it.
+        self.phase = Phase::Write(After::Linger);
+        self.drive(key, svc)
     }
 
     /// Drain began: an idle connection that has been idle for the grace closes now;

@@ -1130,22 +1130,24 @@ fn interim_100_continue_counts_as_1xx_but_not_as_a_request() {
     let before = wait_quiet(&d);
 
     let mut c = Counted::new(d.port);
+    // A GET with a body: the route will answer it, so the 100 comes (a POST would be
+    // refused with 405 at once, instead of the 100).
     c.send(
-        b"POST /index.html HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\n\
+        b"GET /index.html HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\n\
           Content-Length: 5\r\nConnection: close\r\n\r\n",
     );
     let interim = c.response(false);
     assert_eq!(interim.status, 100, "{}", interim.head);
     c.send(b"hello");
     let r = c.response(false);
-    assert_eq!(r.status, 405, "{}", r.head);
+    assert_eq!(r.status, 200, "{}", r.head);
     let (written, read) = c.finish();
 
     let expected: [(&str, u64); 9] = [
         ("requests", 1),
         ("responses_1xx", 1),
-        ("responses_2xx", 0),
-        ("responses_4xx", 1),
+        ("responses_2xx", 1),
+        ("responses_4xx", 0),
         ("connections_accepted", 1),
         ("connections_handled", 1),
         ("bytes_in", written),

@@ -99,6 +99,11 @@ impl Stats {
         self.bump(counters::ACCEPT_EMPTY_WAKEUPS, 1);
     }
 
+    /// A connection was closed for a transfer below its server's minimum rate.
+    pub fn slow_client(&self) {
+        self.bump(counters::SLOW_CLIENTS_CLOSED, 1);
+    }
+
     pub fn limit_hit(&self) {
         self.bump(counters::CONNECTION_LIMIT_HITS, 1);
     }

@@ -83,6 +83,13 @@ pub struct Server {
     pub send_timeout: Duration,
     pub max_header_bytes: usize,
     pub max_body_bytes: u64,
+    /// Bytes per second a request body must arrive at, measured over each
+    /// `min_rate_grace` (0: no minimum).
+    pub min_body_rate: u64,
+    /// Bytes per second a response must be taken at, likewise (0: no minimum).
+    pub min_send_rate: u64,
+    /// The period both rates are measured over: a transfer is first checked after it.
+    pub min_rate_grace: Duration,
     /// Sorted longest prefix first, so the first match is the longest.
     pub routes: Vec<Route>,
 }

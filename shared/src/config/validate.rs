@@ -195,6 +195,20 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                 format!("{max_header} bytes is out of range 1KiB..=1MiB"),
             );
         }
+        let rated = s.min_body_rate.0 > 0 || s.min_send_rate.0 > 0;
+        if rated && s.min_rate_grace.0 < std::time::Duration::from_secs(1) {
+            // A rate measured over less than a second would close clients for a TCP
+            // hiccup (and a zero period would never end).
+            check.error(
+                "min_rate_grace",
+                si,
+                field("min_rate_grace"),
+                format!(
+                    "{:?} is too short: a minimum rate is measured over at least 1s",
+                    s.min_rate_grace.0
+                ),
+            );
+        }
         let names: Vec<String> = s.names.iter().map(|n| n.to_ascii_lowercase()).collect();
         for name in &names {
             if name.is_empty() || name.contains(['/', ' ', ':']) {
@@ -293,6 +307,9 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
             send_timeout: s.send_timeout.0,
             max_header_bytes: max_header as usize,
             max_body_bytes: s.max_body_bytes.0,
+            min_body_rate: s.min_body_rate.0,
+            min_send_rate: s.min_send_rate.0,
+            min_rate_grace: s.min_rate_grace.0,
             routes,
         });
     }
@@ -379,6 +396,8 @@ mod tests {
         assert_eq!(s.max_header_bytes, 16384);
         assert_eq!(s.max_body_bytes, 1 << 20);
         assert_eq!(s.keepalive_timeout.as_secs(), 15);
+        assert_eq!((s.min_body_rate, s.min_send_rate), (1024, 1024));
+        assert_eq!(s.min_rate_grace.as_secs(), 10);
         assert_eq!(
             s.routes[0].handler,
             Handler::Static {
@@ -468,6 +487,35 @@ mod tests {
         assert_eq!(c.listeners.len(), 2);
         assert_eq!(c.listeners[0].backlog, 200);
         assert_eq!(c.listeners[1].addr, "0.0.0.0:9090".parse().unwrap());
+    }
+
+    #[test]
+    fn rates_take_a_size_per_second_or_zero() {
+        let d = site();
+        let with = |rate: &str| {
+            let text = format!(
+                r#"(servers: [(listen: ["127.0.0.1:8080"], min_body_rate: {rate}, routes: [(prefix: "/", handler: Liveness)])])"#
+            );
+            parse(&d.0, &text).map(|c| c.servers[0].min_body_rate)
+        };
+        assert_eq!(with(r#""1KiB/s""#), Ok(1024));
+        assert_eq!(with(r#""512B/s""#), Ok(512));
+        assert_eq!(with("0"), Ok(0));
+        for bad in [r#""1KiB""#, "100", r#""1KB/s""#, r#""fast/s""#] {
+            let err = with(bad).unwrap_err();
+            assert!(err.contains(":1:"), "{bad}: {err}");
+        }
+        let text = r#"(servers: [(listen: ["127.0.0.1:8080"], min_rate_grace: "0s", routes: [(prefix: "/", handler: Liveness)])])"#;
+        let err = parse(&d.0, text).unwrap_err();
+        assert!(
+            err.contains("min_rate_grace") && err.contains(":1:"),
+            "{err}"
+        );
+        let text = text.replace(
+            "min_rate_grace",
+            r#"min_body_rate: 0, min_send_rate: 0, min_rate_grace"#,
+        );
+        assert!(parse(&d.0, &text).is_ok(), "no rate, no period needed");
     }
 
     #[test]

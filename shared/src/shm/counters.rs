@@ -74,6 +74,7 @@ counters! {
     10 BYTES_OUT              "bytes_out"              "forkd_sent_bytes_total"                     "Bytes written to clients.";
     11 ACCEPT_EMPTY_WAKEUPS   "accept_empty_wakeups"   "forkd_accept_empty_wakeups_total"           "Accept wake-ups that found no connection.";
     12 CONNECTION_LIMIT_HITS  "connection_limit_hits"  "forkd_connection_limit_hits_total"          "Times a worker reached worker_connections.";
+    13 SLOW_CLIENTS_CLOSED    "slow_clients_closed"    "forkd_slow_clients_closed_total"            "Connections closed below min_body_rate or min_send_rate.";
 }
 
 /// The counter of responses of class `class` (1 to 5).

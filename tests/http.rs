@@ -8,7 +8,7 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -278,24 +278,6 @@ fn raw(r: &Response) -> Vec<u8> {
     cat(&r.head, &r.body)
 }
 
-/// Reads until the server closes the connection. Fails if it keeps it open (for
-/// `WAIT`) or resets it.
-fn read_until_close(s: &mut TcpStream) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) => return out,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => panic!(
-                "the server did not close the connection cleanly ({e}); received:\n{}",
-                show(&out)
-            ),
-        }
-    }
-}
-
 /// The server closes the connection and sends nothing more.
 fn assert_closed(s: &mut TcpStream) {
     let rest = read_until_close(s);
@@ -355,13 +337,7 @@ fn assert_rejected(d: &TestDaemon, request: impl AsRef<[u8]>, status: &str) {
         Conn::Close,
         &format!("the answer to\n{}\n", show(request)),
     );
-    let r = d.get("/a.txt");
-    assert_eq!(
-        r.status, 200,
-        "a good request after the bad one: {}",
-        r.head
-    );
-    assert_eq!(r.body, b"hello\n");
+    d.assert_serves("/a.txt", b"hello\n");
 }
 
 /// `assert_rejected` for each of `requests`, all answered `status`.

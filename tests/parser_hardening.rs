@@ -8,7 +8,7 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use support::*;
 
@@ -30,23 +30,6 @@ fn open(d: &TestDaemon) -> TcpStream {
 
 fn send(s: &mut TcpStream, bytes: impl AsRef<[u8]>) {
     s.write_all(bytes.as_ref()).expect("sending a request");
-}
-
-/// Reads until the server closes the connection.
-fn read_until_close(s: &mut TcpStream) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) => return out,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => panic!(
-                "the server did not close the connection ({e}); received:\n{}",
-                String::from_utf8_lossy(&out)
-            ),
-        }
-    }
 }
 
 /// The bytes of forkd's error response `status` (e.g. `400 Bad Request`) that closes
@@ -102,13 +85,7 @@ fn assert_answered_on_prefix(
         "the answer after {} bytes of the message",
         prefix.len() + sent
     );
-    let r = d.get("/a.txt");
-    assert_eq!(
-        r.status, 200,
-        "a good request after the bad one: {}",
-        r.head
-    );
-    assert_eq!(r.body, b"hello\n");
+    d.assert_serves("/a.txt", b"hello\n");
 }
 
 const CHUNKED_POST: &str =

@@ -271,26 +271,7 @@ fn a_second_master_is_refused_while_the_first_runs_whatever_its_header_says() {
     let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&shm).unwrap());
 
     let other = TempDir::new();
-    let port2 = support::free_port();
-    let config2 = other.path().join("second.ron");
-    std::fs::write(
-        &config2,
-        format!(
-            r#"(
-    workers: Count(1),
-    pid_file: "second.pid",
-    shm_file: "{}",
-    error_log: File("error.log"),
-    servers: [(
-        listen: ["127.0.0.1:{port2}"],
-        routes: [(prefix: "/", handler: Liveness)],
-    )],
-)
-"#,
-            shm.display()
-        ),
-    )
-    .unwrap();
+    let config2 = support::second_master_config(other.path(), &shm);
     let (status, _, err) = forkd_within(&["-c", config2.to_str().unwrap()]);
     let log = std::fs::read_to_string(other.path().join("error.log")).unwrap_or_default();
     assert!(!status.success(), "the second master ran beside the first");

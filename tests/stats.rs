@@ -1038,29 +1038,7 @@ fn a_second_master_on_the_same_region_is_refused() {
     let before = wait_quiet(&d);
 
     let other = TempDir::new();
-    let port2 = support::free_port();
-    let config2 = other.path().join("second.ron");
-    std::fs::write(
-        &config2,
-        format!(
-            r#"(
-    workers: Count(1),
-    accept: Shared,
-    pid_file: "second.pid",
-    shm_file: "{shm}",
-    error_log: File("error.log"),
-    log_level: Info,
-    servers: [(
-        listen: ["127.0.0.1:{port2}"],
-        names: ["localhost"],
-        routes: [(prefix: "/", handler: Liveness)],
-    )],
-)
-"#,
-            shm = shm.display()
-        ),
-    )
-    .unwrap();
+    let config2 = support::second_master_config(other.path(), &shm);
     let mut second = forkd_command(&config2)
         .stderr(Stdio::piped())
         .spawn()

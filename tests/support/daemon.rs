@@ -258,6 +258,14 @@ pub struct TestDaemon {
 }
 
 impl TestDaemon {
+    /// GET `path` on a new connection answers 200 with `body`: the daemon still
+    /// serves after whatever the test did to it.
+    pub fn assert_serves(&self, path: &str, body: &[u8]) {
+        let r = self.get(path);
+        assert_eq!(r.status, 200, "GET {path} afterwards: {}", r.head);
+        assert_eq!(r.body, body, "GET {path} afterwards");
+    }
+
     pub fn builder() -> Builder {
         Builder::default()
     }
@@ -603,4 +611,31 @@ impl Drop for TestDaemon {
         }
         self.assert_log_clean();
     }
+}
+
+/// Writes `dir/second.ron`: a one-worker config on a port of its own that names `shm`
+/// as its region (pid file `second.pid`, error log `error.log` in `dir`), to start a
+/// second master beside a running one.
+pub fn second_master_config(dir: &Path, shm: &Path) -> PathBuf {
+    let port = super::port::free_port();
+    let config = dir.join("second.ron");
+    std::fs::write(
+        &config,
+        format!(
+            r#"(
+    workers: Count(1),
+    pid_file: "second.pid",
+    shm_file: "{}",
+    error_log: File("error.log"),
+    servers: [(
+        listen: ["127.0.0.1:{port}"],
+        routes: [(prefix: "/", handler: Liveness)],
+    )],
+)
+"#,
+            shm.display()
+        ),
+    )
+    .unwrap();
+    config
 }

@@ -328,3 +328,21 @@ impl Conn {
         }
     }
 }
+
+/// Reads until the server closes the connection; panics if it resets it or keeps it
+/// open past the read timeout, showing what it had received.
+pub fn read_until_close(s: &mut TcpStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return out,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => panic!(
+                "the server did not close the connection cleanly ({e}); received:\n{}",
+                String::from_utf8_lossy(&out)
+            ),
+        }
+    }
+}

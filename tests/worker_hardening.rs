@@ -405,6 +405,18 @@ fn a_body_sent_below_min_body_rate_is_answered_408_after_the_grace() {
         "{}",
         d.error_log()
     );
+    assert_slow_clients_counted(&d);
+}
+
+/// `forkd stats` counts the connection closed below a minimum rate.
+fn assert_slow_clients_counted(d: &TestDaemon) {
+    assert!(
+        wait_until(SETTLE, || {
+            stats_json(&d.config)["totals"]["slow_clients_closed"].as_u64() >= Some(1)
+        }),
+        "slow_clients_closed not counted: {:#}",
+        stats_json(&d.config)["totals"]
+    );
 }
 
 #[test]
@@ -445,4 +457,5 @@ fn a_reader_below_min_send_rate_is_closed() {
     // What the socket buffers still hold arrives, then the end: the response is cut.
     let rest = read_to_close(&mut s).len() as u64;
     assert!(got.load(SeqCst) + rest < SIZE, "the whole response arrived");
+    assert_slow_clients_counted(&d);
 }

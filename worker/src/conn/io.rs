@@ -26,6 +26,7 @@ use crate::services::Services;
 use crate::timers::{Deadline, Micros};
 use forkd_shared::config::Server;
 use mio::net::TcpStream;
+use nix::sys::socket::sockopt;
 use std::io::{self, Read};
 use std::net::{IpAddr, Shutdown};
 use std::time::Duration;
@@ -582,8 +583,23 @@ impl Conn {
         );
         match self.phase {
             Phase::ReadBody => self.request_timeout(key, svc),
-            _ => Verdict::Close,
+            _ => self.abort(),
         }
+    }
+
+    /// A client that does not read its response is dropped with a reset: a plain
+    /// close would leave the unsent response in the kernel's send buffer, still
+    /// trickling out to the slow reader (slowhttptest -X sees its connections open
+    /// long after forkd let go of them). nginx's `reset_timedout_connection`.
+    fn abort(&mut self) -> Verdict {
+        let reset = nix::libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        if let Err(e) = nix::sys::socket::setsockopt(&self.stream, sockopt::Linger, &reset) {
+            forkd_shared::debug!("setsockopt(SO_LINGER) failed: {e}");
+        }
+        Verdict::Close
     }
 
     pub fn on_timeout(&mut self, key: usize, svc: &mut Services) -> Verdict {
@@ -598,7 +614,7 @@ impl Conn {
             Phase::ReadHead | Phase::ReadBody => self.request_timeout(key, svc),
             Phase::Write(_) => {
                 forkd_shared::info!("client {} timed out reading its response", self.peer);
-                Verdict::Close
+                self.abort()
             }
             Phase::Linger => Verdict::Close,
         }

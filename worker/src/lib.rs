@@ -6,6 +6,8 @@
 //!   dispatching a request to its handler (`conn/dispatch.rs`).
 //! - `services`: what every connection uses (config, routing, pools, logs, stats),
 //!   owned by the event loop.
+//! - `limits`: overload protection (rotation at `worker_connections`, per-client
+//!   limits shared by the workers).
 //! - `http`: sans-io HTTP/1.x parsing and response writing.
 //! - `handlers`: what routes do (static files, health probes).
 //! - [`busy`], [`file_cache`], [`out`], [`timers`], [`clock`], [`access_log`]:
@@ -21,6 +23,7 @@ pub mod file_cache;
 pub mod handlers;
 pub mod http;
 mod init;
+pub mod limits;
 pub mod out;
 pub mod services;
 pub mod setup;

@@ -58,6 +58,8 @@ pub struct Exchange<'c> {
     pub listener: usize,
     /// When the request's first byte arrived.
     pub started: Micros,
+    /// The connection is being rotated out at `worker_connections`: close after this.
+    pub rotate: bool,
 }
 
 /// Picks the server for `host` among those on the connection's listener.
@@ -197,6 +199,7 @@ fn respond(
     let keep = req.keep_alive
         && close == Close::IfAsked
         && !svc.draining
+        && !x.rotate
         && (server.keepalive_requests == 0 || u64::from(*x.requests) < server.keepalive_requests);
     let persistence = match (keep, req.version) {
         (false, _) => Persistence::Close,

@@ -21,6 +21,7 @@ use super::dispatch::{self, After, Exchange, Next};
 use crate::busy::{Body, Busy, RateWindow};
 use crate::http::request::{self, RequestError};
 use crate::http::response::Status;
+use crate::limits::rotation::Candidate;
 use crate::out::Flush;
 use crate::services::Services;
 use crate::timers::{Deadline, Micros};
@@ -91,6 +92,9 @@ pub struct Conn {
     /// In the event loop's ready list (so it is queued once).
     pub queued: bool,
     nodelay: bool,
+    /// Told to close after its next response, to make room at `worker_connections`
+    /// (see `limits::rotation`).
+    rotate: bool,
     requests: u32,
     peer: IpAddr,
     pub deadline: Deadline,
@@ -123,6 +127,7 @@ impl Conn {
             yielded: false,
             queued: false,
             nodelay: false,
+            rotate: false,
             requests: 0,
             peer,
             deadline: Deadline::default(),
@@ -325,6 +330,7 @@ impl Conn {
                         peer: self.peer,
                         listener: usize::from(self.listener),
                         started: self.head_since,
+                        rotate: self.rotate,
                     };
                     let next = dispatch::answer(x, svc, &req, &buf[..req.head_len]);
                     Ok(Some((req.head_len, next)))
@@ -403,6 +409,7 @@ impl Conn {
                     peer: self.peer,
                     listener: usize::from(self.listener),
                     started: self.head_since,
+                    rotate: self.rotate,
                 };
                 dispatch::answer_after_body(x, svc, &req, server)
             }
@@ -641,6 +648,33 @@ impl Conn {
             Verdict::Keep if self.is_idle() => Verdict::Close,
             verdict => verdict,
         }
+    }
+
+    /// At `worker_connections` with clients waiting: what the choice of whom to free
+    /// needs to know of this connection.
+    pub fn candidate(&self, key: usize, now: Micros) -> Candidate {
+        Candidate {
+            key,
+            idle_for: self.is_idle().then(|| now.saturating_sub(self.idle_since)),
+            requests: self.requests,
+            rotating: self.rotate,
+        }
+    }
+
+    /// Answer the next request with `Connection: close`, then close.
+    pub fn rotate(&mut self) {
+        self.rotate = true;
+    }
+
+    /// Closes the connection to make room if it is idle, after one more look at the
+    /// socket (as drain does): a request that already arrived is answered, with
+    /// `Connection: close`, instead of being reset.
+    pub fn close_if_idle(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        if !self.is_idle() {
+            return Verdict::Keep;
+        }
+        self.rotate = true;
+        self.close_if_quiet(key, svc)
     }
 
     /// Queues the answer to an unparseable request.

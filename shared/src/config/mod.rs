@@ -10,6 +10,7 @@
 //! The master loads it before forking; workers inherit the validated value.
 
 mod error;
+pub mod limits;
 mod locate;
 pub mod raw;
 pub mod units;
@@ -90,6 +91,8 @@ pub struct Server {
     pub min_send_rate: u64,
     /// The period both rates are measured over: a transfer is first checked after it.
     pub min_rate_grace: Duration,
+    /// Per-client limits of the server's routes (a route's own replace them).
+    pub limits: Option<limits::Limits>,
     /// Sorted longest prefix first, so the first match is the longest.
     pub routes: Vec<Route>,
 }
@@ -98,6 +101,7 @@ pub struct Server {
 pub struct Route {
     pub prefix: String,
     pub handler: Handler,
+    pub limits: Option<limits::Limits>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

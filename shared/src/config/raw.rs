@@ -6,6 +6,7 @@
 //! at the line and column where they were written. Checks that relate several values
 //! live in `validate`.
 
+use super::limits::Limits;
 use super::units::{ConfDuration, ConfSize};
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
@@ -78,6 +79,9 @@ pub struct RawServer {
     pub min_send_rate: ConfRate,
     #[serde(default = "default_min_rate_grace")]
     pub min_rate_grace: ConfDuration,
+    /// Per-client limits of the server's routes (a route may override them).
+    #[serde(default)]
+    pub limits: Option<Limits>,
     pub routes: Vec<RawRoute>,
 }
 
@@ -119,6 +123,9 @@ impl<'de> Deserialize<'de> for ConfRate {
 pub struct RawRoute {
     pub prefix: RoutePrefix,
     pub handler: RawHandler,
+    /// Replaces the server's `limits` for this route.
+    #[serde(default)]
+    pub limits: Option<Limits>,
 }
 
 #[derive(Debug, Deserialize)]

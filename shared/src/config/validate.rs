@@ -292,6 +292,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
             routes.push(Route {
                 prefix: r.prefix.0,
                 handler,
+                limits: r.limits,
             });
         }
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
@@ -310,6 +311,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
             min_body_rate: s.min_body_rate.0,
             min_send_rate: s.min_send_rate.0,
             min_rate_grace: s.min_rate_grace.0,
+            limits: s.limits,
             routes,
         });
     }

@@ -5,6 +5,6 @@
 //! - `bucket`: the token bucket a rate limit is, over plain integers (sans-io).
 //! - `table`: the per-client counts shared by every worker, in the region.
 
-// pub mod bucket;
+pub mod bucket;
 pub mod rotation;
-// pub mod table;
+pub mod table;

@@ -8,6 +8,7 @@ use crate::clock::Clock;
 use crate::conn::{Activity, Conn, Verdict};
 use crate::file_cache::FileCache;
 use crate::init::WorkerInit;
+use crate::limits::admit;
 use crate::limits::rotation::{self, AtLimit};
 use crate::services::{max_header_bytes, routing, Services};
 use crate::setup::InitError;
@@ -149,6 +150,7 @@ impl EventLoop {
                 stats: Stats::new(init.region, init.region_slot),
                 not_ready: false,
                 draining: false,
+                limit_log: Default::default(),
             },
             run: Run::Serving,
             expired: Vec::new(),
@@ -526,9 +528,17 @@ impl EventLoop {
             let key = entry.key();
             let server = self.svc.default_server(index);
             let mut conn = Conn::new(stream, peer.ip(), index, server, self.svc.clock.now_us);
-            // The request usually arrives with the connection (TCP_DEFER_ACCEPT): answer
-            // it before paying for registration, which a one-request connection skips.
-            match conn.drive(key, &mut self.svc) {
+            let verdict = match admit::connection(&mut self.svc, server, conn.client()) {
+                admit::Connection::Admit(held) => {
+                    conn.hold(held);
+                    // The request usually arrives with the connection (TCP_DEFER_ACCEPT):
+                    // answer it before paying for registration, which a one-request
+                    // connection skips.
+                    conn.drive(key, &mut self.svc)
+                }
+                admit::Connection::Refuse => conn.refuse_over_limit(key, &mut self.svc),
+            };
+            match verdict {
                 Verdict::Close => {
                     self.svc.stats.closed(conn.abandoned());
                     conn.release(&mut self.svc);

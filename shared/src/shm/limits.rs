@@ -10,8 +10,10 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
-/// Entries in the table: bounded memory (24 bytes each), approximate under pressure.
-pub const LIMIT_ENTRIES: usize = 8192;
+/// Entries in the table: bounded memory (24 bytes each, 96 KiB), approximate under pressure.
+/// Below 2^13: a connection keeps its entry's index in 13 bits.
+pub const LIMIT_ENTRIES: usize = 4096;
+const _: () = assert!(LIMIT_ENTRIES < 1 << 13);
 
 #[repr(C)]
 pub struct LimitEntry {

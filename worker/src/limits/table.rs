@@ -33,7 +33,6 @@ pub struct Table<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Held {
     pub index: u32,
-    pub key: u64,
 }
 
 /// Over `conn_per_ip`: the connections already open under the key.
@@ -160,7 +159,6 @@ impl<'a> Table<'a> {
         }
         Ok(Some(Held {
             index: index as u32,
-            key,
         }))
     }
 

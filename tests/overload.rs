@@ -98,3 +98,170 @@ fn at_worker_connections_every_waiting_client_is_served_and_no_request_fails() {
     assert!(total(&stats, "connection_limit_hits") > 0);
     assert!(responses.load(SeqCst) >= CLIENTS as u64 * 3);
 }
+
+/// The default routes, with `limits` on the static route only: the harness's
+/// readiness probes must not take tokens.
+fn limited_routes(limits: &str) -> String {
+    format!(
+        r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/readyz", handler: Readiness),
+            (prefix: "/", handler: Static(root: "www", index: ["index.html"]), limits: Some({limits})),"#
+    )
+}
+
+/// One request on a connection of its own; the status, or None if unanswered.
+fn status_on_new_connection(port: u16, extra: &str) -> Option<u16> {
+    let mut c = Conn::connect_timeout(port, Duration::from_secs(30)).ok()?;
+    let req = format!("GET / HTTP/1.1\r\nHost: localhost\r\n{extra}Connection: close\r\n\r\n");
+    c.exchange(req.as_bytes()).ok().map(|r| r.status)
+}
+
+/// Requests of every worker row.
+fn requests_per_worker(stats: &serde_json::Value) -> Vec<u64> {
+    stats["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .map(|w| w["counters"]["requests"].as_u64().unwrap_or(0))
+        .collect()
+}
+
+#[test]
+fn a_rate_limit_per_client_address_is_one_limit_over_all_workers() {
+    let d = TestDaemon::builder()
+        .workers(2)
+        .routes(&limited_routes(
+            r#"(rates: [(key: ClientIp, rate: "1/s", burst: 10)])"#,
+        ))
+        .start();
+    let started = Instant::now();
+    let mut admitted = 0u64;
+    let mut limited = 0u64;
+    for _ in 0..200 {
+        match status_on_new_connection(d.port, "") {
+            Some(200) => admitted += 1,
+            Some(429) => limited += 1,
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    // The burst, plus at most one token per second that passed (and one for rounding).
+    let ceiling = 10 + started.elapsed().as_secs() + 1;
+    assert!(
+        (10..=ceiling).contains(&admitted),
+        "admitted {admitted}, limited {limited}, ceiling {ceiling}"
+    );
+    let stats = stats_json(&d.config);
+    let per_worker = requests_per_worker(&stats);
+    assert!(
+        per_worker.iter().filter(|&&n| n > 0).count() >= 2,
+        "the requests did not reach both workers: {per_worker:?}"
+    );
+    assert_eq!(total(&stats, "rate_limited"), limited);
+}
+
+#[test]
+fn over_a_rate_the_answer_is_429_with_retry_after_until_the_next_token() {
+    let d = TestDaemon::builder()
+        .routes(&limited_routes(
+            r#"(rates: [(key: ClientIp, rate: "1/m", burst: 1)])"#,
+        ))
+        .start();
+    let mut c = Conn::connect(d.port).unwrap();
+    let req = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    assert_eq!(c.exchange(req).unwrap().status, 200);
+    c.send(req).unwrap();
+    let head = c.read_head().unwrap();
+    assert_eq!(head.status, 429);
+    // The next token is a minute after the first request, less the moment since.
+    assert_eq!(head.header("Retry-After"), Some("60"));
+    assert_eq!(head.header("Content-Type"), Some("text/html"));
+    let body = c.read_body(head.content_length().unwrap()).unwrap();
+    assert_eq!(
+        body,
+        b"<html><head><title>429 Too Many Requests</title></head><body><h1>429 Too Many Requests</h1><hr>forkd</body></html>\n"
+    );
+    // The connection stays usable: a 429 is an answer, not a broken framing.
+    assert!(!head.closes());
+    c.send(req).unwrap();
+    assert_eq!(c.read_head().unwrap().status, 429);
+}
+
+#[test]
+fn a_header_keyed_limit_counts_each_key_apart() {
+    let d = TestDaemon::builder()
+        .routes(&limited_routes(
+            r#"(rates: [(key: Header("X-Api-Key"), rate: "1/m", burst: 2)])"#,
+        ))
+        .start();
+    let a = "X-Api-Key: alpha\r\n";
+    let b = "X-Api-Key: beta\r\n";
+    let got: Vec<Option<u16>> = [a, a, a, b, b, b, ""]
+        .iter()
+        .map(|h| status_on_new_connection(d.port, h))
+        .collect();
+    // Without the header, the rule does not apply.
+    let want = [200, 200, 429, 200, 200, 429, 200].map(Some);
+    assert_eq!(got, want);
+}
+
+#[test]
+fn dry_run_never_rejects_and_a_reload_to_enforce_does() {
+    let mut d = TestDaemon::builder()
+        .workers(2)
+        .routes(&limited_routes(
+            r#"(rates: [(key: ClientIp, rate: "1/m", burst: 1)], mode: DryRun)"#,
+        ))
+        .start();
+    for _ in 0..30 {
+        assert_eq!(status_on_new_connection(d.port, ""), Some(200));
+    }
+    let stats = stats_json(&d.config);
+    assert_eq!(total(&stats, "limits_dry_run_hits"), 29);
+    assert_eq!(total(&stats, "rate_limited"), 0);
+    assert!(d.error_log().contains("DryRun: admitted"));
+
+    d.builder.routes =
+        limited_routes(r#"(rates: [(key: ClientIp, rate: "1/m", burst: 1)], mode: Enforce)"#);
+    let (code, out, err) = d.reload();
+    assert_eq!(code, 0, "{out} {err}");
+    let statuses: Vec<Option<u16>> = (0..10)
+        .map(|_| status_on_new_connection(d.port, ""))
+        .collect();
+    assert!(
+        statuses.iter().all(|s| *s == Some(429)),
+        "the bucket was emptied under DryRun: {statuses:?}"
+    );
+}
+
+#[test]
+fn conn_per_ip_is_one_limit_over_all_workers_and_frees_on_close() {
+    let d = TestDaemon::builder()
+        .workers(2)
+        .server("limits: Some((conn_per_ip: Some(3))),")
+        .start();
+    let req = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    let mut open: Vec<Conn> = (0..3)
+        .map(|_| {
+            let mut c = Conn::connect(d.port).unwrap();
+            assert_eq!(c.exchange(req).unwrap().status, 200);
+            c
+        })
+        .collect();
+    for _ in 0..4 {
+        let mut c = Conn::connect(d.port).unwrap();
+        c.send(req).unwrap();
+        let r = c.response().unwrap();
+        assert_eq!(r.status, 503);
+        assert_eq!(r.header("Retry-After"), Some("1"));
+        assert!(r.closes());
+        assert!(read_to_close(&mut c.s).is_empty(), "closed after the 503");
+    }
+    let stats = stats_json(&d.config);
+    assert_eq!(total(&stats, "conn_limited"), 4);
+    // A closed connection makes room (the worker uncounts it when it sees the close).
+    drop(open.pop());
+    assert!(wait_until(Duration::from_secs(20), || {
+        status_on_new_connection(d.port, "") == Some(200)
+    }));
+    drop(open);
+}

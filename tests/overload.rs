@@ -265,3 +265,78 @@ fn conn_per_ip_is_one_limit_over_all_workers_and_frees_on_close() {
     }));
     drop(open);
 }
+
+/// A daemon with a second server on its own port whose listen entry speaks PROXY
+/// protocol (the harness's probes use the first, plain one). Returns it and the port.
+fn proxied_daemon() -> (TestDaemon, u16) {
+    let mut d = TestDaemon::builder().prepare();
+    let proxied = d.reserve_port();
+    // The routes text ends the first server and opens the second, whose routes the
+    // template's closing brackets end.
+    d.builder.routes = format!(
+        r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/readyz", handler: Readiness),
+            (prefix: "/", handler: Static(root: "www", index: ["index.html"])),
+        ],
+    ), (
+        listen: [(addr: "127.0.0.1:{proxied}", proxy_protocol: true)],
+        names: ["proxied"],
+        header_timeout: "1s",
+        access_log: Some(File("proxied.log")),
+        routes: [
+            (prefix: "/", handler: Static(root: "www", index: ["index.html"])),"#
+    );
+    write_config(&d.config, &d.builder.config_text(d.port));
+    let cmd = d.command();
+    let pid = d.spawn(cmd);
+    d.wait_serving(pid);
+    (d, proxied)
+}
+
+fn v2_header(client: [u8; 4], port: u16) -> Vec<u8> {
+    let mut h = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+    h.extend_from_slice(&[0x21, 0x11, 0, 12]);
+    h.extend_from_slice(&client);
+    h.extend_from_slice(&[127, 0, 0, 1]);
+    h.extend_from_slice(&port.to_be_bytes());
+    h.extend_from_slice(&80u16.to_be_bytes());
+    h
+}
+
+#[test]
+fn a_proxy_protocol_header_names_the_client_in_the_access_log() {
+    let (d, port) = proxied_daemon();
+    let req = b"GET / HTTP/1.1\r\nHost: proxied\r\nConnection: close\r\n\r\n";
+    let mut v1 = b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 80\r\n".to_vec();
+    v1.extend_from_slice(req);
+    let mut v2 = v2_header([198, 51, 100, 23], 6666);
+    v2.extend_from_slice(req);
+    for raw in [v1, v2] {
+        let mut c = Conn::connect(port).unwrap();
+        assert_eq!(c.exchange(&raw).unwrap().status, 200);
+    }
+    let log = d.path("proxied.log");
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let text = read();
+            text.contains("203.0.113.9") && text.contains("198.51.100.23")
+        }),
+        "{}",
+        read()
+    );
+    assert!(!read().contains("127.0.0.1 "), "{}", read());
+}
+
+#[test]
+fn without_a_valid_proxy_header_the_connection_is_closed_unanswered() {
+    let (d, port) = proxied_daemon();
+    let mut c = Conn::connect_timeout(port, Duration::from_secs(30)).unwrap();
+    c.send(b"GET / HTTP/1.1\r\nHost: proxied\r\n\r\n").unwrap();
+    assert!(read_to_close(&mut c.s).is_empty());
+    // Nothing at all: closed after header_timeout.
+    let mut quiet = Conn::connect_timeout(port, Duration::from_secs(30)).unwrap();
+    assert!(read_to_close(&mut quiet.s).is_empty());
+    let stats = stats_json(&d.config);
+    assert_eq!(total(&stats, "proxy_header_refused"), 2);
+}

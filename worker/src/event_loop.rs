@@ -528,7 +528,20 @@ impl EventLoop {
             let key = entry.key();
             let server = self.svc.default_server(index);
             let mut conn = Conn::new(stream, peer.ip(), index, server, self.svc.clock.now_us);
-            let verdict = match admit::connection(&mut self.svc, server, conn.client()) {
+            let proxied = self
+                .svc
+                .config
+                .listeners
+                .get(index)
+                .is_some_and(|l| l.proxy_protocol);
+            let admission = if proxied {
+                // The client is named by the PROXY header: limits apply once it is read.
+                conn.expect_proxy_header();
+                admit::Connection::Admit(None)
+            } else {
+                admit::connection(&mut self.svc, server, conn.client())
+            };
+            let verdict = match admission {
                 admit::Connection::Admit(held) => {
                     conn.hold(held);
                     // The request usually arrives with the connection (TCP_DEFER_ACCEPT):

@@ -69,6 +69,8 @@ pub enum LogTarget {
 pub struct Listener {
     pub addr: SocketAddr,
     pub backlog: u32,
+    /// Connections start with a PROXY protocol header (v1 or v2) naming the client.
+    pub proxy_protocol: bool,
 }
 
 #[derive(Debug, Clone)]

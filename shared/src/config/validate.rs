@@ -220,12 +220,16 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                 );
             }
         }
-        for addr in s.listen.iter().map(|l| l.0) {
+        for (addr, proxy) in s.listen.iter().map(|l| (l.0, l.1 .0)) {
             match listeners.iter_mut().find(|l| l.addr == addr) {
-                Some(l) => l.backlog = l.backlog.max(s.backlog),
+                Some(l) => {
+                    l.backlog = l.backlog.max(s.backlog);
+                    l.proxy_protocol |= proxy;
+                }
                 None => listeners.push(Listener {
                     addr,
                     backlog: s.backlog,
+                    proxy_protocol: proxy,
                 }),
             }
             for name in &names {

@@ -24,9 +24,11 @@ use crate::http::response::Status;
 use crate::limits::rotation::Candidate;
 use crate::limits::table::Held;
 use crate::out::Flush;
+use crate::proxy_protocol::{self, Parsed};
 use crate::services::Services;
 use crate::timers::{Deadline, Micros};
 use forkd_shared::config::Server;
+use forkd_shared::shm::counters;
 use mio::net::TcpStream;
 use std::io::{self, Read};
 use std::net::{IpAddr, Shutdown};
@@ -91,6 +93,9 @@ impl Bits {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
+    /// On a `proxy_protocol` listener: waiting for the PROXY header that names the
+    /// client, before any request.
+    ProxyHeader,
     /// Waiting for (the rest of) a request head.
     ReadHead,
     /// Reading a request body (see `Busy::body`).
@@ -220,9 +225,20 @@ impl Conn {
         self.bits.set_held(held);
     }
 
+    /// The listener speaks PROXY protocol: the connection starts with its header.
+    pub fn expect_proxy_header(&mut self) {
+        self.phase = Phase::ProxyHeader;
+    }
+
     /// Over `conn_per_ip`: 503 with `Retry-After`, then close (lingering, so the
     /// client reads it rather than a reset).
     pub fn refuse_over_limit(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        self.queue_refusal(svc);
+        self.readable = true;
+        self.drive(key, svc)
+    }
+
+    fn queue_refusal(&mut self, svc: &mut Services) {
         let busy = self.busy.get_or_insert_with(|| svc.take_busy());
         dispatch::refusal_page(
             &mut busy.out,
@@ -233,9 +249,43 @@ impl Conn {
             self.peer,
             self.head_since,
         );
-        self.readable = true;
         self.phase = Phase::Write(After::Linger);
-        self.drive(key, svc)
+    }
+
+    /// Reads the PROXY header: `None` when it is done (the client address set, the
+    /// connection counted under `conn_per_ip`) or more has been read; `Some` when the
+    /// drive stops here.
+    fn proxy_header(&mut self, svc: &mut Services) -> Option<Verdict> {
+        let busy = self.busy.get_or_insert_with(|| svc.take_busy());
+        match proxy_protocol::parse(&busy.inbuf[busy.in_start..busy.in_end]) {
+            Ok(Parsed::Incomplete) => match self.fill(svc) {
+                Ok(true) => None,
+                Ok(false) => Some(Verdict::Keep),
+                Err(_) => Some(Verdict::Close),
+            },
+            Ok(Parsed::Done { len, client }) => {
+                busy.consume(len);
+                if let Some(client) = client {
+                    self.peer = client.ip();
+                }
+                self.phase = Phase::ReadHead;
+                self.idle_since = svc.clock.now_us;
+                let server = usize::from(self.server);
+                match crate::limits::admit::connection(svc, server, self.peer) {
+                    crate::limits::admit::Connection::Admit(held) => self.hold(held),
+                    crate::limits::admit::Connection::Refuse => self.queue_refusal(svc),
+                }
+                None
+            }
+            Err(e) => {
+                svc.stats.bump(counters::PROXY_HEADER_REFUSED, 1);
+                forkd_shared::info!(
+                    "connection from {} without a valid PROXY header ({e:?}): closing",
+                    self.peer
+                );
+                Some(Verdict::Close)
+            }
+        }
     }
 
     /// Gives the buffers back to the pool (the connection is closing).
@@ -279,6 +329,11 @@ impl Conn {
             }
             steps -= 1;
             match self.phase {
+                Phase::ProxyHeader => {
+                    if let Some(verdict) = self.proxy_header(svc) {
+                        return verdict;
+                    }
+                }
                 Phase::Write(then) => match self.flush(svc, &mut bytes) {
                     Err(_) => return Verdict::Close,
                     Ok(Flush::Blocked) => return Verdict::Keep,
@@ -597,6 +652,7 @@ impl Conn {
                 idle.min(self.rate_due(server.min_send_rate, server))
             }
             Phase::Linger => self.idle_since + LINGER,
+            Phase::ProxyHeader => self.idle_since + us(server.header_timeout),
         };
         svc.timers.set(key, &mut self.deadline, at);
     }
@@ -679,6 +735,14 @@ impl Conn {
                 Verdict::Close
             }
             Phase::Linger => Verdict::Close,
+            Phase::ProxyHeader => {
+                svc.stats.bump(counters::PROXY_HEADER_REFUSED, 1);
+                forkd_shared::info!(
+                    "connection from {} sent no PROXY header within header_timeout: closing",
+                    self.peer
+                );
+                Verdict::Close
+            }
         }
     }
 

@@ -340,3 +340,25 @@ fn without_a_valid_proxy_header_the_connection_is_closed_unanswered() {
     let stats = stats_json(&d.config);
     assert_eq!(total(&stats, "proxy_header_refused"), 2);
 }
+
+#[test]
+fn x_forwarded_for_from_a_trusted_peer_is_the_client_for_limits_and_the_log() {
+    let d = TestDaemon::builder()
+        .server(r#"trusted_proxies: ["127.0.0.1", "10.0.0.0/8"], real_ip_header: Some("X-Forwarded-For"),"#)
+        .routes(&limited_routes(r#"(rates: [(key: ClientIp, rate: "1/m", burst: 1)])"#))
+        .start();
+    let from = |xff: &str| status_on_new_connection(d.port, &format!("X-Forwarded-For: {xff}\r\n"));
+    // The right-most address that is not a trusted proxy is the client.
+    assert_eq!(from("192.0.2.50, 203.0.113.1, 10.0.0.7"), Some(200));
+    assert_eq!(from("203.0.113.1"), Some(429));
+    assert_eq!(from("203.0.113.2"), Some(200));
+    let log = || d.access_log();
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            log().contains("203.0.113.1") && log().contains("203.0.113.2")
+        }),
+        "{}",
+        log()
+    );
+    assert!(!log().contains("192.0.2.50"), "{}", log());
+}

@@ -9,7 +9,8 @@
 //! - `limits`: overload protection (rotation at `worker_connections`, per-client
 //!   limits shared by the workers).
 //! - `http`: sans-io HTTP/1.x parsing and response writing.
-//! - `proxy_protocol`: the sans-io PROXY protocol v1/v2 header parser.
+//! - `proxy_protocol`: the sans-io PROXY protocol v1/v2 header parser; `real_ip`: the
+//!   client behind trusted proxies.
 //! - `handlers`: what routes do (static files, health probes).
 //! - [`busy`], [`file_cache`], [`out`], [`timers`], [`clock`], [`access_log`]:
 //!   the per-worker machinery those use.
@@ -27,6 +28,7 @@ mod init;
 pub mod limits;
 pub mod out;
 pub mod proxy_protocol;
+pub mod real_ip;
 pub mod services;
 pub mod setup;
 pub mod stats;

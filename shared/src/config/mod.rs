@@ -9,6 +9,7 @@
 //!
 //! The master loads it before forking; workers inherit the validated value.
 
+pub mod cidr;
 mod error;
 pub mod limits;
 mod locate;
@@ -95,6 +96,10 @@ pub struct Server {
     pub min_rate_grace: Duration,
     /// Per-client limits of the server's routes (a route's own replace them).
     pub limits: Option<limits::Limits>,
+    /// Peers whose `real_ip_header` is believed.
+    pub trusted_proxies: Vec<cidr::Cidr>,
+    /// The header a trusted peer names the client in (`X-Forwarded-For`).
+    pub real_ip_header: Option<String>,
     /// Sorted longest prefix first, so the first match is the longest.
     pub routes: Vec<Route>,
 }

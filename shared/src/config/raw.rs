@@ -82,6 +82,11 @@ pub struct RawServer {
     /// Per-client limits of the server's routes (a route may override them).
     #[serde(default)]
     pub limits: Option<Limits>,
+    /// Peers whose `real_ip_header` is believed: `["10.0.0.0/8"]`.
+    #[serde(default)]
+    pub trusted_proxies: Vec<super::cidr::Cidr>,
+    #[serde(default)]
+    pub real_ip_header: Option<String>,
     pub routes: Vec<RawRoute>,
 }
 

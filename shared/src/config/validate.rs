@@ -316,6 +316,8 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
             min_send_rate: s.min_send_rate.0,
             min_rate_grace: s.min_rate_grace.0,
             limits: s.limits,
+            trusted_proxies: s.trusted_proxies,
+            real_ip_header: s.real_ip_header,
             routes,
         });
     }

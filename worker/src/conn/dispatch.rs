@@ -83,6 +83,7 @@ fn select_server(svc: &Services, listener: usize, host: Option<&[u8]>) -> usize 
 pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -> Next {
     let server = select_server(svc, x.listener, req.host);
     *x.server = server as u16;
+    x.peer = client_of(svc, server, x.peer, head);
     let max_header = svc.config.servers[server].max_header_bytes;
     if req.head_len > max_header {
         // Read under the largest limit on the address; this server's is smaller.
@@ -145,11 +146,13 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
 
 /// Answers a request whose body has been read. `Some` if the connection then closes.
 pub fn answer_after_body(
-    x: Exchange,
+    mut x: Exchange,
     svc: &mut Services,
     req: &Request,
+    head: &[u8],
     server: usize,
 ) -> Option<After> {
+    x.peer = client_of(svc, server, x.peer, head);
     match respond(x, svc, req, server, Close::IfAsked) {
         Persistence::Close => Some(After::Close),
         _ => None,
@@ -168,6 +171,21 @@ fn too_large(x: &mut Exchange, svc: &mut Services, req: &Request, server: usize)
     let latency = svc.clock.precise_us().saturating_sub(x.started);
     svc.stats.response(outcome.status.0, Some(latency));
     log_request(svc, server, x.peer, req, &outcome);
+}
+
+/// The client of a request from `peer`: `peer` itself unless it is one of the
+/// server's `trusted_proxies` and the request carries its `real_ip_header`. What the
+/// limits, the access log and the proxy's `X-Forwarded-For` use.
+fn client_of(svc: &Services, server: usize, peer: IpAddr, head: &[u8]) -> IpAddr {
+    let s = svc.server(server);
+    match &s.real_ip_header {
+        Some(name) if !s.trusted_proxies.is_empty() => crate::real_ip::client(
+            peer,
+            &s.trusted_proxies,
+            crate::limits::admit::headers(head, name.as_bytes()),
+        ),
+        _ => peer,
+    }
 }
 
 /// The rate limits of the route `req` goes to: `Some(Retry-After seconds)` if over.

@@ -537,7 +537,7 @@ impl Conn {
                     started: self.head_since,
                     rotate: self.bits.has(Bits::ROTATE),
                 };
-                dispatch::answer_after_body(x, svc, &req, server)
+                dispatch::answer_after_body(x, svc, &req, &head, server)
             }
             // It parsed before being copied; parsing it again cannot fail.
             _ => Some(After::Close),

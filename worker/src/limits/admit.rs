@@ -71,7 +71,15 @@ fn key_value<'h>(key: &LimitKey, peer: &'h [u8], head: &'h [u8]) -> Option<&'h [
 
 /// The value of the first field `name` in a raw request head.
 pub fn header<'h>(head: &'h [u8], name: &[u8]) -> Option<&'h [u8]> {
-    head.split(|&b| b == b'\n').skip(1).find_map(|line| {
+    headers(head, name).next()
+}
+
+/// The values of every field `name` in a raw request head, in order.
+pub fn headers<'h, 'n>(head: &'h [u8], name: &'n [u8]) -> impl Iterator<Item = &'h [u8]> + 'n
+where
+    'h: 'n,
+{
+    head.split(|&b| b == b'\n').skip(1).filter_map(move |line| {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         let colon = line.iter().position(|&b| b == b':')?;
         line[..colon]

@@ -8,12 +8,15 @@ use crate::clock::Clock;
 use crate::conn::{Activity, Conn, Verdict};
 use crate::file_cache::FileCache;
 use crate::init::WorkerInit;
+use crate::limits::admit;
+use crate::limits::rotation::{self, AtLimit};
 use crate::services::{max_header_bytes, routing, Services};
 use crate::setup::InitError;
 use crate::stats::Stats;
 use crate::timers::Timers;
 use forkd_shared::config::Config;
 use forkd_shared::exit;
+use forkd_shared::shm::counters;
 use forkd_shared::shm::layout::WorkerState;
 use forkd_shared::sys::epoll;
 use mio::net::TcpListener;
@@ -91,6 +94,8 @@ pub struct EventLoop {
     declined: u64,
     /// Our master: only its snapshots are ours to adopt.
     master: i32,
+    /// Time at `worker_connections`, and when the accept queues were last looked at.
+    at_limit: AtLimit,
 }
 
 impl EventLoop {
@@ -145,6 +150,7 @@ impl EventLoop {
                 stats: Stats::new(init.region, init.region_slot),
                 not_ready: false,
                 draining: false,
+                limit_log: Default::default(),
             },
             run: Run::Serving,
             expired: Vec::new(),
@@ -153,6 +159,7 @@ impl EventLoop {
             generation: 0,
             declined: 0,
             master: init.master.as_raw(),
+            at_limit: AtLimit::default(),
         };
         event_loop
             .resume_accepting()
@@ -215,6 +222,7 @@ impl EventLoop {
             self.events = events;
             self.drive_ready();
             self.accept_more();
+            self.make_room();
             if fast_exit {
                 return exit::OK;
             }
@@ -281,6 +289,10 @@ impl EventLoop {
         }
         if let Some(at) = self.accept_retry_at {
             until = until.min(at);
+        }
+        if self.at_limit.at_limit() {
+            // Look at the accept queues again soon: clients may be waiting there.
+            until = until.min(now + Duration::from_micros(rotation::CHECK_EVERY_US));
         }
         if self.accepting && self.listeners.iter().any(|l| l.more) {
             return Duration::ZERO; // connections are waiting in the accept queue
@@ -516,9 +528,30 @@ impl EventLoop {
             let key = entry.key();
             let server = self.svc.default_server(index);
             let mut conn = Conn::new(stream, peer.ip(), index, server, self.svc.clock.now_us);
-            // The request usually arrives with the connection (TCP_DEFER_ACCEPT): answer
-            // it before paying for registration, which a one-request connection skips.
-            match conn.drive(key, &mut self.svc) {
+            let proxied = self
+                .svc
+                .config
+                .listeners
+                .get(index)
+                .is_some_and(|l| l.proxy_protocol);
+            let admission = if proxied {
+                // The client is named by the PROXY header: limits apply once it is read.
+                conn.expect_proxy_header();
+                admit::Connection::Admit(None)
+            } else {
+                admit::connection(&mut self.svc, server, conn.client())
+            };
+            let verdict = match admission {
+                admit::Connection::Admit(held) => {
+                    conn.hold(held);
+                    // The request usually arrives with the connection (TCP_DEFER_ACCEPT):
+                    // answer it before paying for registration, which a one-request
+                    // connection skips.
+                    conn.drive(key, &mut self.svc)
+                }
+                admit::Connection::Refuse => conn.refuse_over_limit(key, &mut self.svc),
+            };
+            match verdict {
                 Verdict::Close => {
                     self.svc.stats.closed(conn.abandoned());
                     conn.release(&mut self.svc);
@@ -534,6 +567,51 @@ impl EventLoop {
         }
         if let Some(slot) = self.listeners.get_mut(index) {
             slot.more = true; // stopped at multi_accept: come back next turn
+        }
+    }
+
+    /// At `worker_connections`, with clients waiting in the accept queues: close truly
+    /// idle connections, then tell the longest-served to close after their next
+    /// response, so the waiting are served in bounded time and no request fails.
+    fn make_room(&mut self) {
+        let now = self.svc.clock.now_us;
+        let at_limit = self.conns.len() >= self.svc.config.worker_connections.get()
+            && self.run == Run::Serving
+            && !self.listeners.is_empty();
+        let ms = self.at_limit.observe(at_limit, now);
+        if ms > 0 {
+            self.svc.stats.bump(counters::AT_LIMIT_MS, ms);
+        }
+        if !at_limit || !self.at_limit.check_due(now) {
+            return;
+        }
+        let waiting: u32 = self
+            .listeners
+            .iter()
+            .filter_map(|l| forkd_shared::sys::socket::listen_queue(l.sock.as_raw_fd()).ok())
+            .map(|(depth, _)| depth)
+            .sum();
+        if waiting == 0 {
+            return;
+        }
+        let candidates: Vec<rotation::Candidate> = self
+            .conns
+            .iter()
+            .map(|(key, conn)| conn.candidate(key, now))
+            .collect();
+        let plan = rotation::plan(waiting as usize, &candidates);
+        for key in plan.close_idle {
+            let verdict = self.conns[key].close_if_idle(key, &mut self.svc);
+            if verdict == Verdict::Close {
+                self.svc.stats.bump(counters::IDLE_CLOSED_AT_LIMIT, 1);
+            } else {
+                self.svc.stats.bump(counters::CONNECTIONS_ROTATED, 1);
+            }
+            self.settle(key, verdict);
+        }
+        for key in plan.rotate {
+            self.conns[key].rotate();
+            self.svc.stats.bump(counters::CONNECTIONS_ROTATED, 1);
         }
     }
 

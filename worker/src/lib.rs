@@ -6,7 +6,11 @@
 //!   dispatching a request to its handler (`conn/dispatch.rs`).
 //! - `services`: what every connection uses (config, routing, pools, logs, stats),
 //!   owned by the event loop.
+//! - `limits`: overload protection (rotation at `worker_connections`, per-client
+//!   limits shared by the workers).
 //! - `http`: sans-io HTTP/1.x parsing and response writing.
+//! - `proxy_protocol`: the sans-io PROXY protocol v1/v2 header parser; `real_ip`: the
+//!   client behind trusted proxies.
 //! - `handlers`: what routes do (static files, health probes).
 //! - [`busy`], [`file_cache`], [`out`], [`timers`], [`clock`], [`access_log`]:
 //!   the per-worker machinery those use.
@@ -21,7 +25,10 @@ pub mod file_cache;
 pub mod handlers;
 pub mod http;
 mod init;
+pub mod limits;
 pub mod out;
+pub mod proxy_protocol;
+pub mod real_ip;
 pub mod services;
 pub mod setup;
 pub mod stats;

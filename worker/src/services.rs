@@ -70,6 +70,8 @@ pub struct Services {
     pub not_ready: bool,
     /// Responses carry `Connection: close`; idle connections are closed.
     pub draining: bool,
+    /// When limits may log next (see `limits::admit`).
+    pub limit_log: crate::limits::admit::LimitLog,
 }
 
 impl Services {

@@ -9,7 +9,9 @@
 //!
 //! The master loads it before forking; workers inherit the validated value.
 
+pub mod cidr;
 mod error;
+pub mod limits;
 mod locate;
 pub mod raw;
 pub mod units;
@@ -68,6 +70,8 @@ pub enum LogTarget {
 pub struct Listener {
     pub addr: SocketAddr,
     pub backlog: u32,
+    /// Connections start with a PROXY protocol header (v1 or v2) naming the client.
+    pub proxy_protocol: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -90,6 +94,12 @@ pub struct Server {
     pub min_send_rate: u64,
     /// The period both rates are measured over: a transfer is first checked after it.
     pub min_rate_grace: Duration,
+    /// Per-client limits of the server's routes (a route's own replace them).
+    pub limits: Option<limits::Limits>,
+    /// Peers whose `real_ip_header` is believed.
+    pub trusted_proxies: Vec<cidr::Cidr>,
+    /// The header a trusted peer names the client in (`X-Forwarded-For`).
+    pub real_ip_header: Option<String>,
     /// Sorted longest prefix first, so the first match is the longest.
     pub routes: Vec<Route>,
 }
@@ -98,6 +108,7 @@ pub struct Server {
 pub struct Route {
     pub prefix: String,
     pub handler: Handler,
+    pub limits: Option<limits::Limits>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,6 +6,7 @@
 //! at the line and column where they were written. Checks that relate several values
 //! live in `validate`.
 
+use super::limits::Limits;
 use super::units::{ConfDuration, ConfSize};
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
@@ -78,6 +79,14 @@ pub struct RawServer {
     pub min_send_rate: ConfRate,
     #[serde(default = "default_min_rate_grace")]
     pub min_rate_grace: ConfDuration,
+    /// Per-client limits of the server's routes (a route may override them).
+    #[serde(default)]
+    pub limits: Option<Limits>,
+    /// Peers whose `real_ip_header` is believed: `["10.0.0.0/8"]`.
+    #[serde(default)]
+    pub trusted_proxies: Vec<super::cidr::Cidr>,
+    #[serde(default)]
+    pub real_ip_header: Option<String>,
     pub routes: Vec<RawRoute>,
 }
 
@@ -119,6 +128,9 @@ impl<'de> Deserialize<'de> for ConfRate {
 pub struct RawRoute {
     pub prefix: RoutePrefix,
     pub handler: RawHandler,
+    /// Replaces the server's `limits` for this route.
+    #[serde(default)]
+    pub limits: Option<Limits>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -188,16 +200,43 @@ pub enum LogLevel {
 
 /// A listen address: `"127.0.0.1:8080"`, `"[::1]:8080"`, or `"*:8080"` for every IPv4 address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ListenAddr(pub SocketAddr);
+pub struct ListenAddr(pub SocketAddr, pub ProxyProtocol);
+
+/// Whether connections to a listen address start with a PROXY protocol header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProxyProtocol(pub bool);
+
+/// A listen entry as written: `"127.0.0.1:80"`, or `(addr: "0.0.0.0:80",
+/// proxy_protocol: true)`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ListenEntry {
+    Plain(String),
+    Full {
+        addr: String,
+        #[serde(default)]
+        proxy_protocol: bool,
+    },
+}
 
 impl<'de> Deserialize<'de> for ListenAddr {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
+        let (text, proxy) = match ListenEntry::deserialize(deserializer).map_err(|_| {
+            de::Error::custom(
+                "a listen entry is \"IP:PORT\" or (addr: \"IP:PORT\", proxy_protocol: true)",
+            )
+        })? {
+            ListenEntry::Plain(text) => (text, false),
+            ListenEntry::Full {
+                addr,
+                proxy_protocol,
+            } => (addr, proxy_protocol),
+        };
         let normalized = match text.strip_prefix("*:") {
             Some(port) => format!("0.0.0.0:{port}"),
             None => text.clone(),
         };
-        normalized.parse().map(ListenAddr).map_err(|_| {
+        normalized.parse().map(|a| ListenAddr(a, ProxyProtocol(proxy))).map_err(|_| {
             de::Error::custom(format!(
                 "listen address `{text}` is not IP:PORT (e.g. \"127.0.0.1:8080\", \"[::1]:8080\", \"*:8080\")"
             ))

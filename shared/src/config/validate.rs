@@ -220,12 +220,16 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                 );
             }
         }
-        for addr in s.listen.iter().map(|l| l.0) {
+        for (addr, proxy) in s.listen.iter().map(|l| (l.0, l.1 .0)) {
             match listeners.iter_mut().find(|l| l.addr == addr) {
-                Some(l) => l.backlog = l.backlog.max(s.backlog),
+                Some(l) => {
+                    l.backlog = l.backlog.max(s.backlog);
+                    l.proxy_protocol |= proxy;
+                }
                 None => listeners.push(Listener {
                     addr,
                     backlog: s.backlog,
+                    proxy_protocol: proxy,
                 }),
             }
             for name in &names {
@@ -292,6 +296,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
             routes.push(Route {
                 prefix: r.prefix.0,
                 handler,
+                limits: r.limits,
             });
         }
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
@@ -310,6 +315,9 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
             min_body_rate: s.min_body_rate.0,
             min_send_rate: s.min_send_rate.0,
             min_rate_grace: s.min_rate_grace.0,
+            limits: s.limits,
+            trusted_proxies: s.trusted_proxies,
+            real_ip_header: s.real_ip_header,
             routes,
         });
     }

@@ -75,6 +75,14 @@ counters! {
     11 ACCEPT_EMPTY_WAKEUPS   "accept_empty_wakeups"   "forkd_accept_empty_wakeups_total"           "Accept wake-ups that found no connection.";
     12 CONNECTION_LIMIT_HITS  "connection_limit_hits"  "forkd_connection_limit_hits_total"          "Times a worker reached worker_connections.";
     13 SLOW_CLIENTS_CLOSED    "slow_clients_closed"    "forkd_slow_clients_closed_total"            "Connections closed below min_body_rate or min_send_rate.";
+    // Overload protection (ids from 48: other areas take the ones after 13; 40 is a test's "future" counter).
+    48 AT_LIMIT_MS            "at_limit_ms"            "forkd_at_connection_limit_ms_total"         "Milliseconds a worker spent at worker_connections.";
+    49 CONNECTIONS_ROTATED    "connections_rotated"    "forkd_connections_rotated_total"            "Connections told to close after their next response to make room at worker_connections.";
+    50 IDLE_CLOSED_AT_LIMIT   "idle_closed_at_limit"   "forkd_idle_closed_at_limit_total"           "Idle keep-alive connections closed to make room at worker_connections.";
+    51 RATE_LIMITED           "rate_limited"           "forkd_limited_total" limit = "rate"         "Requests answered 429 over a rate limit.";
+    52 CONN_LIMITED           "conn_limited"           "forkd_limited_total" limit = "conn_per_ip"  "Connections answered 503 over conn_per_ip.";
+    53 LIMITS_DRY_RUN_HITS    "limits_dry_run_hits"    "forkd_limits_dry_run_hits_total"            "Requests or connections over a DryRun limit (counted, not rejected).";
+    54 PROXY_HEADER_REFUSED   "proxy_header_refused"   "forkd_proxy_header_refused_total"           "Connections closed for a missing or invalid PROXY protocol header.";
 }
 
 /// The counter of responses of class `class` (1 to 5).

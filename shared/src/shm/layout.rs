@@ -10,8 +10,10 @@
 //!  ├── SystemStats    ListenOverflows, per-listener accept-queue depth
 //!  ├── retired        counters of exited workers, so totals never go backwards
 //!  ├── SnapshotArea   the published configuration (reload)
-//!  └── slots[256]     one cache-line aligned WorkerSlot per live worker,
-//!                     written only by that worker (the master resets it)
+//!  ├── slots[256]     one cache-line aligned WorkerSlot per live worker,
+//!  │                  written only by that worker (the master resets it)
+//!  └── limits         per-client limit entries, shared by the workers (see `limits`:
+//!                     the one area with many writers, updated by compare-and-swap)
 //! ```
 //!
 //! Writers use relaxed loads and stores: each counter has exactly one writer (its worker,
@@ -344,6 +346,7 @@ pub struct Layout {
     pub retired: Retired,
     pub snapshot: SnapshotArea,
     pub slots: [WorkerSlot; MAX_SLOTS],
+    pub limits: super::limits::LimitsArea,
 }
 
 #[cfg(test)]

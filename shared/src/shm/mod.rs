@@ -3,6 +3,7 @@
 //!
 //! - `counters`: the table of counters, declared once.
 //! - `layout`: what is where (all atomics), the latency histogram's buckets.
+//! - `limits`: the per-client limits table the workers share.
 //! - `mapping`: creating and mapping the file (the only `unsafe`).
 //! - `master`: what the master writes: slots of new workers, the counter names,
 //!   system counters.
@@ -14,6 +15,7 @@
 pub mod counters;
 pub mod fold;
 pub mod layout;
+pub mod limits;
 pub mod mapping;
 pub mod master;
 pub mod report;

@@ -58,6 +58,8 @@ pub struct Exchange<'c> {
     pub listener: usize,
     /// When the request's first byte arrived.
     pub started: Micros,
+    /// The connection is being rotated out at `worker_connections`: close after this.
+    pub rotate: bool,
 }
 
 /// Picks the server for `host` among those on the connection's listener.
@@ -81,6 +83,7 @@ fn select_server(svc: &Services, listener: usize, host: Option<&[u8]>) -> usize 
 pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -> Next {
     let server = select_server(svc, x.listener, req.host);
     *x.server = server as u16;
+    x.peer = client_of(svc, server, x.peer, head);
     let max_header = svc.config.servers[server].max_header_bytes;
     if req.head_len > max_header {
         // Read under the largest limit on the address; this server's is smaller.
@@ -90,6 +93,15 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
             Ok(_) => RequestError::HeadersTooLarge,
         };
         return Next::Reject(e);
+    }
+    if let Some(retry_after) = over_rate(svc, server, req, head, x.peer) {
+        // A body not read yet cannot be skipped reliably: close after the answer.
+        let close = req.body != BodyKind::None;
+        return match too_many(&mut x, svc, req, server, retry_after, close) {
+            Persistence::Close if close => Next::Finish(After::Linger),
+            Persistence::Close => Next::Finish(After::Close),
+            _ => Next::Continue,
+        };
     }
     let limit = svc.config.servers[server].max_body_bytes;
     let body = match req.body {
@@ -134,11 +146,13 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
 
 /// Answers a request whose body has been read. `Some` if the connection then closes.
 pub fn answer_after_body(
-    x: Exchange,
+    mut x: Exchange,
     svc: &mut Services,
     req: &Request,
+    head: &[u8],
     server: usize,
 ) -> Option<After> {
+    x.peer = client_of(svc, server, x.peer, head);
     match respond(x, svc, req, server, Close::IfAsked) {
         Persistence::Close => Some(After::Close),
         _ => None,
@@ -157,6 +171,74 @@ fn too_large(x: &mut Exchange, svc: &mut Services, req: &Request, server: usize)
     let latency = svc.clock.precise_us().saturating_sub(x.started);
     svc.stats.response(outcome.status.0, Some(latency));
     log_request(svc, server, x.peer, req, &outcome);
+}
+
+/// The client of a request from `peer`: `peer` itself unless it is one of the
+/// server's `trusted_proxies` and the request carries its `real_ip_header`. What the
+/// limits, the access log and the proxy's `X-Forwarded-For` use.
+fn client_of(svc: &Services, server: usize, peer: IpAddr, head: &[u8]) -> IpAddr {
+    let s = svc.server(server);
+    match &s.real_ip_header {
+        Some(name) if !s.trusted_proxies.is_empty() => crate::real_ip::client(
+            peer,
+            &s.trusted_proxies,
+            crate::limits::admit::headers(head, name.as_bytes()),
+        ),
+        _ => peer,
+    }
+}
+
+/// The rate limits of the route `req` goes to: `Some(Retry-After seconds)` if over.
+fn over_rate(
+    svc: &mut Services,
+    server: usize,
+    req: &Request,
+    head: &[u8],
+    peer: IpAddr,
+) -> Option<u64> {
+    let s = &svc.config.servers[server];
+    if s.limits.is_none() && s.routes.iter().all(|r| r.limits.is_none()) {
+        return None; // no limits: no routing twice
+    }
+    let route = route_path(req.path).ok().and_then(|p| s.route_index(&p));
+    crate::limits::admit::request(svc, server, route, head, peer)
+}
+
+/// Answers 429 with `Retry-After`. Returns the persistence used.
+fn too_many(
+    x: &mut Exchange,
+    svc: &mut Services,
+    req: &Request,
+    server: usize,
+    retry_after: u64,
+    close: bool,
+) -> Persistence {
+    *x.requests = x.requests.saturating_add(1);
+    let s = &svc.config.servers[server];
+    let keep = !close
+        && req.keep_alive
+        && !svc.draining
+        && !x.rotate
+        && (s.keepalive_requests == 0 || u64::from(*x.requests) < s.keepalive_requests);
+    let persistence = match (keep, req.version) {
+        (false, _) => Persistence::Close,
+        (true, Version::Http10) => Persistence::KeepAlive10,
+        (true, Version::Http11) => Persistence::KeepAlive11,
+    };
+    ensure_out(x.out);
+    let mut reply = Reply {
+        out: x.out,
+        date: svc.clock.http_date(),
+        persistence,
+        head_only: req.method == Method::Head,
+    };
+    let mut digits = Vec::with_capacity(20);
+    response::push_decimal(&mut digits, retry_after);
+    let outcome = reply.error(Status::TOO_MANY_REQUESTS, &[("Retry-After", &digits)]);
+    let latency = svc.clock.precise_us().saturating_sub(x.started);
+    svc.stats.response(outcome.status.0, Some(latency));
+    log_request(svc, server, x.peer, req, &outcome);
+    persistence
 }
 
 /// Whether the answer to `req` is an error known from its head alone (a path that
@@ -197,6 +279,7 @@ fn respond(
     let keep = req.keep_alive
         && close == Close::IfAsked
         && !svc.draining
+        && !x.rotate
         && (server.keepalive_requests == 0 || u64::from(*x.requests) < server.keepalive_requests);
     let persistence = match (keep, req.version) {
         (false, _) => Persistence::Close,
@@ -281,6 +364,39 @@ fn is_normal(raw: &[u8]) -> bool {
         }
     }
     !(len == dots && (len == 1 || len == 2))
+}
+
+/// Queues a refusal that closes the connection before any request was read (over
+/// `conn_per_ip`), with `extra` header fields; counts and logs it.
+pub fn refusal_page(
+    out: &mut OutQueue,
+    svc: &mut Services,
+    status: Status,
+    extra: &[(&str, &[u8])],
+    server: usize,
+    peer: IpAddr,
+    started: Micros,
+) {
+    let date = *svc.clock.http_date_array();
+    ensure_out(out);
+    let body_bytes = response::error(out.bytes(), status, &date, Persistence::Close, extra, false);
+    svc.stats.response(
+        status.0,
+        Some(svc.clock.precise_us().saturating_sub(started)),
+    );
+    if svc.logs.enabled(server) {
+        let entry = access_log::Entry {
+            peer,
+            method: "-",
+            target: b"",
+            http10: false,
+            status: status.0,
+            body_bytes,
+            referer: None,
+            user_agent: None,
+        };
+        svc.logs.record(server, &entry, svc.clock.log_time());
+    }
 }
 
 /// Queues an error page that closes the connection (no request could be answered:

@@ -21,10 +21,14 @@ use super::dispatch::{self, After, Exchange, Next};
 use crate::busy::{Body, Busy, RateWindow};
 use crate::http::request::{self, RequestError};
 use crate::http::response::Status;
+use crate::limits::rotation::Candidate;
+use crate::limits::table::Held;
 use crate::out::Flush;
+use crate::proxy_protocol::{self, Parsed};
 use crate::services::Services;
 use crate::timers::{Deadline, Micros};
 use forkd_shared::config::Server;
+use forkd_shared::shm::counters;
 use mio::net::TcpStream;
 use nix::sys::socket::sockopt;
 use std::io::{self, Read};
@@ -45,8 +49,54 @@ const BATCH_BYTES: usize = 64 * 1024;
 const STEPS_PER_TURN: u32 = 16;
 const BYTES_PER_TURN: u64 = 256 * 1024;
 
+/// A connection's small state in one `u16`: three flags, and where `conn_per_ip`
+/// counted it (its table index plus one, 0: not counted; the table has fewer than
+/// 2^13 entries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Bits(u16);
+
+impl Bits {
+    /// The last drive stopped on its budget, not on EAGAIN: edge-triggered readiness
+    /// will not report it again, so the event loop must drive it next turn.
+    const YIELDED: u16 = 1 << 15;
+    /// `TCP_NODELAY` is set (once per connection, when it turns keep-alive).
+    const NODELAY: u16 = 1 << 14;
+    /// Told to close after its next response, to make room at `worker_connections`
+    /// (see `limits::rotation`).
+    const ROTATE: u16 = 1 << 13;
+    const HELD: u16 = (1 << 13) - 1;
+
+    fn has(self, flag: u16) -> bool {
+        self.0 & flag != 0
+    }
+
+    fn set(&mut self, flag: u16, on: bool) {
+        if on {
+            self.0 |= flag;
+        } else {
+            self.0 &= !flag;
+        }
+    }
+
+    fn set_held(&mut self, held: Option<Held>) {
+        let v = held.map_or(0, |h| h.index as u16 + 1);
+        self.0 = (self.0 & !Self::HELD) | (v & Self::HELD);
+    }
+
+    fn take_held(&mut self) -> Option<Held> {
+        let v = self.0 & Self::HELD;
+        self.0 &= !Self::HELD;
+        (v != 0).then(|| Held {
+            index: u32::from(v - 1),
+        })
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
+    /// On a `proxy_protocol` listener: waiting for the PROXY header that names the
+    /// client, before any request.
+    ProxyHeader,
     /// Waiting for (the rest of) a request head.
     ReadHead,
     /// Reading a request body (see `Busy::body`).
@@ -86,13 +136,14 @@ pub struct Conn {
     pub write_interest: bool,
     /// Registered with the poll at all.
     pub registered: bool,
-    /// The last drive stopped on its budget, not on EAGAIN: edge-triggered readiness
-    /// will not report it again, so the event loop must drive it next turn.
-    yielded: bool,
+
     /// In the event loop's ready list (so it is queued once).
     pub queued: bool,
-    nodelay: bool,
     requests: u32,
+    /// Small state packed in one word, so an idle `Conn` stays small: see [`Bits`].
+    bits: Bits,
+    /// The client address: the socket's peer, or what a PROXY protocol header or a
+    /// trusted proxy said. Limits, the access log and error messages read it here.
     peer: IpAddr,
     pub deadline: Deadline,
     /// When the connection became idle (or was accepted).
@@ -121,10 +172,9 @@ impl Conn {
             readable: true,
             write_interest: false,
             registered: false,
-            yielded: false,
             queued: false,
-            nodelay: false,
             requests: 0,
+            bits: Bits(0),
             peer,
             deadline: Deadline::default(),
             idle_since: now,
@@ -166,8 +216,84 @@ impl Conn {
         self.busy.as_ref().is_some_and(|b| !b.out.is_empty())
     }
 
+    /// The client address (see `peer`).
+    pub fn client(&self) -> IpAddr {
+        self.peer
+    }
+
+    /// Counted under `conn_per_ip` there: uncounted when the connection closes.
+    pub fn hold(&mut self, held: Option<Held>) {
+        self.bits.set_held(held);
+    }
+
+    /// The listener speaks PROXY protocol: the connection starts with its header.
+    pub fn expect_proxy_header(&mut self) {
+        self.phase = Phase::ProxyHeader;
+    }
+
+    /// Over `conn_per_ip`: 503 with `Retry-After`, then close (lingering, so the
+    /// client reads it rather than a reset).
+    pub fn refuse_over_limit(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        self.queue_refusal(svc);
+        self.readable = true;
+        self.drive(key, svc)
+    }
+
+    fn queue_refusal(&mut self, svc: &mut Services) {
+        let busy = self.busy.get_or_insert_with(|| svc.take_busy());
+        dispatch::refusal_page(
+            &mut busy.out,
+            svc,
+            Status::SERVICE_UNAVAILABLE,
+            &[("Retry-After", b"1")],
+            usize::from(self.server),
+            self.peer,
+            self.head_since,
+        );
+        self.phase = Phase::Write(After::Linger);
+    }
+
+    /// Reads the PROXY header: `None` when it is done (the client address set, the
+    /// connection counted under `conn_per_ip`) or more has been read; `Some` when the
+    /// drive stops here.
+    fn proxy_header(&mut self, svc: &mut Services) -> Option<Verdict> {
+        let busy = self.busy.get_or_insert_with(|| svc.take_busy());
+        match proxy_protocol::parse(&busy.inbuf[busy.in_start..busy.in_end]) {
+            Ok(Parsed::Incomplete) => match self.fill(svc) {
+                Ok(true) => None,
+                Ok(false) => Some(Verdict::Keep),
+                Err(_) => Some(Verdict::Close),
+            },
+            Ok(Parsed::Done { len, client }) => {
+                busy.consume(len);
+                if let Some(client) = client {
+                    self.peer = client.ip();
+                }
+                self.phase = Phase::ReadHead;
+                self.idle_since = svc.clock.now_us;
+                let server = usize::from(self.server);
+                match crate::limits::admit::connection(svc, server, self.peer) {
+                    crate::limits::admit::Connection::Admit(held) => self.hold(held),
+                    crate::limits::admit::Connection::Refuse => self.queue_refusal(svc),
+                }
+                None
+            }
+            Err(e) => {
+                svc.stats.bump(counters::PROXY_HEADER_REFUSED, 1);
+                forkd_shared::info!(
+                    "connection from {} without a valid PROXY header ({e:?}): closing",
+                    self.peer
+                );
+                Some(Verdict::Close)
+            }
+        }
+    }
+
     /// Gives the buffers back to the pool (the connection is closing).
     pub fn release(&mut self, svc: &mut Services) {
+        if let Some(held) = self.bits.take_held() {
+            crate::limits::admit::release(svc, held);
+        }
         if let Some(busy) = self.busy.take() {
             svc.give_busy(busy);
         }
@@ -180,7 +306,7 @@ impl Conn {
 
     /// Advances the connection as far as it can go without blocking.
     pub fn drive(&mut self, key: usize, svc: &mut Services) -> Verdict {
-        self.yielded = false;
+        self.bits.set(Bits::YIELDED, false);
         let verdict = self.step(svc);
         if verdict == Verdict::Keep {
             self.park(svc);
@@ -191,7 +317,7 @@ impl Conn {
 
     /// Stopped on its budget with work left: drive it again next turn.
     pub fn yielded(&self) -> bool {
-        self.yielded
+        self.bits.has(Bits::YIELDED)
     }
 
     fn step(&mut self, svc: &mut Services) -> Verdict {
@@ -199,26 +325,31 @@ impl Conn {
         let mut bytes = BYTES_PER_TURN;
         loop {
             if steps == 0 {
-                self.yielded = true;
+                self.bits.set(Bits::YIELDED, true);
                 return Verdict::Keep;
             }
             steps -= 1;
             match self.phase {
+                Phase::ProxyHeader => {
+                    if let Some(verdict) = self.proxy_header(svc) {
+                        return verdict;
+                    }
+                }
                 Phase::Write(then) => match self.flush(svc, &mut bytes) {
                     Err(_) => return Verdict::Close,
                     Ok(Flush::Blocked) => return Verdict::Keep,
                     Ok(Flush::Budget) => {
-                        self.yielded = true;
+                        self.bits.set(Bits::YIELDED, true);
                         return Verdict::Keep;
                     }
                     Ok(Flush::Done) => match then {
                         After::ReadHead => {
                             self.phase = Phase::ReadHead;
                             self.idle_since = svc.clock.now_us;
-                            if !self.nodelay {
+                            if !self.bits.has(Bits::NODELAY) {
                                 // Keep-alive from here on: a small last segment must not
                                 // wait for a delayed ACK. Once per connection.
-                                self.nodelay = true;
+                                self.bits.set(Bits::NODELAY, true);
                                 let _ = self.stream.set_nodelay(true);
                             }
                         }
@@ -256,7 +387,7 @@ impl Conn {
                             Err(_) => return Verdict::Close,
                             Ok(Flush::Blocked) => return Verdict::Keep,
                             Ok(Flush::Budget) => {
-                                self.yielded = true;
+                                self.bits.set(Bits::YIELDED, true);
                                 return Verdict::Keep;
                             }
                             Ok(Flush::Done) => {}
@@ -326,6 +457,7 @@ impl Conn {
                         peer: self.peer,
                         listener: usize::from(self.listener),
                         started: self.head_since,
+                        rotate: self.bits.has(Bits::ROTATE),
                     };
                     let next = dispatch::answer(x, svc, &req, &buf[..req.head_len]);
                     Ok(Some((req.head_len, next)))
@@ -404,8 +536,9 @@ impl Conn {
                     peer: self.peer,
                     listener: usize::from(self.listener),
                     started: self.head_since,
+                    rotate: self.bits.has(Bits::ROTATE),
                 };
-                dispatch::answer_after_body(x, svc, &req, server)
+                dispatch::answer_after_body(x, svc, &req, &head, server)
             }
             // It parsed before being copied; parsing it again cannot fail.
             _ => Some(After::Close),
@@ -520,6 +653,7 @@ impl Conn {
                 idle.min(self.rate_due(server.min_send_rate, server))
             }
             Phase::Linger => self.idle_since + LINGER,
+            Phase::ProxyHeader => self.idle_since + us(server.header_timeout),
         };
         svc.timers.set(key, &mut self.deadline, at);
     }
@@ -617,6 +751,14 @@ impl Conn {
                 self.abort()
             }
             Phase::Linger => Verdict::Close,
+            Phase::ProxyHeader => {
+                svc.stats.bump(counters::PROXY_HEADER_REFUSED, 1);
+                forkd_shared::info!(
+                    "connection from {} sent no PROXY header within header_timeout: closing",
+                    self.peer
+                );
+                Verdict::Close
+            }
         }
     }
 
@@ -657,6 +799,33 @@ impl Conn {
             Verdict::Keep if self.is_idle() => Verdict::Close,
             verdict => verdict,
         }
+    }
+
+    /// At `worker_connections` with clients waiting: what the choice of whom to free
+    /// needs to know of this connection.
+    pub fn candidate(&self, key: usize, now: Micros) -> Candidate {
+        Candidate {
+            key,
+            idle_for: self.is_idle().then(|| now.saturating_sub(self.idle_since)),
+            requests: self.requests,
+            rotating: self.bits.has(Bits::ROTATE),
+        }
+    }
+
+    /// Answer the next request with `Connection: close`, then close.
+    pub fn rotate(&mut self) {
+        self.bits.set(Bits::ROTATE, true);
+    }
+
+    /// Closes the connection to make room if it is idle, after one more look at the
+    /// socket (as drain does): a request that already arrived is answered, with
+    /// `Connection: close`, instead of being reset.
+    pub fn close_if_idle(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        if !self.is_idle() {
+            return Verdict::Keep;
+        }
+        self.bits.set(Bits::ROTATE, true);
+        self.close_if_quiet(key, svc)
     }
 
     /// Queues the answer to an unparseable request.

@@ -23,6 +23,7 @@ impl Status {
     pub const RANGE_NOT_SATISFIABLE: Status = Status(416);
     pub const EXPECTATION_FAILED: Status = Status(417);
     pub const MISDIRECTED_REQUEST: Status = Status(421);
+    pub const TOO_MANY_REQUESTS: Status = Status(429);
     pub const HEADER_FIELDS_TOO_LARGE: Status = Status(431);
     pub const INTERNAL_SERVER_ERROR: Status = Status(500);
     pub const NOT_IMPLEMENTED: Status = Status(501);
@@ -47,6 +48,7 @@ impl Status {
             416 => "HTTP/1.1 416 Range Not Satisfiable",
             417 => "HTTP/1.1 417 Expectation Failed",
             421 => "HTTP/1.1 421 Misdirected Request",
+            429 => "HTTP/1.1 429 Too Many Requests",
             431 => "HTTP/1.1 431 Request Header Fields Too Large",
             501 => "HTTP/1.1 501 Not Implemented",
             503 => "HTTP/1.1 503 Service Unavailable",

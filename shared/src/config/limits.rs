@@ -1,0 +1,130 @@
+//! Per-client limits as written and as used (they need no cross-checks, so the serde
+//! types are the validated ones): `limits: (conn_per_ip: Some(100), rates: [(key:
+//! ClientIp, rate: "100/s", burst: 50)], mode: Enforce)`, on a server and, overriding
+//! it, on a route.
+
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Concurrent connections per client address, over every worker.
+    #[serde(default)]
+    pub conn_per_ip: Option<u32>,
+    /// Token buckets; a request must find a token in each.
+    #[serde(default)]
+    pub rates: Vec<RateLimit>,
+    #[serde(default)]
+    pub mode: LimitMode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum LimitMode {
+    /// Over a limit: 429 (rate) or 503 and close (connections).
+    #[default]
+    Enforce,
+    /// Over a limit: counted and logged, never rejected.
+    DryRun,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    pub key: LimitKey,
+    pub rate: ReqRate,
+    /// Requests admitted at once from a full bucket (at least 1).
+    #[serde(deserialize_with = "burst")]
+    pub burst: u32,
+}
+
+/// What a bucket is kept per.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub enum LimitKey {
+    /// The client address (after PROXY protocol and trusted proxies).
+    ClientIp,
+    /// A request header's value (a request without it is not limited by this rule).
+    Header(String),
+}
+
+/// Requests per period, `"100/s"`, `"30/m"`, `"1000/h"`: kept as the interval
+/// between two tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReqRate {
+    /// Microseconds per token.
+    pub interval_us: u64,
+}
+
+impl ReqRate {
+    pub fn parse(text: &str) -> Result<ReqRate, String> {
+        let (count, per) = text.trim().split_once('/').ok_or_else(|| {
+            format!("rate `{text}` must be requests per period, such as \"100/s\"")
+        })?;
+        let count: u64 = count
+            .trim()
+            .parse()
+            .map_err(|_| format!("rate `{text}` must start with a whole number of requests"))?;
+        let period_us: u64 = match per.trim() {
+            "s" => 1_000_000,
+            "m" | "min" => 60_000_000,
+            "h" => 3_600_000_000,
+            other => {
+                return Err(format!(
+                    "rate `{text}` has unknown period `{other}`: use s, m or h"
+                ))
+            }
+        };
+        if count == 0 || count > period_us {
+            return Err(format!(
+                "rate `{text}`: between 1 and one a microsecond, please"
+            ));
+        }
+        Ok(ReqRate {
+            interval_us: period_us / count,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for ReqRate {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        ReqRate::parse(&text).map_err(de::Error::custom)
+    }
+}
+
+fn burst<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+    match u32::deserialize(deserializer)? {
+        0 => Err(de::Error::custom("burst 0 would admit nothing: at least 1")),
+        n => Ok(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_are_read_as_intervals() {
+        assert_eq!(ReqRate::parse("100/s").unwrap().interval_us, 10_000);
+        assert_eq!(ReqRate::parse("1/s").unwrap().interval_us, 1_000_000);
+        assert_eq!(ReqRate::parse("30/m").unwrap().interval_us, 2_000_000);
+        assert!(ReqRate::parse("0/s").is_err());
+        assert!(ReqRate::parse("100").is_err());
+        assert!(ReqRate::parse("5/d").is_err());
+    }
+
+    #[test]
+    fn limits_parse_with_defaults() {
+        let l: Limits = ron::from_str(
+            r#"(rates: [(key: ClientIp, rate: "100/s", burst: 50), (key: Header("X-Api-Key"), rate: "10/m", burst: 1)], mode: DryRun)"#,
+        )
+        .unwrap();
+        assert_eq!(l.conn_per_ip, None);
+        assert_eq!(l.mode, LimitMode::DryRun);
+        assert_eq!(l.rates[1].key, LimitKey::Header("X-Api-Key".into()));
+        assert!(
+            ron::from_str::<Limits>(r#"(rates: [(key: ClientIp, rate: "1/s", burst: 0)])"#)
+                .is_err()
+        );
+    }
+}

@@ -1,0 +1,364 @@
+//! Overload protection, end to end: nobody starves at `worker_connections`, per-client
+//! limits shared by the workers.
+//!
+//! Nothing here asserts timing: deadlines are generous and only bound a broken run.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::*;
+
+fn total(stats: &serde_json::Value, key: &str) -> u64 {
+    stats["totals"][key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {key} in {}", stats["totals"]))
+}
+
+/// 48 keep-alive clients, each requesting in a loop, on one worker that holds 16
+/// connections: each is served, none of their requests fails. Before rotation, 32 of
+/// them waited in the accept queue for the whole run.
+#[test]
+fn at_worker_connections_every_waiting_client_is_served_and_no_request_fails() {
+    const CLIENTS: usize = 48;
+    let d = TestDaemon::builder()
+        .workers(1)
+        .top("worker_connections: 16,")
+        // Unlimited requests per connection: only rotation frees a connection.
+        .server("keepalive_requests: 0,")
+        .start();
+    let port = d.port;
+    let served = Arc::new(AtomicUsize::new(0));
+    let failures = Arc::new(AtomicU64::new(0));
+    let responses = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let threads: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (served, failures, responses) =
+                (served.clone(), failures.clone(), responses.clone());
+            std::thread::spawn(move || -> Vec<String> {
+                let mut errors = Vec::new();
+                let mut mine = 0u64;
+                let mut conn: Option<Conn> = None;
+                while Instant::now() < deadline && (served.load(SeqCst) < CLIENTS || mine < 3) {
+                    let c = match conn.as_mut() {
+                        Some(c) => c,
+                        None => match Conn::connect_timeout(port, Duration::from_secs(60)) {
+                            Ok(c) => conn.insert(c),
+                            Err(e) => {
+                                errors.push(e);
+                                failures.fetch_add(1, SeqCst);
+                                std::thread::sleep(Duration::from_millis(50));
+                                continue;
+                            }
+                        },
+                    };
+                    match c.exchange(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n") {
+                        Ok(r) => {
+                            assert_eq!(r.status, 200);
+                            mine += 1;
+                            if mine == 1 {
+                                served.fetch_add(1, SeqCst);
+                            }
+                            responses.fetch_add(1, SeqCst);
+                            if r.closes() {
+                                conn = None;
+                            }
+                        }
+                        Err(e) => {
+                            // A request sent and not answered (closed, reset, or
+                            // starved past the read timeout).
+                            errors.push(e);
+                            failures.fetch_add(1, SeqCst);
+                            conn = None;
+                        }
+                    }
+                }
+                errors
+            })
+        })
+        .collect();
+    let errors: Vec<String> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    assert_eq!(
+        served.load(SeqCst),
+        CLIENTS,
+        "clients never served; errors: {errors:?}"
+    );
+    assert_eq!(failures.load(SeqCst), 0, "failed requests: {errors:?}");
+    let stats = stats_json(&d.config);
+    assert!(
+        total(&stats, "connections_rotated") > 0,
+        "{}",
+        stats["totals"]
+    );
+    assert!(total(&stats, "connection_limit_hits") > 0);
+    assert!(responses.load(SeqCst) >= CLIENTS as u64 * 3);
+}
+
+/// The default routes, with `limits` on the static route only: the harness's
+/// readiness probes must not take tokens.
+fn limited_routes(limits: &str) -> String {
+    format!(
+        r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/readyz", handler: Readiness),
+            (prefix: "/", handler: Static(root: "www", index: ["index.html"]), limits: Some({limits})),"#
+    )
+}
+
+/// One request on a connection of its own; the status, or None if unanswered.
+fn status_on_new_connection(port: u16, extra: &str) -> Option<u16> {
+    let mut c = Conn::connect_timeout(port, Duration::from_secs(30)).ok()?;
+    let req = format!("GET / HTTP/1.1\r\nHost: localhost\r\n{extra}Connection: close\r\n\r\n");
+    c.exchange(req.as_bytes()).ok().map(|r| r.status)
+}
+
+/// Requests of every worker row.
+fn requests_per_worker(stats: &serde_json::Value) -> Vec<u64> {
+    stats["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .map(|w| w["counters"]["requests"].as_u64().unwrap_or(0))
+        .collect()
+}
+
+#[test]
+fn a_rate_limit_per_client_address_is_one_limit_over_all_workers() {
+    let d = TestDaemon::builder()
+        .workers(2)
+        .routes(&limited_routes(
+            r#"(rates: [(key: ClientIp, rate: "1/s", burst: 10)])"#,
+        ))
+        .start();
+    let started = Instant::now();
+    let mut admitted = 0u64;
+    let mut limited = 0u64;
+    for _ in 0..200 {
+        match status_on_new_connection(d.port, "") {
+            Some(200) => admitted += 1,
+            Some(429) => limited += 1,
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    // The burst, plus at most one token per second that passed (and one for rounding).
+    let ceiling = 10 + started.elapsed().as_secs() + 1;
+    assert!(
+        (10..=ceiling).contains(&admitted),
+        "admitted {admitted}, limited {limited}, ceiling {ceiling}"
+    );
+    let stats = stats_json(&d.config);
+    let per_worker = requests_per_worker(&stats);
+    assert!(
+        per_worker.iter().filter(|&&n| n > 0).count() >= 2,
+        "the requests did not reach both workers: {per_worker:?}"
+    );
+    assert_eq!(total(&stats, "rate_limited"), limited);
+}
+
+#[test]
+fn over_a_rate_the_answer_is_429_with_retry_after_until_the_next_token() {
+    let d = TestDaemon::builder()
+        .routes(&limited_routes(
+            r#"(rates: [(key: ClientIp, rate: "1/m", burst: 1)])"#,
+        ))
+        .start();
+    let mut c = Conn::connect(d.port).unwrap();
+    let req = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    assert_eq!(c.exchange(req).unwrap().status, 200);
+    c.send(req).unwrap();
+    let head = c.read_head().unwrap();
+    assert_eq!(head.status, 429);
+    // The next token is a minute after the first request, less the moment since.
+    assert_eq!(head.header("Retry-After"), Some("60"));
+    assert_eq!(head.header("Content-Type"), Some("text/html"));
+    let body = c.read_body(head.content_length().unwrap()).unwrap();
+    assert_eq!(
+        body,
+        b"<html><head><title>429 Too Many Requests</title></head><body><h1>429 Too Many Requests</h1><hr>forkd</body></html>\n"
+    );
+    // The connection stays usable: a 429 is an answer, not a broken framing.
+    assert!(!head.closes());
+    c.send(req).unwrap();
+    assert_eq!(c.read_head().unwrap().status, 429);
+}
+
+#[test]
+fn a_header_keyed_limit_counts_each_key_apart() {
+    let d = TestDaemon::builder()
+        .routes(&limited_routes(
+            r#"(rates: [(key: Header("X-Api-Key"), rate: "1/m", burst: 2)])"#,
+        ))
+        .start();
+    let a = "X-Api-Key: alpha\r\n";
+    let b = "X-Api-Key: beta\r\n";
+    let got: Vec<Option<u16>> = [a, a, a, b, b, b, ""]
+        .iter()
+        .map(|h| status_on_new_connection(d.port, h))
+        .collect();
+    // Without the header, the rule does not apply.
+    let want = [200, 200, 429, 200, 200, 429, 200].map(Some);
+    assert_eq!(got, want);
+}
+
+#[test]
+fn dry_run_never_rejects_and_a_reload_to_enforce_does() {
+    let mut d = TestDaemon::builder()
+        .workers(2)
+        .routes(&limited_routes(
+            r#"(rates: [(key: ClientIp, rate: "1/m", burst: 1)], mode: DryRun)"#,
+        ))
+        .start();
+    for _ in 0..30 {
+        assert_eq!(status_on_new_connection(d.port, ""), Some(200));
+    }
+    let stats = stats_json(&d.config);
+    assert_eq!(total(&stats, "limits_dry_run_hits"), 29);
+    assert_eq!(total(&stats, "rate_limited"), 0);
+    assert!(d.error_log().contains("DryRun: admitted"));
+
+    d.builder.routes =
+        limited_routes(r#"(rates: [(key: ClientIp, rate: "1/m", burst: 1)], mode: Enforce)"#);
+    let (code, out, err) = d.reload();
+    assert_eq!(code, 0, "{out} {err}");
+    let statuses: Vec<Option<u16>> = (0..10)
+        .map(|_| status_on_new_connection(d.port, ""))
+        .collect();
+    assert!(
+        statuses.iter().all(|s| *s == Some(429)),
+        "the bucket was emptied under DryRun: {statuses:?}"
+    );
+}
+
+#[test]
+fn conn_per_ip_is_one_limit_over_all_workers_and_frees_on_close() {
+    let d = TestDaemon::builder()
+        .workers(2)
+        .server("limits: Some((conn_per_ip: Some(3))),")
+        .start();
+    let req = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    let mut open: Vec<Conn> = (0..3)
+        .map(|_| {
+            let mut c = Conn::connect(d.port).unwrap();
+            assert_eq!(c.exchange(req).unwrap().status, 200);
+            c
+        })
+        .collect();
+    for _ in 0..4 {
+        let mut c = Conn::connect(d.port).unwrap();
+        c.send(req).unwrap();
+        let r = c.response().unwrap();
+        assert_eq!(r.status, 503);
+        assert_eq!(r.header("Retry-After"), Some("1"));
+        assert!(r.closes());
+        assert!(read_to_close(&mut c.s).is_empty(), "closed after the 503");
+    }
+    let stats = stats_json(&d.config);
+    assert_eq!(total(&stats, "conn_limited"), 4);
+    // A closed connection makes room (the worker uncounts it when it sees the close).
+    drop(open.pop());
+    assert!(wait_until(Duration::from_secs(20), || {
+        status_on_new_connection(d.port, "") == Some(200)
+    }));
+    drop(open);
+}
+
+/// A daemon with a second server on its own port whose listen entry speaks PROXY
+/// protocol (the harness's probes use the first, plain one). Returns it and the port.
+fn proxied_daemon() -> (TestDaemon, u16) {
+    let mut d = TestDaemon::builder().prepare();
+    let proxied = d.reserve_port();
+    // The routes text ends the first server and opens the second, whose routes the
+    // template's closing brackets end.
+    d.builder.routes = format!(
+        r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/readyz", handler: Readiness),
+            (prefix: "/", handler: Static(root: "www", index: ["index.html"])),
+        ],
+    ), (
+        listen: [(addr: "127.0.0.1:{proxied}", proxy_protocol: true)],
+        names: ["proxied"],
+        header_timeout: "1s",
+        access_log: Some(File("proxied.log")),
+        routes: [
+            (prefix: "/", handler: Static(root: "www", index: ["index.html"])),"#
+    );
+    write_config(&d.config, &d.builder.config_text(d.port));
+    let cmd = d.command();
+    let pid = d.spawn(cmd);
+    d.wait_serving(pid);
+    (d, proxied)
+}
+
+fn v2_header(client: [u8; 4], port: u16) -> Vec<u8> {
+    let mut h = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+    h.extend_from_slice(&[0x21, 0x11, 0, 12]);
+    h.extend_from_slice(&client);
+    h.extend_from_slice(&[127, 0, 0, 1]);
+    h.extend_from_slice(&port.to_be_bytes());
+    h.extend_from_slice(&80u16.to_be_bytes());
+    h
+}
+
+#[test]
+fn a_proxy_protocol_header_names_the_client_in_the_access_log() {
+    let (d, port) = proxied_daemon();
+    let req = b"GET / HTTP/1.1\r\nHost: proxied\r\nConnection: close\r\n\r\n";
+    let mut v1 = b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 80\r\n".to_vec();
+    v1.extend_from_slice(req);
+    let mut v2 = v2_header([198, 51, 100, 23], 6666);
+    v2.extend_from_slice(req);
+    for raw in [v1, v2] {
+        let mut c = Conn::connect(port).unwrap();
+        assert_eq!(c.exchange(&raw).unwrap().status, 200);
+    }
+    let log = d.path("proxied.log");
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let text = read();
+            text.contains("203.0.113.9") && text.contains("198.51.100.23")
+        }),
+        "{}",
+        read()
+    );
+    assert!(!read().contains("127.0.0.1 "), "{}", read());
+}
+
+#[test]
+fn without_a_valid_proxy_header_the_connection_is_closed_unanswered() {
+    let (d, port) = proxied_daemon();
+    let mut c = Conn::connect_timeout(port, Duration::from_secs(30)).unwrap();
+    c.send(b"GET / HTTP/1.1\r\nHost: proxied\r\n\r\n").unwrap();
+    assert!(read_to_close(&mut c.s).is_empty());
+    // Nothing at all: closed after header_timeout.
+    let mut quiet = Conn::connect_timeout(port, Duration::from_secs(30)).unwrap();
+    assert!(read_to_close(&mut quiet.s).is_empty());
+    let stats = stats_json(&d.config);
+    assert_eq!(total(&stats, "proxy_header_refused"), 2);
+}
+
+#[test]
+fn x_forwarded_for_from_a_trusted_peer_is_the_client_for_limits_and_the_log() {
+    let d = TestDaemon::builder()
+        .server(r#"trusted_proxies: ["127.0.0.1", "10.0.0.0/8"], real_ip_header: Some("X-Forwarded-For"),"#)
+        .routes(&limited_routes(r#"(rates: [(key: ClientIp, rate: "1/m", burst: 1)])"#))
+        .start();
+    let from = |xff: &str| status_on_new_connection(d.port, &format!("X-Forwarded-For: {xff}\r\n"));
+    // The right-most address that is not a trusted proxy is the client.
+    assert_eq!(from("192.0.2.50, 203.0.113.1, 10.0.0.7"), Some(200));
+    assert_eq!(from("203.0.113.1"), Some(429));
+    assert_eq!(from("203.0.113.2"), Some(200));
+    let log = || d.access_log();
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            log().contains("203.0.113.1") && log().contains("203.0.113.2")
+        }),
+        "{}",
+        log()
+    );
+    assert!(!log().contains("192.0.2.50"), "{}", log());
+}

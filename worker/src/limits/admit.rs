@@ -1,0 +1,214 @@
+//! Applying a server's (or route's) `limits` to a request or a new connection: which
+//! rules apply, the key each is kept per, the verdict in `Enforce` and `DryRun` mode,
+//! the counters, and the throttled log line. The table and the bucket do the counting.
+
+use super::bucket::{self, Take};
+use super::table::{Held, Table, TooMany};
+use crate::services::Services;
+use crate::timers::Micros;
+use forkd_shared::config::limits::{LimitKey, LimitMode, Limits};
+use forkd_shared::shm::counters;
+use std::net::IpAddr;
+
+/// At most one log line about limits per worker this often: an attack must not turn
+/// into a flood of the error log.
+const LOG_EVERY_US: Micros = 1_000_000;
+
+/// Per-worker state of the limits: when the next log line may be written, and lines
+/// held back since the last.
+#[derive(Debug, Default)]
+pub struct LimitLog {
+    next_at: Micros,
+    suppressed: u64,
+}
+
+impl LimitLog {
+    fn note(&mut self, now: Micros, line: impl FnOnce() -> String) {
+        if now < self.next_at {
+            self.suppressed += 1;
+            return;
+        }
+        let held = std::mem::take(&mut self.suppressed);
+        if held > 0 {
+            forkd_shared::info!("{} ({held} more since the last such line)", line());
+        } else {
+            forkd_shared::info!("{}", line());
+        }
+        self.next_at = now + LOG_EVERY_US;
+    }
+}
+
+/// CLOCK_MONOTONIC in µs: the same clock in every worker, so buckets shared through
+/// the region age alike whoever updates them.
+pub fn monotonic_us() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        t.tv_sec() as u64 * 1_000_000 + t.tv_nsec() as u64 / 1000
+    })
+}
+
+/// The limits in force for a request to `route` of `server`: the route's, or else
+/// the server's; with the scope their buckets are kept under (a server's rules are
+/// shared by all its routes that have none of their own).
+fn in_force(svc: &Services, server: usize, route: Option<usize>) -> Option<(&Limits, u64)> {
+    let s = svc.config.servers.get(server)?;
+    if let Some(r) = route {
+        if let Some(l) = s.routes.get(r).and_then(|r| r.limits.as_ref()) {
+            return Some((l, (server as u64) << 32 | (r as u64) << 16));
+        }
+    }
+    s.limits
+        .as_ref()
+        .map(|l| (l, (server as u64) << 32 | 0xffff << 16))
+}
+
+/// The value a request is keyed by under `key`, if it has one.
+fn key_value<'h>(key: &LimitKey, peer: &'h [u8], head: &'h [u8]) -> Option<&'h [u8]> {
+    match key {
+        LimitKey::ClientIp => Some(peer),
+        LimitKey::Header(name) => header(head, name.as_bytes()),
+    }
+}
+
+/// The value of the first field `name` in a raw request head.
+pub fn header<'h>(head: &'h [u8], name: &[u8]) -> Option<&'h [u8]> {
+    headers(head, name).next()
+}
+
+/// The values of every field `name` in a raw request head, in order.
+pub fn headers<'h, 'n>(head: &'h [u8], name: &'n [u8]) -> impl Iterator<Item = &'h [u8]> + 'n
+where
+    'h: 'n,
+{
+    head.split(|&b| b == b'\n').skip(1).filter_map(move |line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let colon = line.iter().position(|&b| b == b':')?;
+        line[..colon]
+            .eq_ignore_ascii_case(name)
+            .then(|| line[colon + 1..].trim_ascii())
+    })
+}
+
+fn ip_bytes(ip: IpAddr) -> ([u8; 16], usize) {
+    let mut out = [0u8; 16];
+    match ip {
+        IpAddr::V4(v4) => {
+            out[..4].copy_from_slice(&v4.octets());
+            (out, 4)
+        }
+        IpAddr::V6(v6) => {
+            out.copy_from_slice(&v6.octets());
+            (out, 16)
+        }
+    }
+}
+
+/// The rate limits of the request: `Some(seconds)` for `Retry-After` when it is to be
+/// answered 429. In `DryRun` mode a request over a rate is counted and logged, and
+/// admitted.
+pub fn request(
+    svc: &mut Services,
+    server: usize,
+    route: Option<usize>,
+    head: &[u8],
+    peer: IpAddr,
+) -> Option<u64> {
+    let (limits, scope) = in_force(svc, server, route)?;
+    if limits.rates.is_empty() {
+        return None;
+    }
+    let table = Table::of(&svc.stats.region().layout().limits);
+    let now = monotonic_us();
+    let (ip, ip_len) = ip_bytes(peer);
+    let mut over: Option<u64> = None;
+    for (i, rule) in limits.rates.iter().enumerate() {
+        let Some(value) = key_value(&rule.key, &ip[..ip_len], head) else {
+            continue;
+        };
+        let key = table.key(scope | i as u64, value);
+        if let Take::Over { retry_after_us } =
+            table.take(key, now, rule.rate.interval_us, rule.burst)
+        {
+            over = Some(over.map_or(retry_after_us, |o| o.max(retry_after_us)));
+        }
+    }
+    let retry = bucket::retry_after_secs(over?);
+    let mode = limits.mode;
+    let now_us = svc.clock.now_us;
+    match mode {
+        LimitMode::Enforce => {
+            svc.stats.bump(counters::RATE_LIMITED, 1);
+            svc.limit_log.note(now_us, || {
+                format!("client {peer} over a rate limit: 429, retry after {retry}s")
+            });
+            Some(retry)
+        }
+        LimitMode::DryRun => {
+            svc.stats.bump(counters::LIMITS_DRY_RUN_HITS, 1);
+            svc.limit_log.note(now_us, || {
+                format!("client {peer} over a rate limit (DryRun: admitted)")
+            });
+            None
+        }
+    }
+}
+
+/// What `conn_per_ip` says of a new connection from `peer` to `server`.
+pub enum Connection {
+    /// Admitted; counted under `Held` if there is a limit (uncount it on close).
+    Admit(Option<Held>),
+    /// Over the limit: answer 503 and close.
+    Refuse,
+}
+
+/// `conn_per_ip` of the server a listener's connections start with (a connection's
+/// `Host` is not known yet when it is accepted).
+pub fn connection(svc: &mut Services, server: usize, peer: IpAddr) -> Connection {
+    let Some((limits, scope)) = in_force(svc, server, None) else {
+        return Connection::Admit(None);
+    };
+    let Some(limit) = limits.conn_per_ip else {
+        return Connection::Admit(None);
+    };
+    let table = Table::of(&svc.stats.region().layout().limits);
+    let (ip, ip_len) = ip_bytes(peer);
+    let key = table.key(scope | 0xffff, &ip[..ip_len]);
+    let now_s = (monotonic_us() / 1_000_000) as u32;
+    let mode = limits.mode;
+    let now_us = svc.clock.now_us;
+    match (table.hold(key, limit, now_s), mode) {
+        (Ok(held), _) => Connection::Admit(held),
+        (Err(TooMany(open)), LimitMode::Enforce) => {
+            svc.stats.bump(counters::CONN_LIMITED, 1);
+            svc.limit_log.note(now_us, || {
+                format!("client {peer} has {open} connections open, conn_per_ip {limit}: 503")
+            });
+            Connection::Refuse
+        }
+        (Err(TooMany(open)), LimitMode::DryRun) => {
+            svc.stats.bump(counters::LIMITS_DRY_RUN_HITS, 1);
+            svc.limit_log.note(now_us, || {
+                format!("client {peer} has {open} connections open, conn_per_ip {limit} (DryRun: admitted)")
+            });
+            Connection::Admit(None)
+        }
+    }
+}
+
+/// Uncounts a connection `connection` counted.
+pub fn release(svc: &Services, held: Held) {
+    Table::of(&svc.stats.region().layout().limits).release(held);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values_are_found_by_name_whatever_the_case() {
+        let head = b"GET / HTTP/1.1\r\nHost: a\r\nx-api-KEY:  k-123 \r\nX-Api-Key: second\r\n\r\n";
+        assert_eq!(header(head, b"X-Api-Key"), Some(&b"k-123"[..]));
+        assert_eq!(header(head, b"Authorization"), None);
+        // The request line is not a field.
+        assert_eq!(header(b"GET /x: HTTP/1.1\r\n\r\n", b"GET /x"), None);
+    }
+}

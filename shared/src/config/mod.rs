@@ -12,6 +12,7 @@
 mod error;
 mod locate;
 pub mod raw;
+pub mod site;
 pub mod units;
 mod validate;
 
@@ -92,12 +93,32 @@ pub struct Server {
     pub min_rate_grace: Duration,
     /// Sorted longest prefix first, so the first match is the longest.
     pub routes: Vec<Route>,
+    /// Pages replacing the built-in error pages, by status.
+    pub error_pages: Vec<ErrorPage>,
 }
 
 #[derive(Debug, Clone)]
 pub struct Route {
     pub prefix: String,
     pub handler: Handler,
+    /// The server's header fields then the route's, a route's empty value removing
+    /// the server's field; none on probe routes.
+    pub headers: Vec<site::HeaderField>,
+    /// `headers` as header lines, `Name: value\r\n` each, ready to append.
+    pub header_block: Vec<u8>,
+    /// The route's `allow`/`deny`, or the server's when the route has none (probe
+    /// routes only follow their own).
+    pub access: site::Access,
+}
+
+/// A file replacing forkd's built-in page for `status`, read when the configuration
+/// is loaded (a reload reads it again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorPage {
+    pub status: u16,
+    pub path: PathBuf,
+    pub content_type: &'static str,
+    pub body: Vec<u8>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,7 +127,26 @@ pub enum Handler {
     Readiness,
     Status,
     Metrics,
-    Static { root: PathBuf, index: Vec<String> },
+    Static {
+        root: PathBuf,
+        index: Vec<String>,
+    },
+    Redirect {
+        to: site::RedirectTarget,
+        status: u16,
+    },
+    Return {
+        status: u16,
+        body: String,
+        content_type: String,
+    },
+}
+
+impl Server {
+    /// The configured page for `status`, if any.
+    pub fn error_page(&self, status: u16) -> Option<&ErrorPage> {
+        self.error_pages.iter().find(|p| p.status == status)
+    }
 }
 
 impl Config {

@@ -6,9 +6,11 @@
 //! at the line and column where they were written. Checks that relate several values
 //! live in `validate`.
 
+use super::site::{Cidr, ErrorStatus, HeaderField, RedirectStatus, RedirectTarget, ReturnStatus};
 use super::units::{ConfDuration, ConfSize};
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 
@@ -78,6 +80,17 @@ pub struct RawServer {
     pub min_send_rate: ConfRate,
     #[serde(default = "default_min_rate_grace")]
     pub min_rate_grace: ConfDuration,
+    /// Added to every response of the server (probes aside).
+    #[serde(default)]
+    pub headers: Vec<HeaderField>,
+    /// Files (below the config folder) replacing the built-in page of a status.
+    #[serde(default)]
+    pub error_pages: BTreeMap<ErrorStatus, String>,
+    /// Address blocks let in / refused, for routes without rules of their own.
+    #[serde(default)]
+    pub allow: Vec<Cidr>,
+    #[serde(default)]
+    pub deny: Vec<Cidr>,
     pub routes: Vec<RawRoute>,
 }
 
@@ -119,6 +132,14 @@ impl<'de> Deserialize<'de> for ConfRate {
 pub struct RawRoute {
     pub prefix: RoutePrefix,
     pub handler: RawHandler,
+    /// Added after the server's; an empty value removes the server's field.
+    #[serde(default)]
+    pub headers: Vec<HeaderField>,
+    /// When either is given, these replace the server's rules for this route.
+    #[serde(default)]
+    pub allow: Vec<Cidr>,
+    #[serde(default)]
+    pub deny: Vec<Cidr>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -136,6 +157,20 @@ pub enum RawHandler {
         root: String,
         #[serde(default = "default_index")]
         index: Vec<String>,
+    },
+    /// Answers with a redirect to `to`, its placeholders expanded.
+    Redirect {
+        to: RedirectTarget,
+        #[serde(default = "default_redirect_status")]
+        status: RedirectStatus,
+    },
+    /// Answers with a fixed status and body.
+    Return {
+        status: ReturnStatus,
+        #[serde(default)]
+        body: String,
+        #[serde(default = "default_return_type")]
+        content_type: String,
     },
 }
 
@@ -277,4 +312,10 @@ fn default_min_rate_grace() -> ConfDuration {
 }
 fn default_index() -> Vec<String> {
     vec!["index.html".into()]
+}
+fn default_redirect_status() -> RedirectStatus {
+    RedirectStatus(302)
+}
+fn default_return_type() -> String {
+    "text/plain".into()
 }

@@ -211,7 +211,7 @@ fn send(req: &Request, file: &Rc<CachedFile>, reply: &mut Reply) -> Outcome {
         response::start(out, Status::NOT_MODIFIED, date);
         response::header(out, "Last-Modified", &file.last_modified);
         response::header(out, "ETag", &file.etag);
-        response::finish(out, reply.persistence);
+        response::finish_with(out, reply.site.headers, reply.persistence);
         return Outcome {
             status: Status::NOT_MODIFIED,
             body_bytes: 0,
@@ -243,7 +243,7 @@ fn send(req: &Request, file: &Rc<CachedFile>, reply: &mut Reply) -> Outcome {
         out.extend_from_slice(b"\r\n");
     }
     response::content_length(out, len);
-    response::finish(out, reply.persistence);
+    response::finish_with(out, reply.site.headers, reply.persistence);
     if reply.head_only {
         return Outcome {
             status,

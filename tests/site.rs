@@ -1,0 +1,395 @@
+//! What a site needs from its server (issue 15), end to end on the real binary:
+//! redirects and fixed answers, added header fields, error pages, allow/deny, SPA
+//! fallback, multiple ranges, compression. Responses are compared byte for byte
+//! (the `Date` value aside, which is checked to be there); expectations are written
+//! from the RFCs and the configuration, never read back from forkd.
+
+mod support;
+
+use std::path::Path;
+use support::*;
+
+/// One exchange on a fresh connection.
+fn send(d: &TestDaemon, raw: &str) -> Response {
+    let mut c = Conn::connect(d.port).unwrap();
+    c.exchange(raw.as_bytes()).unwrap()
+}
+
+/// One exchange read by the lenient reader (204, HEAD: no body expected).
+fn send_raw(d: &TestDaemon, raw: &str) -> Response {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", d.port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    std::io::Write::write_all(&mut s, raw.as_bytes()).unwrap();
+    read_response(&mut s, raw.starts_with("HEAD ")).expect("a response")
+}
+
+fn get(d: &TestDaemon, path: &str) -> Response {
+    send(
+        d,
+        &format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n"),
+    )
+}
+
+/// The head with its `Date` value replaced by `DATE` (after checking there is one).
+fn head_of(r: &Response) -> String {
+    let date = r.header("Date").expect("a Date field");
+    assert_eq!(date.len(), 29, "IMF-fixdate: {date}");
+    r.head.replace(date, "DATE")
+}
+
+/// The built-in error page of `status`.
+fn builtin(status: &str) -> String {
+    format!("<html><head><title>{status}</title></head><body><h1>{status}</h1><hr>forkd</body></html>\n")
+}
+
+fn check_t(dir: &Path, text: &str) -> (i32, String) {
+    let config = dir.join("forkd.ron");
+    std::fs::write(&config, text).unwrap();
+    let (code, _, err) = run_forkd(&config, &["-t"]);
+    (code, err)
+}
+
+fn server_config(server: &str, routes: &str) -> String {
+    format!(
+        r#"(
+    servers: [(
+        listen: ["127.0.0.1:8080"],
+        {server}
+        routes: [
+            {routes}
+        ],
+    )],
+)"#
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. Redirect and Return
+
+#[test]
+fn redirect_expands_placeholders_byte_exact() {
+    let d = TestDaemon::builder()
+        .routes(
+            r#"(prefix: "/old/", handler: Redirect(to: "/new/{path}?from={query}", status: 301)),
+            (prefix: "/moved", handler: Redirect(to: "https://example.com{uri}", status: 308)),
+            (prefix: "/self", handler: Redirect(to: "https://{host}/x", status: 307)),"#,
+        )
+        .start();
+    let r = get(&d, "/old//a/./b%20c?q=1");
+    let body = builtin("301 Moved Permanently");
+    assert_eq!(
+        head_of(&r),
+        format!(
+            "HTTP/1.1 301 Moved Permanently\r\nServer: forkd\r\nDate: DATE\r\nContent-Type: text/html\r\nContent-Length: {}\r\nLocation: /new/a/b%20c?from=q=1\r\n\r\n",
+            body.len()
+        )
+    );
+    assert_eq!(r.body_str(), body);
+    let r = send(
+        &d,
+        "POST /moved/p?x HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n",
+    );
+    assert_eq!(r.status, 308);
+    assert_eq!(r.header("Location"), Some("https://example.com/moved/p"));
+    assert!(
+        r.head.starts_with("HTTP/1.1 308 Permanent Redirect\r\n"),
+        "{}",
+        r.head
+    );
+    let r = get(&d, "/self");
+    assert_eq!(r.header("Location"), Some("https://localhost/x"));
+    d.assert_log_clean();
+}
+
+#[test]
+fn a_redirect_never_points_at_another_host() {
+    // `{path}` after a prefix without a slash starts with `/`: `/{path}` of
+    // `/old//evil.example` would be `//evil.example`, a protocol-relative URL.
+    let d = TestDaemon::builder()
+        .routes(
+            r#"(prefix: "/old", handler: Redirect(to: "/{path}", status: 302)),
+            (prefix: "/h", handler: Redirect(to: "https://{host}/", status: 302)),"#,
+        )
+        .start();
+    for target in [
+        "/old//evil.example/x",
+        "/old/%2F%2Fevil.example",
+        "/old/\\evil.example",
+        "/old/%5Cevil.example",
+    ] {
+        let r = get(&d, target);
+        if r.status == 302 {
+            let loc = r.header("Location").unwrap();
+            assert!(
+                loc.starts_with('/') && !loc.starts_with("//") && !loc.starts_with("/\\"),
+                "{target} -> {loc}"
+            );
+        } else {
+            assert_eq!(r.status, 400, "{target}");
+        }
+    }
+    let r = get(&d, "/old//evil.example/x");
+    assert_eq!(r.header("Location"), Some("/evil.example/x"));
+    // A Host that is not a host name is refused rather than put in the Location.
+    let r = send(&d, "GET /h HTTP/1.1\r\nHost: evil.example@a\r\n\r\n");
+    assert_ne!(r.status, 302, "{}", r.head);
+}
+
+#[test]
+fn return_answers_its_body_for_any_method() {
+    let d = TestDaemon::builder()
+        .routes(
+            r#"(prefix: "/ping", handler: Return(status: 200, body: "pong\n", content_type: "text/plain")),
+            (prefix: "/gone", handler: Return(status: 410, body: "gone")),
+            (prefix: "/empty", handler: Return(status: 204)),"#,
+        )
+        .start();
+    let r = get(&d, "/ping");
+    assert_eq!(
+        head_of(&r),
+        "HTTP/1.1 200 OK\r\nServer: forkd\r\nDate: DATE\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\n"
+    );
+    assert_eq!(r.body, b"pong\n");
+    let r = send(&d, "DELETE /gone HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    assert!(r.head.starts_with("HTTP/1.1 410 Gone\r\n"), "{}", r.head);
+    assert_eq!(r.body, b"gone");
+    let r = send_raw(&d, "GET /empty HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    assert_eq!(
+        head_of(&r),
+        "HTTP/1.1 204 No Content\r\nServer: forkd\r\nDate: DATE\r\n\r\n"
+    );
+    let r = send_raw(&d, "HEAD /ping HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    assert_eq!(r.header("Content-Length"), Some("5"));
+}
+
+#[test]
+fn bad_redirect_and_return_values_are_refused_at_their_position() {
+    let dir = TempDir::new();
+    std::fs::create_dir_all(dir.path().join("www")).unwrap();
+    let cases = [
+        (
+            r#"(prefix: "/a", handler: Redirect(to: "/b", status: 200)),"#,
+            "redirect status 200",
+        ),
+        (
+            r#"(prefix: "/a", handler: Redirect(to: "https://x.example{path}", status: 301)),"#,
+            "could change the host",
+        ),
+        (
+            r#"(prefix: "/a", handler: Redirect(to: "/{nope}", status: 301)),"#,
+            "unknown placeholder",
+        ),
+        (
+            r#"(prefix: "/a", handler: Redirect(to: "evil.example/", status: 301)),"#,
+            "must be a path",
+        ),
+        (
+            r#"(prefix: "/a", handler: Return(status: 99)),"#,
+            "out of range",
+        ),
+        (
+            r#"(prefix: "/a", handler: Return(status: 204, body: "x")),"#,
+            "has no body",
+        ),
+    ];
+    for (route, message) in cases {
+        let text = server_config("", route);
+        let (code, err) = check_t(dir.path(), &text);
+        assert_ne!(code, 0, "{route}");
+        assert!(err.contains("forkd.ron:6:"), "{route}: {err}");
+        assert!(err.contains(message), "{route}: {err}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. headers
+
+#[test]
+fn server_and_route_headers_are_added_and_removed() {
+    let d = TestDaemon::builder()
+        .server(r#"headers: [("X-Content-Type-Options", "nosniff"), ("X-Frame-Options", "DENY")],"#)
+        .routes(
+            r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/assets/", handler: Static(root: "www"),
+             headers: [("Cache-Control", "public, max-age=31536000, immutable"), ("X-Frame-Options", "")]),
+            (prefix: "/", handler: Static(root: "www", index: ["index.html"])),"#,
+        )
+        .file("assets/a.txt", b"asset")
+        .start();
+    let r = get(&d, "/assets/a.txt");
+    assert_eq!(r.status, 200);
+    assert!(
+        r.head.ends_with("Content-Length: 5\r\nX-Content-Type-Options: nosniff\r\nCache-Control: public, max-age=31536000, immutable\r\n\r\n"),
+        "{}",
+        r.head
+    );
+    assert_eq!(r.header("X-Frame-Options"), None, "removed by the route");
+    let r = get(&d, "/index.html");
+    assert!(
+        r.head
+            .ends_with("X-Content-Type-Options: nosniff\r\nX-Frame-Options: DENY\r\n\r\n"),
+        "{}",
+        r.head
+    );
+    // Error pages of the route carry them too.
+    let r = get(&d, "/missing");
+    assert_eq!(r.status, 404);
+    assert_eq!(r.header("X-Frame-Options"), Some("DENY"));
+    // Probes do not.
+    let r = get(&d, "/healthz");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("X-Content-Type-Options"), None, "{}", r.head);
+}
+
+#[test]
+fn bad_header_fields_are_refused_at_their_position() {
+    let dir = TempDir::new();
+    std::fs::create_dir_all(dir.path().join("www")).unwrap();
+    for (headers, message) in [
+        (r#"headers: [("Bad Name", "x")],"#, "not a token"),
+        (
+            r#"headers: [("X-A", "a\r\nInjected: 1")],"#,
+            "control character",
+        ),
+        (r#"headers: [("Content-Length", "1")],"#, "written by forkd"),
+    ] {
+        let text = server_config(headers, r#"(prefix: "/", handler: Static(root: "www")),"#);
+        let (code, err) = check_t(dir.path(), &text);
+        assert_ne!(code, 0, "{headers}");
+        assert!(err.contains("forkd.ron:4:"), "{headers}: {err}");
+        assert!(err.contains(message), "{headers}: {err}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. error pages
+
+#[test]
+fn error_pages_replace_the_built_in_ones() {
+    let page = b"<h1>not here</h1>\n";
+    let d = TestDaemon::builder()
+        .server(r#"error_pages: {404: "www/errors/404.html", 403: "www/errors/403.txt"},"#)
+        .routes(
+            r#"(prefix: "/private/", handler: Static(root: "www"), allow: ["10.0.0.0/8"]),
+            (prefix: "/", handler: Static(root: "www", index: ["index.html"])),"#,
+        )
+        .file("errors/404.html", page)
+        .file("errors/403.txt", b"no")
+        .start();
+    let r = get(&d, "/nothing");
+    assert_eq!(
+        head_of(&r),
+        format!(
+            "HTTP/1.1 404 Not Found\r\nServer: forkd\r\nDate: DATE\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\n\r\n",
+            page.len()
+        )
+    );
+    assert_eq!(r.body, page);
+    let r = get(&d, "/private/x");
+    assert_eq!(r.status, 403);
+    assert_eq!(r.header("Content-Type"), Some("text/plain; charset=utf-8"));
+    assert_eq!(r.body, b"no");
+    // A status without a page keeps the built-in one.
+    let r = send(
+        &d,
+        "POST / HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n",
+    );
+    assert_eq!(r.status, 405);
+    assert_eq!(r.body_str(), builtin("405 Method Not Allowed"));
+    // HEAD: the page's length, no body.
+    let r = send_raw(&d, "HEAD /nothing HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    assert_eq!(r.header("Content-Length"), Some(&*page.len().to_string()));
+}
+
+#[test]
+fn a_missing_or_outside_error_page_is_refused_by_t() {
+    let dir = TempDir::new();
+    std::fs::create_dir_all(dir.path().join("www")).unwrap();
+    for (pages, message) in [
+        (r#"error_pages: {404: "errors/none.html"},"#, "No such file"),
+        (
+            r#"error_pages: {404: "/etc/passwd"},"#,
+            "not below the configuration's folder",
+        ),
+        (r#"error_pages: {404: "www"},"#, "not a file"),
+        (r#"error_pages: {200: "www"},"#, "out of range"),
+    ] {
+        let text = server_config(pages, r#"(prefix: "/", handler: Static(root: "www")),"#);
+        let (code, err) = check_t(dir.path(), &text);
+        assert_ne!(code, 0, "{pages}");
+        assert!(err.contains("forkd.ron:4:"), "{pages}: {err}");
+        assert!(err.contains(message), "{pages}: {err}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. allow / deny
+
+#[test]
+fn allow_and_deny_check_the_peer_address() {
+    let d = TestDaemon::builder()
+        .server(r#"deny: ["127.0.0.2"],"#)
+        .routes(
+            r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/admin/", handler: Static(root: "www"), allow: ["10.0.0.0/8", "::1"]),
+            (prefix: "/local/", handler: Static(root: "www"), allow: ["::ffff:127.0.0.0/104"]),
+            (prefix: "/lan/", handler: Static(root: "www"), allow: ["127.0.0.0/8"], deny: ["127.0.0.1"]),
+            (prefix: "/", handler: Static(root: "www", index: ["index.html"])),"#,
+        )
+        .file("admin/a.txt", b"admin")
+        .file("local/a.txt", b"local")
+        .file("lan/a.txt", b"lan")
+        .start();
+    let r = get(&d, "/admin/a.txt");
+    assert_eq!(r.status, 403);
+    assert_eq!(r.body_str(), builtin("403 Forbidden"));
+    // A missing file behind the rule is 403 too: the rule comes before the file system.
+    assert_eq!(get(&d, "/admin/none").status, 403);
+    let r = get(&d, "/local/a.txt");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"local"[..]));
+    assert_eq!(get(&d, "/lan/a.txt").status, 403, "deny wins over allow");
+    assert_eq!(
+        get(&d, "/index.html").status,
+        200,
+        "server deny: other address"
+    );
+    // Refused before the body is sent: no 100 Continue.
+    let r = send(
+        &d,
+        "PUT /admin/a.txt HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+    );
+    assert_eq!(r.status, 403);
+}
+
+#[test]
+fn a_server_deny_applies_to_routes_without_rules() {
+    let d = TestDaemon::builder()
+        .server(r#"deny: ["127.0.0.0/8"],"#)
+        .routes(
+            r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/open/", handler: Static(root: "www"), allow: ["0.0.0.0/0"]),
+            (prefix: "/", handler: Static(root: "www", index: ["index.html"])),"#,
+        )
+        .file("open/a.txt", b"open")
+        .start();
+    assert_eq!(get(&d, "/index.html").status, 403);
+    assert_eq!(get(&d, "/open/a.txt").status, 200, "the route's own rules");
+    assert_eq!(
+        get(&d, "/healthz").status,
+        200,
+        "probes keep their own rules"
+    );
+}
+
+#[test]
+fn bad_cidr_is_refused_at_its_position() {
+    let dir = TempDir::new();
+    std::fs::create_dir_all(dir.path().join("www")).unwrap();
+    for rule in [r#"allow: ["10.0.0.0/33"],"#, r#"deny: ["10.0.0"],"#] {
+        let text = server_config(rule, r#"(prefix: "/", handler: Static(root: "www")),"#);
+        let (code, err) = check_t(dir.path(), &text);
+        assert_ne!(code, 0, "{rule}");
+        assert!(err.contains("forkd.ron:4:"), "{rule}: {err}");
+    }
+}

@@ -393,3 +393,55 @@ fn bad_cidr_is_refused_at_its_position() {
         assert!(err.contains("forkd.ron:4:"), "{rule}: {err}");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// 5. SPA fallback
+
+#[test]
+fn a_missing_file_is_answered_by_the_fallback() {
+    let app = b"<div id=app></div>\n";
+    let d = TestDaemon::builder()
+        .routes(
+            r#"(prefix: "/app/", handler: Static(root: "www", index: ["index.html"], fallback: Some("/app/index.html"))),
+            (prefix: "/", handler: Static(root: "www", index: ["index.html"])),"#,
+        )
+        .file("app/index.html", app)
+        .file("app/main.js", b"js")
+        .file("app/empty/.keep", b"")
+        .start();
+    for path in ["/app/users/42", "/app/users/42/", "/app/main.js/x"] {
+        let r = get(&d, path);
+        assert_eq!((r.status, r.body.as_slice()), (200, &app[..]), "{path}");
+        assert_eq!(r.header("Content-Type"), Some("text/html; charset=utf-8"));
+    }
+    let r = get(&d, "/app/main.js");
+    assert_eq!(r.body, b"js", "an existing file is itself");
+    // There but forbidden (a folder without an index): stays 403.
+    assert_eq!(get(&d, "/app/empty/").status, 403);
+    // Not for other methods.
+    let r = send(
+        &d,
+        "POST /app/users HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n",
+    );
+    assert_eq!(r.status, 405);
+    // Not outside the route.
+    assert_eq!(get(&d, "/nothing").status, 404);
+}
+
+#[test]
+fn a_bad_fallback_is_refused_by_t() {
+    let dir = TempDir::new();
+    std::fs::create_dir_all(dir.path().join("www")).unwrap();
+    for (fallback, message) in [
+        (r#"Some("index.html")"#, "normalised file path"),
+        (r#"Some("/../x")"#, "normalised file path"),
+        (r#"Some("/none.html")"#, "not a file"),
+    ] {
+        let route =
+            format!(r#"(prefix: "/", handler: Static(root: "www", fallback: {fallback})),"#);
+        let (code, err) = check_t(dir.path(), &server_config("", &route));
+        assert_ne!(code, 0, "{fallback}");
+        assert!(err.contains("forkd.ron:6:"), "{fallback}: {err}");
+        assert!(err.contains(message), "{fallback}: {err}");
+    }
+}

@@ -130,6 +130,8 @@ pub enum Handler {
     Static {
         root: PathBuf,
         index: Vec<String>,
+        /// Answers a missing file (normalised, starting with `/`).
+        fallback: Option<String>,
     },
     Redirect {
         to: site::RedirectTarget,

@@ -157,6 +157,9 @@ pub enum RawHandler {
         root: String,
         #[serde(default = "default_index")]
         index: Vec<String>,
+        /// A missing file is answered by this path (a single-page app's entry point).
+        #[serde(default)]
+        fallback: Option<String>,
     },
     /// Answers with a redirect to `to`, its placeholders expanded.
     Redirect {

@@ -336,7 +336,11 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                 RawHandler::Readiness => Handler::Readiness,
                 RawHandler::Status => Handler::Status,
                 RawHandler::Metrics => Handler::Metrics,
-                RawHandler::Static { root, index } => {
+                RawHandler::Static {
+                    root,
+                    index,
+                    fallback,
+                } => {
                     let dir = resolve(&base, &root);
                     let (root_literal, root_nth) = occurrence(&root);
                     if !dir.is_dir() {
@@ -357,7 +361,36 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                             );
                         }
                     }
-                    Handler::Static { root: dir, index }
+                    if let Some(f) = &fallback {
+                        let clean = f.starts_with('/')
+                            && !f.ends_with('/')
+                            && f.split('/')
+                                .skip(1)
+                                .all(|s| !s.is_empty() && s != "." && s != "..")
+                            && !f.contains(['%', '\\', '?', '#', '\0']);
+                        if !clean {
+                            check.error(
+                                &format!("\"{f}\""),
+                                0,
+                                format!("{rfield}.handler.fallback"),
+                                format!(
+                                    "`{f}` must be a normalised file path such as \"/index.html\""
+                                ),
+                            );
+                        } else if !dir.join(&f[1..]).is_file() {
+                            check.error(
+                                &format!("\"{f}\""),
+                                0,
+                                format!("{rfield}.handler.fallback"),
+                                format!("`{}` is not a file", dir.join(&f[1..]).display()),
+                            );
+                        }
+                    }
+                    Handler::Static {
+                        root: dir,
+                        index,
+                        fallback,
+                    }
                 }
                 RawHandler::Redirect { to, status } => Handler::Redirect {
                     to,
@@ -535,7 +568,8 @@ mod tests {
             s.routes[0].handler,
             Handler::Static {
                 root: d.0.join("www"),
-                index: vec!["index.html".into()]
+                index: vec!["index.html".into()],
+                fallback: None,
             }
         );
     }

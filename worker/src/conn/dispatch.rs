@@ -250,9 +250,19 @@ fn respond(
                 svc.stats.region(),
                 &mut reply,
             ),
-            Handler::Static { root, index } => {
+            Handler::Static {
+                root,
+                index,
+                fallback,
+            } => {
                 let id = server_index << 16 | route_index;
-                let route = StaticRoute { id, root, index };
+                let fallback = fallback.as_deref();
+                let route = StaticRoute {
+                    id,
+                    root,
+                    index,
+                    fallback,
+                };
                 let now = svc.clock.unix_secs;
                 static_files::serve(&route, req, path, &mut svc.cache, now, &mut reply)
             }

@@ -27,6 +27,9 @@ pub struct StaticRoute<'a> {
     pub id: usize,
     pub root: &'a Path,
     pub index: &'a [String],
+    /// The path answering a request for a file that does not exist (a single-page
+    /// app's entry point), if any.
+    pub fallback: Option<&'a str>,
 }
 
 /// What a request path resolves to.
@@ -34,6 +37,9 @@ enum Resolved {
     File(Rc<CachedFile>),
     /// A directory requested without its trailing slash: the normalised path.
     Redirect(Vec<u8>),
+    /// Nothing is there (what `fallback` answers).
+    Missing,
+    /// Something is there but may not be served, or opening it failed.
     Status(Status),
 }
 
@@ -63,10 +69,40 @@ pub fn serve(
                 file
             }
             Resolved::Redirect(path) => return redirect(&path, req.query, reply),
+            Resolved::Missing => match route.fallback {
+                // Only a path with nothing behind it: a forbidden one stays 403.
+                Some(fallback) => match fallback_file(route, fallback, cache, now_secs) {
+                    Ok(file) => file,
+                    Err(status) => return reply.error(status, &[]),
+                },
+                None => return reply.error(Status::NOT_FOUND, &[]),
+            },
             Resolved::Status(status) => return reply.error(status, &[]),
         },
     };
     send(req, &file, reply)
+}
+
+/// The fallback's file, cached under its own path (a miss is never cached, so any
+/// number of missing paths cost no cache entries).
+fn fallback_file(
+    route: &StaticRoute,
+    fallback: &str,
+    cache: &mut FileCache,
+    now_secs: u64,
+) -> Result<Rc<CachedFile>, Status> {
+    let path = fallback.as_bytes();
+    if let Some(file) = cache.get(route.id, path, now_secs) {
+        return Ok(file);
+    }
+    match resolve(route, path, now_secs) {
+        Resolved::File(file) => {
+            cache.insert(route.id, path, file.clone());
+            Ok(file)
+        }
+        Resolved::Missing | Resolved::Redirect(_) => Err(Status::NOT_FOUND),
+        Resolved::Status(status) => Err(status),
+    }
 }
 
 /// 301 to the directory with its slash. The location is built from the normalised
@@ -91,37 +127,48 @@ fn resolve(route: &StaticRoute, normalized: &[u8], now_secs: u64) -> Resolved {
         for name in route.index {
             match open_regular(&full.join(name), route.root, now_secs) {
                 Ok(Some(file)) => return Resolved::File(Rc::new(file)),
-                Ok(None) => continue,
-                Err(status) if status == Status::NOT_FOUND => continue,
-                Err(status) => return Resolved::Status(status),
+                Ok(None) | Err(Refused::Missing) => continue,
+                Err(Refused::Status(status)) => return Resolved::Status(status),
             }
         }
-        return Resolved::Status(if full.is_dir() && inside_root(&full, route.root) {
-            Status::FORBIDDEN // a directory without an index: no listings
+        return if full.is_dir() && inside_root(&full, route.root) {
+            Resolved::Status(Status::FORBIDDEN) // a directory without an index: no listings
+        } else if full.exists() {
+            Resolved::Status(Status::NOT_FOUND)
         } else {
-            Status::NOT_FOUND
-        });
+            Resolved::Missing
+        };
     }
     match open_regular(&full, route.root, now_secs) {
         Ok(Some(file)) => Resolved::File(Rc::new(file)),
         Ok(None) if full.is_dir() && inside_root(&full, route.root) => {
             Resolved::Redirect(normalized.to_vec())
         }
+        // A FIFO, a socket, a device: there, but not served.
         Ok(None) => Resolved::Status(Status::NOT_FOUND),
-        Err(status) => Resolved::Status(status),
+        Err(Refused::Missing) => Resolved::Missing,
+        Err(Refused::Status(status)) => Resolved::Status(status),
     }
+}
+
+/// Why a file is not opened.
+enum Refused {
+    /// Nothing by that name.
+    Missing,
+    /// There, but not to be served (outside the root, no permission), or an error.
+    Status(Status),
 }
 
 /// Opens `path` if it is a regular file inside `root`. `Ok(None)`: it exists but is
 /// not a regular file.
-fn open_regular(path: &Path, root: &Path, now_secs: u64) -> Result<Option<CachedFile>, Status> {
+fn open_regular(path: &Path, root: &Path, now_secs: u64) -> Result<Option<CachedFile>, Refused> {
     // O_NONBLOCK: opening a FIFO someone left in the root must not hang the worker.
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| io_status(&e, path))?;
-    let meta = file.metadata().map_err(|e| io_status(&e, path))?;
+        .map_err(|e| refused(&e, path))?;
+    let meta = file.metadata().map_err(|e| refused(&e, path))?;
     if !meta.is_file() {
         return Ok(None);
     }
@@ -131,11 +178,18 @@ fn open_regular(path: &Path, root: &Path, now_secs: u64) -> Result<Option<Cached
             path.display(),
             root.display()
         );
-        return Err(Status::NOT_FOUND);
+        return Err(Refused::Status(Status::NOT_FOUND));
     }
     CachedFile::open(path.to_path_buf(), file, &meta, now_secs)
         .map(Some)
-        .map_err(|e| io_status(&e, path))
+        .map_err(|e| refused(&e, path))
+}
+
+fn refused(e: &io::Error, path: &Path) -> Refused {
+    match e.kind() {
+        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory => Refused::Missing,
+        _ => Refused::Status(io_status(e, path)),
+    }
 }
 
 /// Whether `path`, with symlinks resolved, is below `root` (also resolved).

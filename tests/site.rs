@@ -445,3 +445,140 @@ fn a_bad_fallback_is_refused_by_t() {
         assert!(err.contains(message), "{fallback}: {err}");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// 6. multiple ranges
+
+/// Parses a `multipart/byteranges` response with Python's `email` parser; each part
+/// as (Content-Type, Content-Range, bytes).
+fn parse_multipart(r: &Response) -> Vec<(String, String, Vec<u8>)> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let script = r#"
+import sys, email
+raw = sys.stdin.buffer.read()
+msg = email.message_from_bytes(raw)
+assert msg.is_multipart(), msg.get_content_type()
+for part in msg.get_payload():
+    body = part.get_payload(decode=True)
+    sys.stdout.write("%s|%s|%s\n" % (part["Content-Type"], part["Content-Range"], body.hex()))
+"#;
+    let mut child = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut input = format!(
+        "Content-Type: {}\r\nMIME-Version: 1.0\r\n\r\n",
+        r.header("Content-Type").unwrap()
+    )
+    .into_bytes();
+    input.extend_from_slice(&r.body);
+    child.stdin.take().unwrap().write_all(&input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "python failed");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split('|').collect();
+            let bytes = (0..f[2].len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&f[2][i..i + 2], 16).unwrap())
+                .collect();
+            (f[0].to_string(), f[1].to_string(), bytes)
+        })
+        .collect()
+}
+
+fn ranged(d: &TestDaemon, path: &str, range: &str) -> Response {
+    send(
+        d,
+        &format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nRange: {range}\r\n\r\n"),
+    )
+}
+
+#[test]
+fn multiple_ranges_are_sent_as_multipart_byteranges() {
+    // One file held in memory, one sent from disk (above the 64 KiB memory limit).
+    let small = noise(1000, 1);
+    let big = noise(200_000, 2);
+    let d = TestDaemon::builder()
+        .file("small.txt", &small)
+        .file("big.bin", &big)
+        .start();
+    for (path, file, ctype) in [
+        ("/small.txt", &small, "text/plain; charset=utf-8"),
+        ("/big.bin", &big, "application/octet-stream"),
+    ] {
+        let size = file.len();
+        let r = ranged(&d, path, "bytes=0-9, 500-599, -10");
+        assert_eq!(r.status, 206, "{}", r.head);
+        let declared: usize = r.header("Content-Length").unwrap().parse().unwrap();
+        assert_eq!(declared, r.body.len());
+        assert!(r
+            .header("Content-Type")
+            .unwrap()
+            .starts_with("multipart/byteranges; boundary="));
+        let parts = parse_multipart(&r);
+        let want = [(0, 9), (500, 599), (size - 10, size - 1)];
+        assert_eq!(parts.len(), want.len(), "{path}");
+        for ((t, cr, bytes), (s, e)) in parts.iter().zip(want) {
+            assert_eq!(t, ctype);
+            assert_eq!(cr, &format!("bytes {s}-{e}/{size}"));
+            assert_eq!(bytes.as_slice(), &file[s..=e], "{path} {s}-{e}");
+        }
+    }
+}
+
+#[test]
+fn overlapping_ranges_are_coalesced_and_too_many_get_the_file() {
+    let file = noise(1000, 3);
+    let d = TestDaemon::builder()
+        .routes(
+            r#"(prefix: "/few/", handler: Static(root: "www", max_ranges: 2)),
+            (prefix: "/", handler: Static(root: "www", index: ["index.html"])),"#,
+        )
+        .file("f.bin", &file)
+        .file("few/f.bin", &file)
+        .start();
+    // Overlapping and adjacent: one range, a plain 206 (no amplification).
+    let r = ranged(&d, "/f.bin", "bytes=0-499,0-499,100-200,500-999");
+    assert_eq!(r.status, 206);
+    assert_eq!(r.header("Content-Range"), Some("bytes 0-999/1000"));
+    assert_eq!(r.body, file);
+    // Many overlapping ranges never add up to more than the file.
+    let many = vec!["0-999"; 16].join(",");
+    let r = ranged(&d, "/f.bin", &format!("bytes={many}"));
+    assert_eq!((r.status, r.body.len()), (206, 1000));
+    // More than max_ranges: ignored, 200 with the whole file (as nginx).
+    let r = ranged(&d, "/few/f.bin", "bytes=0-0,10-10,20-20");
+    assert_eq!((r.status, r.body.len()), (200, 1000));
+    let r = ranged(&d, "/few/f.bin", "bytes=0-0,10-10");
+    assert_eq!(r.status, 206);
+    assert_eq!(parse_multipart(&r).len(), 2);
+    // None satisfiable: 416.
+    let r = ranged(&d, "/f.bin", "bytes=2000-,3000-3001");
+    assert_eq!(r.status, 416);
+    assert_eq!(r.header("Content-Range"), Some("bytes */1000"));
+}
+
+#[test]
+fn if_range_decides_between_parts_and_the_whole_file() {
+    let file = noise(1000, 4);
+    let d = TestDaemon::builder().file("f.bin", &file).start();
+    let etag = get(&d, "/f.bin").header("ETag").unwrap().to_string();
+    let with = |tag: &str| {
+        send(
+            &d,
+            &format!("GET /f.bin HTTP/1.1\r\nHost: localhost\r\nRange: bytes=0-1,10-11\r\nIf-Range: {tag}\r\n\r\n"),
+        )
+    };
+    let r = with(&etag);
+    assert_eq!(r.status, 206);
+    assert_eq!(parse_multipart(&r).len(), 2);
+    let r = with("\"stale\"");
+    assert_eq!((r.status, r.body.len()), (200, 1000));
+}

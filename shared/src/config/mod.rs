@@ -132,6 +132,8 @@ pub enum Handler {
         index: Vec<String>,
         /// Answers a missing file (normalised, starting with `/`).
         fallback: Option<String>,
+        /// Most ranges per request (more: 200 with the whole file); 0: no ranges.
+        max_ranges: usize,
     },
     Redirect {
         to: site::RedirectTarget,

@@ -160,6 +160,9 @@ pub enum RawHandler {
         /// A missing file is answered by this path (a single-page app's entry point).
         #[serde(default)]
         fallback: Option<String>,
+        /// Most ranges one request may list (more: the whole file, 200); 0: no ranges.
+        #[serde(default = "default_max_ranges")]
+        max_ranges: usize,
     },
     /// Answers with a redirect to `to`, its placeholders expanded.
     Redirect {
@@ -321,4 +324,7 @@ fn default_redirect_status() -> RedirectStatus {
 }
 fn default_return_type() -> String {
     "text/plain".into()
+}
+fn default_max_ranges() -> usize {
+    16
 }

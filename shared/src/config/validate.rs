@@ -340,6 +340,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                     root,
                     index,
                     fallback,
+                    max_ranges,
                 } => {
                     let dir = resolve(&base, &root);
                     let (root_literal, root_nth) = occurrence(&root);
@@ -390,6 +391,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                         root: dir,
                         index,
                         fallback,
+                        max_ranges,
                     }
                 }
                 RawHandler::Redirect { to, status } => Handler::Redirect {
@@ -570,6 +572,7 @@ mod tests {
                 root: d.0.join("www"),
                 index: vec!["index.html".into()],
                 fallback: None,
+                max_ranges: 16,
             }
         );
     }

@@ -254,6 +254,7 @@ fn respond(
                 root,
                 index,
                 fallback,
+                max_ranges,
             } => {
                 let id = server_index << 16 | route_index;
                 let fallback = fallback.as_deref();
@@ -262,6 +263,7 @@ fn respond(
                     root,
                     index,
                     fallback,
+                    max_ranges: *max_ranges,
                 };
                 let now = svc.clock.unix_secs;
                 static_files::serve(&route, req, path, &mut svc.cache, now, &mut reply)

@@ -10,7 +10,7 @@
 use super::{Outcome, Reply};
 use crate::file_cache::{CachedFile, FileCache};
 use crate::http::path;
-use crate::http::range::{self, RangeSpec};
+use crate::http::range::{self, RangeSet};
 use crate::http::request::{Method, Request};
 use crate::http::response::{self, Status};
 use std::ffi::OsString;
@@ -30,6 +30,8 @@ pub struct StaticRoute<'a> {
     /// The path answering a request for a file that does not exist (a single-page
     /// app's entry point), if any.
     pub fallback: Option<&'a str>,
+    /// Most ranges one request may list (more: the whole file); 0: ranges ignored.
+    pub max_ranges: usize,
 }
 
 /// What a request path resolves to.
@@ -80,7 +82,7 @@ pub fn serve(
             Resolved::Status(status) => return reply.error(status, &[]),
         },
     };
-    send(req, &file, reply)
+    send(req, &file, route.max_ranges, reply)
 }
 
 /// The fallback's file, cached under its own path (a miss is never cached, so any
@@ -242,23 +244,23 @@ fn not_modified(req: &Request, file: &CachedFile) -> bool {
     false
 }
 
-fn range_spec(req: &Request, file: &CachedFile) -> RangeSpec {
+fn range_spec(req: &Request, file: &CachedFile, max_ranges: usize) -> RangeSet {
     let Some(value) = req.range else {
-        return RangeSpec::Full;
+        return RangeSet::Full;
     };
     if req.method != Method::Get {
-        return RangeSpec::Full;
+        return RangeSet::Full;
     }
     if let Some(validator) = req.if_range {
         let validator = validator.trim_ascii();
         if validator != &file.etag[..] && validator != &file.last_modified[..] {
-            return RangeSpec::Full; // the client's copy is stale: send it all
+            return RangeSet::Full; // the client's copy is stale: send it all
         }
     }
-    range::parse(value, file.size)
+    range::parse_set(value, file.size, max_ranges)
 }
 
-fn send(req: &Request, file: &Rc<CachedFile>, reply: &mut Reply) -> Outcome {
+fn send(req: &Request, file: &Rc<CachedFile>, max_ranges: usize, reply: &mut Reply) -> Outcome {
     let date = reply.date;
     if not_modified(req, file) {
         let out = reply.out.bytes();
@@ -272,10 +274,14 @@ fn send(req: &Request, file: &Rc<CachedFile>, reply: &mut Reply) -> Outcome {
             logged: true,
         };
     }
-    let (status, start, len) = match range_spec(req, file) {
-        RangeSpec::Full => (Status::OK, 0, file.size),
-        RangeSpec::Partial { start, end } => (Status::PARTIAL_CONTENT, start, end - start + 1),
-        RangeSpec::Unsatisfiable => {
+    let (status, start, len) = match range_spec(req, file, max_ranges) {
+        RangeSet::Full => (Status::OK, 0, file.size),
+        RangeSet::Parts(parts) if parts.len() == 1 => {
+            let (start, end) = parts[0];
+            (Status::PARTIAL_CONTENT, start, end - start + 1)
+        }
+        RangeSet::Parts(parts) => return send_multipart(file, &parts, reply),
+        RangeSet::Unsatisfiable => {
             let mut content_range = b"bytes */".to_vec();
             response::push_decimal(&mut content_range, file.size);
             return reply.error(
@@ -313,6 +319,99 @@ fn send(req: &Request, file: &Rc<CachedFile>, reply: &mut Reply) -> Outcome {
         status,
         body_bytes: len,
         logged: true,
+    }
+}
+
+/// A `multipart/byteranges` response (RFC 9110 §14.6) of `parts` (sorted, disjoint:
+/// see [`range::parse_set`]), each with its own `Content-Type` and `Content-Range`.
+fn send_multipart(file: &Rc<CachedFile>, parts: &[(u64, u64)], reply: &mut Reply) -> Outcome {
+    let boundary = boundary(file);
+    let mut part_type = file.content_type.as_bytes().to_vec();
+    if file.content_type.starts_with("text/") {
+        part_type.extend_from_slice(b"; charset=utf-8");
+    }
+    let part_head = |out: &mut Vec<u8>, start: u64, end: u64| {
+        out.extend_from_slice(b"\r\n--");
+        out.extend_from_slice(&boundary);
+        out.extend_from_slice(b"\r\nContent-Type: ");
+        out.extend_from_slice(&part_type);
+        out.extend_from_slice(b"\r\nContent-Range: bytes ");
+        response::push_decimal(out, start);
+        out.push(b'-');
+        response::push_decimal(out, end);
+        out.push(b'/');
+        response::push_decimal(out, file.size);
+        out.extend_from_slice(b"\r\n\r\n");
+    };
+    let closing_len = 2 + 2 + boundary.len() + 4; // CRLF -- boundary -- CRLF
+    let mut scratch = Vec::with_capacity(128);
+    let mut length = closing_len as u64;
+    for &(start, end) in parts {
+        scratch.clear();
+        part_head(&mut scratch, start, end);
+        length += scratch.len() as u64 + (end - start + 1);
+    }
+    let status = Status::PARTIAL_CONTENT;
+    let out = reply.out.bytes();
+    response::start(out, status, reply.date);
+    out.extend_from_slice(b"Content-Type: multipart/byteranges; boundary=");
+    out.extend_from_slice(&boundary);
+    out.extend_from_slice(b"\r\n");
+    response::header(out, "Last-Modified", &file.last_modified);
+    response::header(out, "ETag", &file.etag);
+    out.extend_from_slice(b"Accept-Ranges: bytes\r\n");
+    response::content_length(out, length);
+    response::finish_with(out, reply.site.headers, reply.persistence);
+    if reply.head_only {
+        return Outcome {
+            status,
+            body_bytes: 0,
+            logged: true,
+        };
+    }
+    for &(start, end) in parts {
+        part_head(reply.out.bytes(), start, end);
+        match &file.body {
+            Some(bytes) => reply
+                .out
+                .bytes()
+                .extend_from_slice(&bytes[start as usize..=end as usize]),
+            None => reply.out.push_file(file.clone(), start, end - start + 1),
+        }
+    }
+    let out = reply.out.bytes();
+    out.extend_from_slice(b"\r\n--");
+    out.extend_from_slice(&boundary);
+    out.extend_from_slice(b"--\r\n");
+    Outcome {
+        status,
+        body_bytes: length,
+        logged: true,
+    }
+}
+
+/// A boundary that is not in the parts: 20 hex digits from the file's validator and a
+/// per-worker counter, checked against the bytes of a file held in memory.
+fn boundary(file: &CachedFile) -> Vec<u8> {
+    use std::cell::Cell;
+    thread_local!(static COUNTER: Cell<u64> = const { Cell::new(0) });
+    loop {
+        let n = COUNTER.with(|c| {
+            c.set(c.get().wrapping_add(1));
+            c.get()
+        });
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        for &b in file.etag.iter() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+        let text = format!("{:016x}{:04x}", h, n & 0xffff).into_bytes();
+        let clash = file
+            .body
+            .as_deref()
+            .is_some_and(|body| body.windows(text.len()).any(|w| w == text));
+        if !clash {
+            return text;
+        }
     }
 }
 

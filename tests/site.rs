@@ -582,3 +582,189 @@ fn if_range_decides_between_parts_and_the_whole_file() {
     let r = with("\"stale\"");
     assert_eq!((r.status, r.body.len()), (200, 1000));
 }
+
+// ---------------------------------------------------------------------------------------
+// 7. compression
+
+/// A text file that compresses well but is not trivial: numbered lines.
+fn text(len: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut i = 0u64;
+    while out.len() < len {
+        out.extend_from_slice(format!("line {i} of a text file, {}\n", i * 7919 % 1000).as_bytes());
+        i += 1;
+    }
+    out.truncate(len);
+    out
+}
+
+fn gunzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, gzip; sys.stdout.buffer.write(gzip.decompress(sys.stdin.buffer.read()))",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    child.stdin.take().unwrap().write_all(bytes).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "not gzip");
+    out.stdout
+}
+
+fn with_encoding(d: &TestDaemon, path: &str, accept: &str) -> Response {
+    send(
+        d,
+        &format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nAccept-Encoding: {accept}\r\n\r\n"),
+    )
+}
+
+#[test]
+fn precompressed_siblings_are_negotiated() {
+    let js = text(5000);
+    let gz = b"\x1f\x8bnot-really-gzip-but-its-own-bytes".to_vec();
+    let br = b"brotli-bytes".to_vec();
+    let d = TestDaemon::builder()
+        .routes(
+            r#"(prefix: "/assets/", handler: Static(root: "www", precompressed: true)),
+            (prefix: "/", handler: Static(root: "www", index: ["index.html"])),"#,
+        )
+        .file("assets/app.js", &js)
+        .file("assets/app.js.gz", &gz)
+        .file("assets/app.js.br", &br)
+        .file("assets/only.css", b"body{}")
+        .start();
+    let r = with_encoding(&d, "/assets/app.js", "gzip, deflate, br");
+    assert_eq!(r.body, br);
+    assert_eq!(r.header("Content-Encoding"), Some("br"));
+    assert_eq!(r.header("Vary"), Some("Accept-Encoding"));
+    let identity_type = get(&d, "/assets/app.js")
+        .header("Content-Type")
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        r.header("Content-Type"),
+        Some(&*identity_type),
+        "the type of what was encoded"
+    );
+    let br_tag = r.header("ETag").unwrap().to_string();
+    let r = with_encoding(&d, "/assets/app.js", "gzip;q=1, br;q=0.5");
+    assert_eq!(
+        (r.body.as_slice(), r.header("Content-Encoding")),
+        (&gz[..], Some("gzip"))
+    );
+    let gz_tag = r.header("ETag").unwrap().to_string();
+    let r = with_encoding(&d, "/assets/app.js", "br;q=0, gzip;q=0, identity");
+    assert_eq!(r.body, js);
+    assert_eq!(r.header("Content-Encoding"), None);
+    assert_eq!(
+        r.header("Vary"),
+        Some("Accept-Encoding"),
+        "on the identity variant too"
+    );
+    let id_tag = r.header("ETag").unwrap().to_string();
+    assert!(br_tag != gz_tag && gz_tag != id_tag && br_tag != id_tag);
+    // No Accept-Encoding: identity.
+    assert_eq!(get(&d, "/assets/app.js").body, js);
+    // Ranges and conditionals apply to the representation sent.
+    let r = send(&d, "GET /assets/app.js HTTP/1.1\r\nHost: localhost\r\nAccept-Encoding: gzip\r\nRange: bytes=0-1\r\n\r\n");
+    assert_eq!((r.status, r.body.as_slice()), (206, &gz[..2]));
+    assert_eq!(
+        r.header("Content-Range"),
+        Some(&*format!("bytes 0-1/{}", gz.len()))
+    );
+    let r = send_raw(&d, &format!("GET /assets/app.js HTTP/1.1\r\nHost: localhost\r\nAccept-Encoding: gzip\r\nIf-None-Match: {gz_tag}\r\n\r\n"));
+    assert_eq!(r.status, 304);
+    assert_eq!(r.header("Vary"), Some("Accept-Encoding"));
+    let r = send(&d, &format!("GET /assets/app.js HTTP/1.1\r\nHost: localhost\r\nAccept-Encoding: br\r\nIf-None-Match: {gz_tag}\r\n\r\n"));
+    assert_eq!(
+        (r.status, r.body.as_slice()),
+        (200, &br[..]),
+        "another representation's tag"
+    );
+    // No sibling: the file itself.
+    let r = with_encoding(&d, "/assets/only.css", "gzip, br");
+    assert_eq!(
+        (r.body.as_slice(), r.header("Content-Encoding")),
+        (&b"body{}"[..], None)
+    );
+    // Not on routes without the option.
+    let r = with_encoding(&d, "/assets/app.js", "br");
+    assert_eq!(r.header("Content-Encoding"), Some("br"));
+    assert_eq!(with_encoding(&d, "/index.html", "br").header("Vary"), None);
+}
+
+#[test]
+fn compress_gzips_text_once_and_clients_decode_it() {
+    let page = text(64 * 1024);
+    let d = TestDaemon::builder()
+        .routes(
+            r#"(prefix: "/", handler: Static(root: "www", index: ["index.html"], compress: Some((min_size: "1KiB", level: 5)))),"#,
+        )
+        .file("page.txt", &page)
+        .file("small.txt", b"tiny")
+        .file("big.txt", &text(300_000))
+        .file("image.png", &noise(5000, 9))
+        .start();
+    let r = with_encoding(&d, "/page.txt", "gzip");
+    assert_eq!(r.header("Content-Encoding"), Some("gzip"));
+    assert_eq!(r.header("Vary"), Some("Accept-Encoding"));
+    assert!(r.body.len() < page.len() / 2, "{} bytes", r.body.len());
+    assert_eq!(gunzip(&r.body), page);
+    // The same bytes next time (cached, not compressed again).
+    let again = with_encoding(&d, "/page.txt", "gzip");
+    assert_eq!(again.body, r.body);
+    assert_eq!(again.header("ETag"), r.header("ETag"));
+    // A file read from disk (above the memory limit) too.
+    let r = with_encoding(&d, "/big.txt", "gzip");
+    assert_eq!(gunzip(&r.body), text(300_000));
+    // Below min_size, or not text: as it is; identity variant also says Vary.
+    let r = with_encoding(&d, "/small.txt", "gzip");
+    assert_eq!(
+        (r.body.as_slice(), r.header("Content-Encoding")),
+        (&b"tiny"[..], None)
+    );
+    let r = with_encoding(&d, "/image.png", "gzip");
+    assert_eq!(r.header("Content-Encoding"), None);
+    let r = get(&d, "/page.txt");
+    assert_eq!(
+        (r.body.len(), r.header("Vary")),
+        (page.len(), Some("Accept-Encoding"))
+    );
+    // curl --compressed decodes exactly the file.
+    let out = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "--compressed",
+            &format!("http://127.0.0.1:{}/page.txt", d.port),
+        ])
+        .output();
+    if let Ok(out) = out {
+        assert!(out.status.success());
+        assert_eq!(out.stdout, page, "curl --compressed");
+    }
+}
+
+#[test]
+fn bad_compress_settings_are_refused_by_t() {
+    let dir = TempDir::new();
+    std::fs::create_dir_all(dir.path().join("www")).unwrap();
+    for (compress, message) in [
+        (
+            r#"Some((min_size: "1KiB", level: 10))"#,
+            "out of range 1..=9",
+        ),
+        (r#"Some((min_size: "1 parsec"))"#, "unit"),
+    ] {
+        let route =
+            format!(r#"(prefix: "/", handler: Static(root: "www", compress: {compress})),"#);
+        let (code, err) = check_t(dir.path(), &server_config("", &route));
+        assert_ne!(code, 0, "{compress}");
+        assert!(err.contains("forkd.ron:6:"), "{compress}: {err}");
+        assert!(err.contains(message), "{compress}: {err}");
+    }
+}

@@ -52,6 +52,8 @@ pub struct Config {
     pub shutdown_delay: Duration,
     /// How long a binary upgrade waits for the new master to serve before rolling back.
     pub upgrade_timeout: Duration,
+    /// Bytes of compressed responses a worker keeps.
+    pub compress_cache: usize,
     pub servers: Vec<Server>,
     /// Every distinct listen address with the largest backlog any server asked for.
     pub listeners: Vec<Listener>,
@@ -111,6 +113,15 @@ pub struct Route {
     pub access: site::Access,
 }
 
+/// On-the-fly gzip of a static route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compress {
+    /// Smaller files are sent as they are.
+    pub min_size: u64,
+    /// gzip level 1..=9.
+    pub level: u32,
+}
+
 /// A file replacing forkd's built-in page for `status`, read when the configuration
 /// is loaded (a reload reads it again).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,6 +145,10 @@ pub enum Handler {
         fallback: Option<String>,
         /// Most ranges per request (more: 200 with the whole file); 0: no ranges.
         max_ranges: usize,
+        /// Serve `X.br` / `X.gz` beside `X` to clients that accept them.
+        precompressed: bool,
+        /// gzip text-like files on the fly, cached per worker.
+        compress: Option<Compress>,
     },
     Redirect {
         to: site::RedirectTarget,

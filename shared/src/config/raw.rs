@@ -47,6 +47,9 @@ pub struct RawConfig {
     pub shutdown_delay: ConfDuration,
     #[serde(default = "default_upgrade_timeout")]
     pub upgrade_timeout: ConfDuration,
+    /// Bytes of compressed responses each worker keeps (least recently used dropped).
+    #[serde(default = "default_compress_cache")]
+    pub compress_cache: ConfSize,
     pub servers: Vec<RawServer>,
 }
 
@@ -163,6 +166,12 @@ pub enum RawHandler {
         /// Most ranges one request may list (more: the whole file, 200); 0: no ranges.
         #[serde(default = "default_max_ranges")]
         max_ranges: usize,
+        /// Serve `X.br` / `X.gz` beside `X` when the client accepts that encoding.
+        #[serde(default)]
+        precompressed: bool,
+        /// gzip text-like files of at least `min_size` on the fly (cached).
+        #[serde(default)]
+        compress: Option<RawCompress>,
     },
     /// Answers with a redirect to `to`, its placeholders expanded.
     Redirect {
@@ -178,6 +187,15 @@ pub enum RawHandler {
         #[serde(default = "default_return_type")]
         content_type: String,
     },
+}
+
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RawCompress {
+    #[serde(default = "default_min_size")]
+    pub min_size: ConfSize,
+    #[serde(default = "default_level")]
+    pub level: u32,
 }
 
 #[derive(Debug, Default, Deserialize, Clone, Copy, PartialEq, Eq)]
@@ -327,4 +345,13 @@ fn default_return_type() -> String {
 }
 fn default_max_ranges() -> usize {
     16
+}
+fn default_min_size() -> ConfSize {
+    ConfSize(1024)
+}
+fn default_level() -> u32 {
+    5
+}
+fn default_compress_cache() -> ConfSize {
+    ConfSize(16 << 20)
 }

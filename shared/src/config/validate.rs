@@ -341,7 +341,19 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                     index,
                     fallback,
                     max_ranges,
+                    precompressed,
+                    compress,
                 } => {
+                    if let Some(c) = compress {
+                        if !(1..=9).contains(&c.level) {
+                            check.error(
+                                "level",
+                                0,
+                                format!("{rfield}.handler.compress.level"),
+                                format!("gzip level {} is out of range 1..=9", c.level),
+                            );
+                        }
+                    }
                     let dir = resolve(&base, &root);
                     let (root_literal, root_nth) = occurrence(&root);
                     if !dir.is_dir() {
@@ -392,6 +404,11 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                         index,
                         fallback,
                         max_ranges,
+                        precompressed,
+                        compress: compress.map(|c| super::Compress {
+                            min_size: c.min_size.0,
+                            level: c.level,
+                        }),
                     }
                 }
                 RawHandler::Redirect { to, status } => Handler::Redirect {
@@ -505,6 +522,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
         drain_timeout: raw.drain_timeout.0,
         shutdown_delay: raw.shutdown_delay.0,
         upgrade_timeout: raw.upgrade_timeout.0,
+        compress_cache: raw.compress_cache.0 as usize,
         servers,
         listeners,
     })
@@ -573,6 +591,8 @@ mod tests {
                 index: vec!["index.html".into()],
                 fallback: None,
                 max_ranges: 16,
+                precompressed: false,
+                compress: None,
             }
         );
     }

@@ -255,6 +255,8 @@ fn respond(
                 index,
                 fallback,
                 max_ranges,
+                precompressed,
+                compress,
             } => {
                 let id = server_index << 16 | route_index;
                 let fallback = fallback.as_deref();
@@ -264,6 +266,9 @@ fn respond(
                     index,
                     fallback,
                     max_ranges: *max_ranges,
+                    precompressed: *precompressed,
+                    compress: *compress,
+                    compress_cache: svc.config.compress_cache,
                 };
                 let now = svc.clock.unix_secs;
                 static_files::serve(&route, req, path, &mut svc.cache, now, &mut reply)

@@ -9,10 +9,12 @@
 
 use super::{Outcome, Reply};
 use crate::file_cache::{CachedFile, FileCache};
+use crate::http::accept_encoding::{self, Coding};
 use crate::http::path;
 use crate::http::range::{self, RangeSet};
 use crate::http::request::{Method, Request};
 use crate::http::response::{self, Status};
+use forkd_shared::config::Compress;
 use std::ffi::OsString;
 use std::fs::OpenOptions;
 use std::io;
@@ -32,7 +34,16 @@ pub struct StaticRoute<'a> {
     pub fallback: Option<&'a str>,
     /// Most ranges one request may list (more: the whole file); 0: ranges ignored.
     pub max_ranges: usize,
+    /// Serve `X.br` / `X.gz` beside `X`.
+    pub precompressed: bool,
+    /// gzip on the fly, kept in the cache.
+    pub compress: Option<Compress>,
+    /// Bytes the worker keeps of compressed bodies.
+    pub compress_cache: usize,
 }
+
+/// Files above this are not compressed on the fly (they are read whole to be).
+const COMPRESS_MAX: u64 = 1 << 20;
 
 /// What a request path resolves to.
 enum Resolved {
@@ -82,7 +93,139 @@ pub fn serve(
             Resolved::Status(status) => return reply.error(status, &[]),
         },
     };
-    send(req, &file, route.max_ranges, reply)
+    let vary = route.precompressed || route.compress.is_some();
+    let file = if vary {
+        represent(route, req, path, file, cache, now_secs)
+    } else {
+        file
+    };
+    send(req, &file, route.max_ranges, vary, reply)
+}
+
+/// The representation of `file` to send: a precompressed sibling, a gzip body made
+/// (once, then cached) on the fly, or the file itself, by the client's
+/// `Accept-Encoding`. When the client accepts none of them, the file itself (as nginx).
+fn represent(
+    route: &StaticRoute,
+    req: &Request,
+    path: &[u8],
+    file: Rc<CachedFile>,
+    cache: &mut FileCache,
+    now_secs: u64,
+) -> Rc<CachedFile> {
+    let header = req.accept_encoding;
+    if accept_encoding::choose(header, &[Coding::Br, Coding::Gzip]).is_none() {
+        return file; // no coding wanted: no sibling looked for
+    }
+    let br = route
+        .precompressed
+        .then(|| sibling(route, path, &file, "br", cache, now_secs))
+        .flatten();
+    let gz = route
+        .precompressed
+        .then(|| sibling(route, path, &file, "gzip", cache, now_secs))
+        .flatten();
+    let can_compress = route.compress.is_some_and(|c| {
+        file.size >= c.min_size && file.size <= COMPRESS_MAX && compressible(file.content_type)
+    });
+    let mut available = Vec::with_capacity(3);
+    if br.is_some() {
+        available.push(Coding::Br);
+    }
+    if gz.is_some() || can_compress {
+        available.push(Coding::Gzip);
+    }
+    available.push(Coding::Identity);
+    match accept_encoding::choose(header, &available) {
+        Some(Coding::Br) => br.unwrap_or(file),
+        Some(Coding::Gzip) => match gz {
+            Some(gz) => gz,
+            None => compressed(route, path, &file, cache).unwrap_or(file),
+        },
+        _ => file,
+    }
+}
+
+/// `X.br` or `X.gz` beside the file `X`, as a representation of it; looked for at
+/// most once a second when it is not there.
+fn sibling(
+    route: &StaticRoute,
+    path: &[u8],
+    file: &CachedFile,
+    encoding: &str,
+    cache: &mut FileCache,
+    now_secs: u64,
+) -> Option<Rc<CachedFile>> {
+    let suffix = if encoding == "br" { ".br" } else { ".gz" };
+    // NUL cannot be in a request path: these keys never meet a request's own.
+    let mut key = vec![0u8];
+    key.extend_from_slice(suffix.as_bytes());
+    key.extend_from_slice(path);
+    if let Some(found) = cache.get(route.id, &key, now_secs) {
+        return Some(found);
+    }
+    if cache.known_missing(route.id, &key, now_secs) {
+        return None;
+    }
+    let mut name = file.path.clone().into_os_string();
+    name.push(suffix);
+    match open_regular(Path::new(&name), route.root, now_secs) {
+        Ok(Some(found)) => {
+            let found = Rc::new(found.as_encoding(file.content_type, encoding));
+            cache.insert(route.id, &key, found.clone());
+            Some(found)
+        }
+        _ => {
+            cache.note_missing(route.id, &key, now_secs);
+            None
+        }
+    }
+}
+
+/// The gzip body of `file`, from the cache or compressed now and kept.
+fn compressed(
+    route: &StaticRoute,
+    path: &[u8],
+    file: &CachedFile,
+    cache: &mut FileCache,
+) -> Option<Rc<CachedFile>> {
+    if let Some(found) = cache.compressed(route.id, path, file) {
+        return Some(found);
+    }
+    let level = route.compress?.level;
+    let read;
+    let bytes: &[u8] = match &file.body {
+        Some(body) => body,
+        None => {
+            use std::os::unix::fs::FileExt;
+            let mut buf = vec![0; file.size as usize];
+            file.file.read_exact_at(&mut buf, 0).ok()?;
+            read = buf;
+            &read
+        }
+    };
+    let mut gz = flate2::write::GzEncoder::new(
+        Vec::with_capacity(bytes.len() / 3 + 64),
+        flate2::Compression::new(level),
+    );
+    io::Write::write_all(&mut gz, bytes).ok()?;
+    let body = gz.finish().ok()?;
+    let made = Rc::new(CachedFile::encoded(file, body, "gzip").ok()?);
+    cache.insert_compressed(route.id, path, file, made.clone(), route.compress_cache);
+    Some(made)
+}
+
+/// Types worth compressing: text, and the text formats under other top types.
+fn compressible(content_type: &str) -> bool {
+    content_type.starts_with("text/")
+        || matches!(
+            content_type,
+            "application/javascript"
+                | "application/json"
+                | "application/xml"
+                | "application/manifest+json"
+                | "image/svg+xml"
+        )
 }
 
 /// The fallback's file, cached under its own path (a miss is never cached, so any
@@ -260,13 +403,23 @@ fn range_spec(req: &Request, file: &CachedFile, max_ranges: usize) -> RangeSet {
     range::parse_set(value, file.size, max_ranges)
 }
 
-fn send(req: &Request, file: &Rc<CachedFile>, max_ranges: usize, reply: &mut Reply) -> Outcome {
+const VARY: &[u8] = b"Vary: Accept-Encoding\r\n";
+
+fn send(
+    req: &Request,
+    file: &Rc<CachedFile>,
+    max_ranges: usize,
+    vary: bool,
+    reply: &mut Reply,
+) -> Outcome {
+    let vary: &[u8] = if vary { VARY } else { b"" };
     let date = reply.date;
     if not_modified(req, file) {
         let out = reply.out.bytes();
         response::start(out, Status::NOT_MODIFIED, date);
         response::header(out, "Last-Modified", &file.last_modified);
         response::header(out, "ETag", &file.etag);
+        out.extend_from_slice(vary);
         response::finish_with(out, reply.site.headers, reply.persistence);
         return Outcome {
             status: Status::NOT_MODIFIED,
@@ -280,7 +433,7 @@ fn send(req: &Request, file: &Rc<CachedFile>, max_ranges: usize, reply: &mut Rep
             let (start, end) = parts[0];
             (Status::PARTIAL_CONTENT, start, end - start + 1)
         }
-        RangeSet::Parts(parts) => return send_multipart(file, &parts, reply),
+        RangeSet::Parts(parts) => return send_multipart(file, &parts, vary, reply),
         RangeSet::Unsatisfiable => {
             let mut content_range = b"bytes */".to_vec();
             response::push_decimal(&mut content_range, file.size);
@@ -293,6 +446,7 @@ fn send(req: &Request, file: &Rc<CachedFile>, max_ranges: usize, reply: &mut Rep
     let out = reply.out.bytes();
     response::start(out, status, date);
     out.extend_from_slice(&file.headers);
+    out.extend_from_slice(vary);
     if status == Status::PARTIAL_CONTENT {
         out.extend_from_slice(b"Content-Range: bytes ");
         response::push_decimal(out, start);
@@ -324,7 +478,12 @@ fn send(req: &Request, file: &Rc<CachedFile>, max_ranges: usize, reply: &mut Rep
 
 /// A `multipart/byteranges` response (RFC 9110 §14.6) of `parts` (sorted, disjoint:
 /// see [`range::parse_set`]), each with its own `Content-Type` and `Content-Range`.
-fn send_multipart(file: &Rc<CachedFile>, parts: &[(u64, u64)], reply: &mut Reply) -> Outcome {
+fn send_multipart(
+    file: &Rc<CachedFile>,
+    parts: &[(u64, u64)],
+    vary: &[u8],
+    reply: &mut Reply,
+) -> Outcome {
     let boundary = boundary(file);
     let mut part_type = file.content_type.as_bytes().to_vec();
     if file.content_type.starts_with("text/") {
@@ -360,6 +519,20 @@ fn send_multipart(file: &Rc<CachedFile>, parts: &[(u64, u64)], reply: &mut Reply
     response::header(out, "Last-Modified", &file.last_modified);
     response::header(out, "ETag", &file.etag);
     out.extend_from_slice(b"Accept-Ranges: bytes\r\n");
+    if file.headers.windows(18).any(|w| w == b"Content-Encoding: ") {
+        // The parts are ranges of the encoded representation.
+        let at = file
+            .headers
+            .windows(18)
+            .position(|w| w == b"Content-Encoding: ")
+            .unwrap_or(0);
+        let end = file.headers[at..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(file.headers.len(), |e| at + e + 1);
+        out.extend_from_slice(&file.headers[at..end]);
+    }
+    out.extend_from_slice(vary);
     response::content_length(out, length);
     response::finish_with(out, reply.site.headers, reply.persistence);
     if reply.head_only {

@@ -211,6 +211,7 @@ fn server_and_route_headers_are_added_and_removed() {
         .server(r#"headers: [("X-Content-Type-Options", "nosniff"), ("X-Frame-Options", "DENY")],"#)
         .routes(
             r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/status", handler: Status),
             (prefix: "/assets/", handler: Static(root: "www"),
              headers: [("Cache-Control", "public, max-age=31536000, immutable"), ("X-Frame-Options", "")]),
             (prefix: "/", handler: Static(root: "www", index: ["index.html"])),"#,
@@ -239,6 +240,13 @@ fn server_and_route_headers_are_added_and_removed() {
     // Probes do not.
     let r = get(&d, "/healthz");
     assert_eq!(r.status, 200);
+    assert_eq!(r.header("X-Content-Type-Options"), None, "{}", r.head);
+    // Nor do stats, whatever their answer.
+    let r = send(
+        &d,
+        "POST /status HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n",
+    );
+    assert_eq!(r.status, 405);
     assert_eq!(r.header("X-Content-Type-Options"), None, "{}", r.head);
 }
 

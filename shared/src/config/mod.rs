@@ -104,7 +104,7 @@ pub struct Route {
     pub prefix: String,
     pub handler: Handler,
     /// The server's header fields then the route's, a route's empty value removing
-    /// the server's field; none on probe routes.
+    /// the server's field; none on probe and stats (`Status`, `Metrics`) routes.
     pub headers: Vec<site::HeaderField>,
     /// `headers` as header lines, `Name: value\r\n` each, ready to append.
     pub header_block: Vec<u8>,

@@ -446,7 +446,9 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                 }
             };
             let probe = matches!(handler, Handler::Liveness | Handler::Readiness);
-            let headers = if probe {
+            // Probes and stats are for machines: no site header fields on them.
+            let monitoring = probe || matches!(handler, Handler::Status | Handler::Metrics);
+            let headers = if monitoring {
                 Vec::new()
             } else {
                 merge_headers(&s.headers, &r.headers)

@@ -5,6 +5,7 @@
 
 pub mod health;
 pub mod redirect;
+mod representation;
 pub mod ret;
 pub mod static_files;
 pub mod status;

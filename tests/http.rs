@@ -914,18 +914,13 @@ fn unsatisfiable_range_is_416_with_the_size() {
 }
 
 #[test]
-fn multiple_or_invalid_ranges_get_the_whole_file() {
+fn invalid_ranges_get_the_whole_file() {
     let d = site().start();
     let info = digits_info(&d);
     let t0 = now_secs();
     let mut s = open(&d);
-    for range in [
-        "bytes=0-1,5-6",
-        "bytes=0-0,-1",
-        "bytes=5-1",
-        "bytes=a-b",
-        "items=0-4",
-    ] {
+    // Several valid ranges: multipart/byteranges, tests/site.rs.
+    for range in ["bytes=0-1,5-1", "bytes=5-1", "bytes=a-b", "items=0-4"] {
         let got = get_digits(&mut s, &format!("Range: {range}\r\n"));
         let date = date_of(&got, t0);
         let expected = cat(

@@ -75,17 +75,7 @@ impl CachedFile {
         )
         .into_bytes()
         .into_boxed_slice();
-        let mut headers = Vec::with_capacity(160);
-        headers.extend_from_slice(b"Content-Type: ");
-        headers.extend_from_slice(content_type.as_bytes());
-        if content_type.starts_with("text/") {
-            headers.extend_from_slice(b"; charset=utf-8");
-        }
-        headers.extend_from_slice(b"\r\nLast-Modified: ");
-        headers.extend_from_slice(&last_modified);
-        headers.extend_from_slice(b"\r\nETag: ");
-        headers.extend_from_slice(&etag);
-        headers.extend_from_slice(b"\r\nAccept-Ranges: bytes\r\n");
+        let headers = build_headers(content_type, None, &last_modified, &etag);
         Ok(CachedFile {
             path,
             file,
@@ -95,11 +85,55 @@ impl CachedFile {
             ino: meta.ino(),
             dev: meta.dev(),
             mtime_nsec: meta.mtime_nsec(),
-            headers: headers.into_boxed_slice(),
+            headers,
             content_type,
             etag,
             last_modified,
             checked: Cell::new(now_secs),
+        })
+    }
+
+    /// This file as the `encoding` (`gzip`, `br`) representation of a file of
+    /// `content_type`: a precompressed `X.gz` served for `X`. Its ETag is its own,
+    /// marked with the encoding so no cache confuses it with another representation.
+    pub fn as_encoding(mut self, content_type: &'static str, encoding: &str) -> CachedFile {
+        let etag = format!("\"{:x}-{:x}-{encoding}\"", self.mtime, self.size);
+        self.etag = etag.into_bytes().into_boxed_slice();
+        self.content_type = content_type;
+        self.headers = build_headers(
+            content_type,
+            Some(encoding),
+            &self.last_modified,
+            &self.etag,
+        );
+        self
+    }
+
+    /// A representation of `source` held only in memory (`body`, compressed with
+    /// `encoding`), for the compressed-responses cache.
+    pub fn encoded(source: &CachedFile, body: Vec<u8>, encoding: &str) -> io::Result<CachedFile> {
+        let etag = format!("\"{:x}-{:x}-{encoding}\"", source.mtime, source.size)
+            .into_bytes()
+            .into_boxed_slice();
+        Ok(CachedFile {
+            path: source.path.clone(),
+            file: source.file.try_clone()?,
+            size: body.len() as u64,
+            body: Some(body.into_boxed_slice()),
+            mtime: source.mtime,
+            ino: source.ino,
+            dev: source.dev,
+            mtime_nsec: source.mtime_nsec,
+            headers: build_headers(
+                source.content_type,
+                Some(encoding),
+                &source.last_modified,
+                &etag,
+            ),
+            content_type: source.content_type,
+            etag,
+            last_modified: source.last_modified.clone(),
+            checked: Cell::new(source.checked.get()),
         })
     }
 
@@ -116,6 +150,40 @@ impl CachedFile {
     }
 }
 
+/// `Content-Type`, `Content-Encoding`, `Last-Modified`, `ETag`, `Accept-Ranges` lines.
+fn build_headers(
+    content_type: &str,
+    encoding: Option<&str>,
+    last_modified: &[u8],
+    etag: &[u8],
+) -> Box<[u8]> {
+    let mut headers = Vec::with_capacity(180);
+    headers.extend_from_slice(b"Content-Type: ");
+    headers.extend_from_slice(content_type.as_bytes());
+    if content_type.starts_with("text/") {
+        headers.extend_from_slice(b"; charset=utf-8");
+    }
+    if let Some(encoding) = encoding {
+        headers.extend_from_slice(b"\r\nContent-Encoding: ");
+        headers.extend_from_slice(encoding.as_bytes());
+    }
+    headers.extend_from_slice(b"\r\nLast-Modified: ");
+    headers.extend_from_slice(last_modified);
+    headers.extend_from_slice(b"\r\nETag: ");
+    headers.extend_from_slice(etag);
+    headers.extend_from_slice(b"\r\nAccept-Ranges: bytes\r\n");
+    headers.into_boxed_slice()
+}
+
+/// A compressed response body kept for a file, valid while the file's ETag is
+/// `source_etag`.
+struct Compressed {
+    source_etag: Box<[u8]>,
+    file: std::rc::Rc<CachedFile>,
+    /// When it was last used (a counter), to drop the least recently used first.
+    used: u64,
+}
+
 /// The cache: one map per route, from normalised request path to file. Keys are
 /// hashed with FxHash rather than SipHash, since a lookup is on every request. Every
 /// spelling of a path (`//a`, `/./a`, `/%61`) is one key. Only paths that resolve to
@@ -125,6 +193,14 @@ pub struct FileCache {
     maps: FxHashMap<usize, FxHashMap<Box<[u8]>, std::rc::Rc<CachedFile>>>,
     entries: usize,
     memory: usize,
+    /// On-the-fly compressed bodies by (route, path), bounded by the `budget` each
+    /// insert is given (least recently used dropped first).
+    compressed: FxHashMap<(usize, Box<[u8]>), Compressed>,
+    compressed_bytes: usize,
+    tick: u64,
+    /// (route, path) found missing, and the second it was: a precompressed sibling
+    /// that is not there costs one `open` a second, not one per request.
+    missing: FxHashMap<(usize, Box<[u8]>), u64>,
 }
 
 impl FileCache {
@@ -150,6 +226,84 @@ impl FileCache {
         self.entries -= 1;
         self.memory -= removed.memory();
         None
+    }
+
+    /// Whether `route`/`path` was found missing during `now_secs`.
+    pub fn known_missing(&self, route: usize, path: &[u8], now_secs: u64) -> bool {
+        self.missing
+            .get(&(route, Box::from(path)))
+            .is_some_and(|&t| t == now_secs)
+    }
+
+    pub fn note_missing(&mut self, route: usize, path: &[u8], now_secs: u64) {
+        if self.missing.len() >= MAX_ENTRIES {
+            self.missing.clear();
+        }
+        self.missing.insert((route, path.into()), now_secs);
+    }
+
+    /// The compressed body of `source` for `route`/`path`, if one is kept for the
+    /// file as it is now.
+    pub fn compressed(
+        &mut self,
+        route: usize,
+        path: &[u8],
+        source: &CachedFile,
+    ) -> Option<std::rc::Rc<CachedFile>> {
+        self.tick += 1;
+        let key = (route, Box::from(path));
+        let entry = self.compressed.get_mut(&key)?;
+        if entry.source_etag != source.etag {
+            let gone = self.compressed.remove(&key)?;
+            self.compressed_bytes -= gone.file.memory();
+            return None;
+        }
+        entry.used = self.tick;
+        Some(entry.file.clone())
+    }
+
+    /// Keeps a compressed body, dropping the least recently used ones to stay within
+    /// `budget` bytes (a body larger than the budget is not kept).
+    pub fn insert_compressed(
+        &mut self,
+        route: usize,
+        path: &[u8],
+        source: &CachedFile,
+        file: std::rc::Rc<CachedFile>,
+        budget: usize,
+    ) {
+        let size = file.memory();
+        if size > budget {
+            return;
+        }
+        while self.compressed_bytes + size > budget {
+            let Some(oldest) = self
+                .compressed
+                .iter()
+                .min_by_key(|(_, c)| c.used)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            if let Some(gone) = self.compressed.remove(&oldest) {
+                self.compressed_bytes -= gone.file.memory();
+            }
+        }
+        self.tick += 1;
+        self.compressed_bytes += size;
+        let entry = Compressed {
+            source_etag: source.etag.clone(),
+            file,
+            used: self.tick,
+        };
+        if let Some(old) = self.compressed.insert((route, path.into()), entry) {
+            self.compressed_bytes -= old.file.memory();
+        }
+    }
+
+    /// Bytes of compressed bodies kept.
+    pub fn compressed_bytes(&self) -> usize {
+        self.compressed_bytes
     }
 
     /// Adds an entry, clearing the cache first when it is full.
@@ -203,6 +357,31 @@ mod tests {
             "{h}"
         );
         assert!(h.contains("ETag: \""), "{h}");
+    }
+
+    #[test]
+    fn compressed_bodies_are_bounded_and_least_recently_used_go_first() {
+        let p = temp_file("c.txt", b"cccc");
+        let src = open(&p, 1);
+        let mut cache = FileCache::default();
+        let body = |n: usize| Rc::new(CachedFile::encoded(&src, vec![0; n], "gzip").unwrap());
+        cache.insert_compressed(0, b"/a", &src, body(40), 100);
+        cache.insert_compressed(0, b"/b", &src, body(40), 100);
+        assert!(cache.compressed(0, b"/a", &src).is_some()); // /b is now the oldest
+        cache.insert_compressed(0, b"/c", &src, body(40), 100);
+        assert_eq!(cache.compressed_bytes(), 80);
+        assert!(cache.compressed(0, b"/b", &src).is_none());
+        assert!(cache.compressed(0, b"/a", &src).is_some());
+        cache.insert_compressed(0, b"/d", &src, body(101), 100);
+        assert!(
+            cache.compressed(0, b"/d", &src).is_none(),
+            "larger than the budget"
+        );
+        let h = String::from_utf8(body(1).headers.to_vec()).unwrap();
+        assert!(
+            h.contains("Content-Type: text/plain; charset=utf-8\r\nContent-Encoding: gzip\r\n"),
+            "{h}"
+        );
     }
 
     #[test]

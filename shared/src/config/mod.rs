@@ -14,6 +14,7 @@ mod error;
 pub mod limits;
 mod locate;
 pub mod raw;
+pub mod site;
 pub mod units;
 mod validate;
 
@@ -53,6 +54,8 @@ pub struct Config {
     pub shutdown_delay: Duration,
     /// How long a binary upgrade waits for the new master to serve before rolling back.
     pub upgrade_timeout: Duration,
+    /// Bytes of compressed responses a worker keeps.
+    pub compress_cache: usize,
     pub servers: Vec<Server>,
     /// Every distinct listen address with the largest backlog any server asked for.
     pub listeners: Vec<Listener>,
@@ -102,6 +105,8 @@ pub struct Server {
     pub real_ip_header: Option<String>,
     /// Sorted longest prefix first, so the first match is the longest.
     pub routes: Vec<Route>,
+    /// Pages replacing the built-in error pages, by status.
+    pub error_pages: Vec<ErrorPage>,
 }
 
 #[derive(Debug, Clone)]
@@ -109,6 +114,33 @@ pub struct Route {
     pub prefix: String,
     pub handler: Handler,
     pub limits: Option<limits::Limits>,
+    /// The server's header fields then the route's, a route's empty value removing
+    /// the server's field; none on probe and stats (`Status`, `Metrics`) routes.
+    pub headers: Vec<site::HeaderField>,
+    /// `headers` as header lines, `Name: value\r\n` each, ready to append.
+    pub header_block: Vec<u8>,
+    /// The route's `allow`/`deny`, or the server's when the route has none (probe
+    /// routes only follow their own).
+    pub access: site::Access,
+}
+
+/// On-the-fly gzip of a static route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compress {
+    /// Smaller files are sent as they are.
+    pub min_size: u64,
+    /// gzip level 1..=9.
+    pub level: u32,
+}
+
+/// A file replacing forkd's built-in page for `status`, read when the configuration
+/// is loaded (a reload reads it again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorPage {
+    pub status: u16,
+    pub path: PathBuf,
+    pub content_type: &'static str,
+    pub body: Vec<u8>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,7 +149,34 @@ pub enum Handler {
     Readiness,
     Status,
     Metrics,
-    Static { root: PathBuf, index: Vec<String> },
+    Static {
+        root: PathBuf,
+        index: Vec<String>,
+        /// Answers a missing file (normalised, starting with `/`).
+        fallback: Option<String>,
+        /// Most ranges per request (more: 200 with the whole file); 0: no ranges.
+        max_ranges: usize,
+        /// Serve `X.br` / `X.gz` beside `X` to clients that accept them.
+        precompressed: bool,
+        /// gzip text-like files on the fly, cached per worker.
+        compress: Option<Compress>,
+    },
+    Redirect {
+        to: site::RedirectTarget,
+        status: u16,
+    },
+    Return {
+        status: u16,
+        body: String,
+        content_type: String,
+    },
+}
+
+impl Server {
+    /// The configured page for `status`, if any.
+    pub fn error_page(&self, status: u16) -> Option<&ErrorPage> {
+        self.error_pages.iter().find(|p| p.status == status)
+    }
 }
 
 impl Config {

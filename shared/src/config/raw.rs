@@ -7,9 +7,11 @@
 //! live in `validate`.
 
 use super::limits::Limits;
+use super::site::{Cidr, ErrorStatus, HeaderField, RedirectStatus, RedirectTarget, ReturnStatus};
 use super::units::{ConfDuration, ConfSize};
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 
@@ -46,6 +48,9 @@ pub struct RawConfig {
     pub shutdown_delay: ConfDuration,
     #[serde(default = "default_upgrade_timeout")]
     pub upgrade_timeout: ConfDuration,
+    /// Bytes of compressed responses each worker keeps (least recently used dropped).
+    #[serde(default = "default_compress_cache")]
+    pub compress_cache: ConfSize,
     pub servers: Vec<RawServer>,
 }
 
@@ -87,6 +92,17 @@ pub struct RawServer {
     pub trusted_proxies: Vec<super::cidr::Cidr>,
     #[serde(default)]
     pub real_ip_header: Option<String>,
+    /// Added to every response of the server (probes aside).
+    #[serde(default)]
+    pub headers: Vec<HeaderField>,
+    /// Files (below the config folder) replacing the built-in page of a status.
+    #[serde(default)]
+    pub error_pages: BTreeMap<ErrorStatus, String>,
+    /// Address blocks let in / refused, for routes without rules of their own.
+    #[serde(default)]
+    pub allow: Vec<Cidr>,
+    #[serde(default)]
+    pub deny: Vec<Cidr>,
     pub routes: Vec<RawRoute>,
 }
 
@@ -131,6 +147,14 @@ pub struct RawRoute {
     /// Replaces the server's `limits` for this route.
     #[serde(default)]
     pub limits: Option<Limits>,
+    /// Added after the server's; an empty value removes the server's field.
+    #[serde(default)]
+    pub headers: Vec<HeaderField>,
+    /// When either is given, these replace the server's rules for this route.
+    #[serde(default)]
+    pub allow: Vec<Cidr>,
+    #[serde(default)]
+    pub deny: Vec<Cidr>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -148,7 +172,42 @@ pub enum RawHandler {
         root: String,
         #[serde(default = "default_index")]
         index: Vec<String>,
+        /// A missing file is answered by this path (a single-page app's entry point).
+        #[serde(default)]
+        fallback: Option<String>,
+        /// Most ranges one request may list (more: the whole file, 200); 0: no ranges.
+        #[serde(default = "default_max_ranges")]
+        max_ranges: usize,
+        /// Serve `X.br` / `X.gz` beside `X` when the client accepts that encoding.
+        #[serde(default)]
+        precompressed: bool,
+        /// gzip text-like files of at least `min_size` on the fly (cached).
+        #[serde(default)]
+        compress: Option<RawCompress>,
     },
+    /// Answers with a redirect to `to`, its placeholders expanded.
+    Redirect {
+        to: RedirectTarget,
+        #[serde(default = "default_redirect_status")]
+        status: RedirectStatus,
+    },
+    /// Answers with a fixed status and body.
+    Return {
+        status: ReturnStatus,
+        #[serde(default)]
+        body: String,
+        #[serde(default = "default_return_type")]
+        content_type: String,
+    },
+}
+
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RawCompress {
+    #[serde(default = "default_min_size")]
+    pub min_size: ConfSize,
+    #[serde(default = "default_level")]
+    pub level: u32,
 }
 
 #[derive(Debug, Default, Deserialize, Clone, Copy, PartialEq, Eq)]
@@ -316,4 +375,22 @@ fn default_min_rate_grace() -> ConfDuration {
 }
 fn default_index() -> Vec<String> {
     vec!["index.html".into()]
+}
+fn default_redirect_status() -> RedirectStatus {
+    RedirectStatus(302)
+}
+fn default_return_type() -> String {
+    "text/plain".into()
+}
+fn default_max_ranges() -> usize {
+    16
+}
+fn default_min_size() -> ConfSize {
+    ConfSize(1024)
+}
+fn default_level() -> u32 {
+    5
+}
+fn default_compress_cache() -> ConfSize {
+    ConfSize(16 << 20)
 }

@@ -7,7 +7,8 @@
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors};
 use super::locate::locate;
 use super::raw::{self, RawConfig, RawHandler, RawLogTarget, Workers};
-use super::{Config, Handler, Listener, LogTarget, Route, Server};
+use super::site::{Access, HeaderField};
+use super::{Config, ErrorPage, Handler, Listener, LogTarget, Route, Server};
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
@@ -67,6 +68,57 @@ fn allowed_cpus() -> Vec<usize> {
             .filter(|&cpu| set.is_set(cpu).unwrap_or(false))
             .collect(),
         Err(_) => Vec::new(),
+    }
+}
+
+/// The server's fields, then the route's: a route field replaces the server's of the
+/// same name (case-insensitively), and one with an empty value only removes it.
+fn merge_headers(server: &[HeaderField], route: &[HeaderField]) -> Vec<HeaderField> {
+    let mut out: Vec<HeaderField> = server
+        .iter()
+        .filter(|h| {
+            !h.value.is_empty() && !route.iter().any(|r| r.name.eq_ignore_ascii_case(&h.name))
+        })
+        .cloned()
+        .collect();
+    out.extend(route.iter().filter(|h| !h.value.is_empty()).cloned());
+    out
+}
+
+/// Reads an error page, which must be a file below the configuration's folder.
+fn load_error_page(base: &Path, page: &str) -> Result<(PathBuf, Vec<u8>), String> {
+    let path = resolve(base, page);
+    let inside = match (path.canonicalize(), base.canonicalize()) {
+        (Ok(p), Ok(b)) => p.starts_with(b),
+        (Err(e), _) => return Err(format!("`{}`: {e}", path.display())),
+        (_, Err(e)) => return Err(format!("`{}`: {e}", base.display())),
+    };
+    if !inside {
+        return Err(format!(
+            "`{}` is not below the configuration's folder {}",
+            path.display(),
+            base.display()
+        ));
+    }
+    if !path.is_file() {
+        return Err(format!("`{}` is not a file", path.display()));
+    }
+    const MAX_PAGE: u64 = 1 << 20;
+    if path.metadata().map_or(0, |m| m.len()) > MAX_PAGE {
+        return Err(format!("`{}` is larger than 1MiB", path.display()));
+    }
+    std::fs::read(&path)
+        .map(|body| (path.clone(), body))
+        .map_err(|e| format!("`{}`: {e}", path.display()))
+}
+
+/// The media type of an error page, from its extension.
+fn page_type(path: &Path) -> &'static str {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("html" | "htm") => "text/html; charset=utf-8",
+        Some("json") => "application/json",
+        Some("txt") => "text/plain; charset=utf-8",
+        _ => "text/html",
     }
 }
 
@@ -244,6 +296,25 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
             }
         }
 
+        // Before the routes: literals are located in the order they are written.
+        let mut error_pages = Vec::new();
+        for (status, page) in &s.error_pages {
+            let (literal, nth) = occurrence(page);
+            match load_error_page(&base, page) {
+                Ok((path, body)) => error_pages.push(ErrorPage {
+                    status: status.0,
+                    content_type: page_type(&path),
+                    path,
+                    body,
+                }),
+                Err(message) => check.error(
+                    &literal,
+                    nth,
+                    format!("{}[{}]", field("error_pages"), status.0),
+                    message,
+                ),
+            }
+        }
         if s.routes.is_empty() {
             check.error(
                 "routes",
@@ -269,7 +340,24 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                 RawHandler::Readiness => Handler::Readiness,
                 RawHandler::Status => Handler::Status,
                 RawHandler::Metrics => Handler::Metrics,
-                RawHandler::Static { root, index } => {
+                RawHandler::Static {
+                    root,
+                    index,
+                    fallback,
+                    max_ranges,
+                    precompressed,
+                    compress,
+                } => {
+                    if let Some(c) = compress {
+                        if !(1..=9).contains(&c.level) {
+                            check.error(
+                                "level",
+                                0,
+                                format!("{rfield}.handler.compress.level"),
+                                format!("gzip level {} is out of range 1..=9", c.level),
+                            );
+                        }
+                    }
                     let dir = resolve(&base, &root);
                     let (root_literal, root_nth) = occurrence(&root);
                     if !dir.is_dir() {
@@ -290,13 +378,111 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                             );
                         }
                     }
-                    Handler::Static { root: dir, index }
+                    if let Some(f) = &fallback {
+                        let clean = f.starts_with('/')
+                            && !f.ends_with('/')
+                            && f.split('/')
+                                .skip(1)
+                                .all(|s| !s.is_empty() && s != "." && s != "..")
+                            && !f.contains(['%', '\\', '?', '#', '\0']);
+                        if !clean {
+                            check.error(
+                                &format!("\"{f}\""),
+                                0,
+                                format!("{rfield}.handler.fallback"),
+                                format!(
+                                    "`{f}` must be a normalised file path such as \"/index.html\""
+                                ),
+                            );
+                        } else if !dir.join(&f[1..]).is_file() {
+                            check.error(
+                                &format!("\"{f}\""),
+                                0,
+                                format!("{rfield}.handler.fallback"),
+                                format!("`{}` is not a file", dir.join(&f[1..]).display()),
+                            );
+                        }
+                    }
+                    Handler::Static {
+                        root: dir,
+                        index,
+                        fallback,
+                        max_ranges,
+                        precompressed,
+                        compress: compress.map(|c| super::Compress {
+                            min_size: c.min_size.0,
+                            level: c.level,
+                        }),
+                    }
+                }
+                RawHandler::Redirect { to, status } => Handler::Redirect {
+                    to,
+                    status: status.0,
+                },
+                RawHandler::Return {
+                    status,
+                    body,
+                    content_type,
+                } => {
+                    if matches!(status.0, 204 | 304) && !body.is_empty() {
+                        check.error(
+                            "body",
+                            0,
+                            format!("{rfield}.handler.body"),
+                            format!("a {} response has no body", status.0),
+                        );
+                    }
+                    if content_type.is_empty()
+                        || content_type.bytes().any(|b| b < b' ' || b == 0x7f)
+                    {
+                        check.error(
+                            "content_type",
+                            0,
+                            format!("{rfield}.handler.content_type"),
+                            format!("`{}` is not a media type", content_type.escape_debug()),
+                        );
+                    }
+                    Handler::Return {
+                        status: status.0,
+                        body,
+                        content_type,
+                    }
                 }
             };
+            let probe = matches!(handler, Handler::Liveness | Handler::Readiness);
+            // Probes and stats are for machines: no site header fields on them.
+            let monitoring = probe || matches!(handler, Handler::Status | Handler::Metrics);
+            let headers = if monitoring {
+                Vec::new()
+            } else {
+                merge_headers(&s.headers, &r.headers)
+            };
+            let own = Access {
+                allow: r.allow,
+                deny: r.deny,
+            };
+            let access = if own.is_open() && !probe {
+                Access {
+                    allow: s.allow.clone(),
+                    deny: s.deny.clone(),
+                }
+            } else {
+                own
+            };
+            let mut header_block = Vec::new();
+            for h in &headers {
+                header_block.extend_from_slice(h.name.as_bytes());
+                header_block.extend_from_slice(b": ");
+                header_block.extend_from_slice(h.value.as_bytes());
+                header_block.extend_from_slice(b"\r\n");
+            }
             routes.push(Route {
                 prefix: r.prefix.0,
                 handler,
                 limits: r.limits,
+                headers,
+                header_block,
+                access,
             });
         }
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
@@ -319,6 +505,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
             trusted_proxies: s.trusted_proxies,
             real_ip_header: s.real_ip_header,
             routes,
+            error_pages,
         });
     }
 
@@ -345,6 +532,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
         drain_timeout: raw.drain_timeout.0,
         shutdown_delay: raw.shutdown_delay.0,
         upgrade_timeout: raw.upgrade_timeout.0,
+        compress_cache: raw.compress_cache.0 as usize,
         servers,
         listeners,
     })
@@ -410,7 +598,11 @@ mod tests {
             s.routes[0].handler,
             Handler::Static {
                 root: d.0.join("www"),
-                index: vec!["index.html".into()]
+                index: vec!["index.html".into()],
+                fallback: None,
+                max_ranges: 16,
+                precompressed: false,
+                compress: None,
             }
         );
     }

@@ -10,6 +10,8 @@
 use crate::access_log;
 use crate::busy::{Body, PendingBody};
 use crate::handlers::health::{self, Probe};
+use crate::handlers::redirect::{self, Redirect};
+use crate::handlers::ret::{self, Fixed};
 use crate::handlers::static_files::{self, StaticRoute};
 use crate::handlers::status::{self, Format};
 use crate::handlers::{self, Outcome, Reply};
@@ -118,7 +120,7 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
         ))),
     };
     if let Some(body) = body {
-        if req.expect_continue && refused_from_head(svc, server, req) {
+        if req.expect_continue && refused_from_head(svc, server, req, x.peer) {
             // RFC 9110 §10.1.1: the final answer instead of `100 Continue`. The client
             // may or may not send the body now, so the connection cannot tell where
             // the next request starts: it closes (lingering, so the answer is read).
@@ -161,11 +163,16 @@ pub fn answer_after_body(
 
 fn too_large(x: &mut Exchange, svc: &mut Services, req: &Request, server: usize) {
     ensure_out(x.out);
+    let pages = &svc.config.servers[server].error_pages;
     let mut reply = Reply {
         out: x.out,
         date: svc.clock.http_date(),
         persistence: Persistence::Close,
         head_only: req.method == Method::Head,
+        site: response::Site {
+            headers: b"",
+            pages,
+        },
     };
     let outcome = reply.error(Status::CONTENT_TOO_LARGE, &[]);
     let latency = svc.clock.precise_us().saturating_sub(x.started);
@@ -231,6 +238,10 @@ fn too_many(
         date: svc.clock.http_date(),
         persistence,
         head_only: req.method == Method::Head,
+        site: response::Site {
+            headers: b"",
+            pages: &s.error_pages,
+        },
     };
     let mut digits = Vec::with_capacity(20);
     response::push_decimal(&mut digits, retry_after);
@@ -243,14 +254,17 @@ fn too_many(
 
 /// Whether the answer to `req` is an error known from its head alone (a path that
 /// cannot be normalised, no route, a method the route's handler refuses).
-fn refused_from_head(svc: &Services, server: usize, req: &Request) -> bool {
+fn refused_from_head(svc: &Services, server: usize, req: &Request, peer: IpAddr) -> bool {
     let server = &svc.config.servers[server];
     let Ok(path) = route_path(req.path) else {
         return true;
     };
     match server.route_index(&path) {
         None => true,
-        Some(route) => !handlers::allows(&server.routes[route].handler, req.method),
+        Some(route) => {
+            let route = &server.routes[route];
+            !handlers::allows(&route.handler, req.method) || !route.access.permits(peer)
+        }
     }
 }
 
@@ -287,16 +301,26 @@ fn respond(
         (true, Version::Http11) => Persistence::KeepAlive11,
     };
     ensure_out(x.out);
+    let path = route_path(req.path);
+    let route_index = path.as_deref().ok().and_then(|p| server.route_index(p));
+    let route = route_index.map(|i| &server.routes[i]);
     let mut reply = Reply {
         out: x.out,
         date: svc.clock.http_date(),
         persistence,
         head_only: req.method == Method::Head,
+        site: response::Site {
+            headers: route.map_or(&[][..], |r| &r.header_block),
+            pages: &server.error_pages,
+        },
     };
-    let path = route_path(req.path);
-    let outcome = match path.as_deref().map(|p| (p, server.route_index(p))) {
+    let outcome = match path.as_deref().map(|p| (p, route_index)) {
         Err(_) => reply.error(Status::BAD_REQUEST, &[]),
         Ok((_, None)) => reply.error(Status::NOT_FOUND, &[]),
+        // allow/deny: on the connection's peer (behind a balancer, the balancer's).
+        Ok((_, Some(i))) if !server.routes[i].access.permits(x.peer) => {
+            reply.error(Status::FORBIDDEN, &[])
+        }
         Ok((path, Some(route_index))) => match &server.routes[route_index].handler {
             Handler::Liveness => {
                 health::serve(Probe::Liveness, req.method, svc.draining, &mut reply)
@@ -313,11 +337,49 @@ fn respond(
                 svc.stats.region(),
                 &mut reply,
             ),
-            Handler::Static { root, index } => {
+            Handler::Static {
+                root,
+                index,
+                fallback,
+                max_ranges,
+                precompressed,
+                compress,
+            } => {
                 let id = server_index << 16 | route_index;
-                let route = StaticRoute { id, root, index };
+                let fallback = fallback.as_deref();
+                let route = StaticRoute {
+                    id,
+                    root,
+                    index,
+                    fallback,
+                    max_ranges: *max_ranges,
+                    precompressed: *precompressed,
+                    compress: *compress,
+                    compress_cache: svc.config.compress_cache,
+                };
                 let now = svc.clock.unix_secs;
                 static_files::serve(&route, req, path, &mut svc.cache, now, &mut reply)
+            }
+            Handler::Redirect { to, status } => {
+                let prefix = &server.routes[route_index].prefix;
+                let redirect = Redirect {
+                    to,
+                    status: *status,
+                    prefix,
+                };
+                redirect::serve(&redirect, req, path, &mut reply)
+            }
+            Handler::Return {
+                status,
+                body,
+                content_type,
+            } => {
+                let fixed = Fixed {
+                    status: *status,
+                    body: body.as_bytes(),
+                    content_type,
+                };
+                ret::serve(&fixed, &mut reply)
             }
         },
     };
@@ -411,7 +473,19 @@ pub fn error_page(
 ) {
     let date = *svc.clock.http_date_array();
     ensure_out(out);
-    let body_bytes = response::error(out.bytes(), status, &date, Persistence::Close, &[], false);
+    let site = response::Site {
+        headers: b"",
+        pages: &svc.config.servers[server.min(svc.config.servers.len() - 1)].error_pages,
+    };
+    let body_bytes = response::error_with(
+        out.bytes(),
+        status,
+        &date,
+        Persistence::Close,
+        &[],
+        &site,
+        false,
+    );
     let latency = svc.clock.precise_us().saturating_sub(started);
     svc.stats.response(status.0, Some(latency));
     if svc.logs.enabled(server) {

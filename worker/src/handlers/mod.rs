@@ -4,6 +4,9 @@
 //! what it sent ([`Outcome`]). It never blocks and never touches the socket.
 
 pub mod health;
+pub mod redirect;
+mod representation;
+pub mod ret;
 pub mod static_files;
 pub mod status;
 
@@ -21,6 +24,8 @@ pub fn allows(handler: &Handler, method: Method) -> bool {
         Handler::Static { .. } => static_files::allows(method),
         // `status::serve` answers GET and HEAD, like the probes.
         Handler::Status | Handler::Metrics => health::allows(method),
+        // Like nginx's `return`: the same answer whatever the method.
+        Handler::Redirect { .. } | Handler::Return { .. } => true,
     }
 }
 
@@ -32,6 +37,8 @@ pub struct Reply<'a> {
     pub persistence: Persistence,
     /// A HEAD request: headers only.
     pub head_only: bool,
+    /// The route's header fields and the server's error pages.
+    pub site: response::Site<'a>,
 }
 
 /// What a handler sent, for the access log and the stats.
@@ -45,14 +52,16 @@ pub struct Outcome {
 }
 
 impl Reply<'_> {
-    /// A complete error page with `extra` header fields.
+    /// A complete error page (the server's `error_pages` one if configured) with
+    /// `extra` header fields: the one path every handler's error responses take.
     pub fn error(&mut self, status: Status, extra: &[(&str, &[u8])]) -> Outcome {
-        let body_bytes = response::error(
+        let body_bytes = response::error_with(
             self.out.bytes(),
             status,
             self.date,
             self.persistence,
             extra,
+            &self.site,
             self.head_only,
         );
         Outcome {

@@ -7,12 +7,14 @@
 //! has made sure it cannot climb out of the root; a symlink that points outside the
 //! root is refused too.
 
+use super::representation;
 use super::{Outcome, Reply};
 use crate::file_cache::{CachedFile, FileCache};
 use crate::http::path;
-use crate::http::range::{self, RangeSpec};
+use crate::http::range::{self, RangeSet};
 use crate::http::request::{Method, Request};
 use crate::http::response::{self, Status};
+use forkd_shared::config::Compress;
 use std::ffi::OsString;
 use std::fs::OpenOptions;
 use std::io;
@@ -27,6 +29,17 @@ pub struct StaticRoute<'a> {
     pub id: usize,
     pub root: &'a Path,
     pub index: &'a [String],
+    /// The path answering a request for a file that does not exist (a single-page
+    /// app's entry point), if any.
+    pub fallback: Option<&'a str>,
+    /// Most ranges one request may list (more: the whole file); 0: ranges ignored.
+    pub max_ranges: usize,
+    /// Serve `X.br` / `X.gz` beside `X`.
+    pub precompressed: bool,
+    /// gzip on the fly, kept in the cache.
+    pub compress: Option<Compress>,
+    /// Bytes the worker keeps of compressed bodies.
+    pub compress_cache: usize,
 }
 
 /// What a request path resolves to.
@@ -34,6 +47,9 @@ enum Resolved {
     File(Rc<CachedFile>),
     /// A directory requested without its trailing slash: the normalised path.
     Redirect(Vec<u8>),
+    /// Nothing is there (what `fallback` answers).
+    Missing,
+    /// Something is there but may not be served, or opening it failed.
     Status(Status),
 }
 
@@ -63,10 +79,46 @@ pub fn serve(
                 file
             }
             Resolved::Redirect(path) => return redirect(&path, req.query, reply),
+            Resolved::Missing => match route.fallback {
+                // Only a path with nothing behind it: a forbidden one stays 403.
+                Some(fallback) => match fallback_file(route, fallback, cache, now_secs) {
+                    Ok(file) => file,
+                    Err(status) => return reply.error(status, &[]),
+                },
+                None => return reply.error(Status::NOT_FOUND, &[]),
+            },
             Resolved::Status(status) => return reply.error(status, &[]),
         },
     };
-    send(req, &file, reply)
+    let vary = route.precompressed || route.compress.is_some();
+    let file = if vary {
+        representation::choose(route, req, path, file, cache, now_secs)
+    } else {
+        file
+    };
+    send(req, &file, route.max_ranges, vary, reply)
+}
+
+/// The fallback's file, cached under its own path (a miss is never cached, so any
+/// number of missing paths cost no cache entries).
+fn fallback_file(
+    route: &StaticRoute,
+    fallback: &str,
+    cache: &mut FileCache,
+    now_secs: u64,
+) -> Result<Rc<CachedFile>, Status> {
+    let path = fallback.as_bytes();
+    if let Some(file) = cache.get(route.id, path, now_secs) {
+        return Ok(file);
+    }
+    match resolve(route, path, now_secs) {
+        Resolved::File(file) => {
+            cache.insert(route.id, path, file.clone());
+            Ok(file)
+        }
+        Resolved::Missing | Resolved::Redirect(_) => Err(Status::NOT_FOUND),
+        Resolved::Status(status) => Err(status),
+    }
 }
 
 /// 301 to the directory with its slash. The location is built from the normalised
@@ -91,37 +143,52 @@ fn resolve(route: &StaticRoute, normalized: &[u8], now_secs: u64) -> Resolved {
         for name in route.index {
             match open_regular(&full.join(name), route.root, now_secs) {
                 Ok(Some(file)) => return Resolved::File(Rc::new(file)),
-                Ok(None) => continue,
-                Err(status) if status == Status::NOT_FOUND => continue,
-                Err(status) => return Resolved::Status(status),
+                Ok(None) | Err(Refused::Missing) => continue,
+                Err(Refused::Status(status)) => return Resolved::Status(status),
             }
         }
-        return Resolved::Status(if full.is_dir() && inside_root(&full, route.root) {
-            Status::FORBIDDEN // a directory without an index: no listings
+        return if full.is_dir() && inside_root(&full, route.root) {
+            Resolved::Status(Status::FORBIDDEN) // a directory without an index: no listings
+        } else if full.exists() {
+            Resolved::Status(Status::NOT_FOUND)
         } else {
-            Status::NOT_FOUND
-        });
+            Resolved::Missing
+        };
     }
     match open_regular(&full, route.root, now_secs) {
         Ok(Some(file)) => Resolved::File(Rc::new(file)),
         Ok(None) if full.is_dir() && inside_root(&full, route.root) => {
             Resolved::Redirect(normalized.to_vec())
         }
+        // A FIFO, a socket, a device: there, but not served.
         Ok(None) => Resolved::Status(Status::NOT_FOUND),
-        Err(status) => Resolved::Status(status),
+        Err(Refused::Missing) => Resolved::Missing,
+        Err(Refused::Status(status)) => Resolved::Status(status),
     }
+}
+
+/// Why a file is not opened.
+pub(super) enum Refused {
+    /// Nothing by that name.
+    Missing,
+    /// There, but not to be served (outside the root, no permission), or an error.
+    Status(Status),
 }
 
 /// Opens `path` if it is a regular file inside `root`. `Ok(None)`: it exists but is
 /// not a regular file.
-fn open_regular(path: &Path, root: &Path, now_secs: u64) -> Result<Option<CachedFile>, Status> {
+pub(super) fn open_regular(
+    path: &Path,
+    root: &Path,
+    now_secs: u64,
+) -> Result<Option<CachedFile>, Refused> {
     // O_NONBLOCK: opening a FIFO someone left in the root must not hang the worker.
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| io_status(&e, path))?;
-    let meta = file.metadata().map_err(|e| io_status(&e, path))?;
+        .map_err(|e| refused(&e, path))?;
+    let meta = file.metadata().map_err(|e| refused(&e, path))?;
     if !meta.is_file() {
         return Ok(None);
     }
@@ -131,11 +198,18 @@ fn open_regular(path: &Path, root: &Path, now_secs: u64) -> Result<Option<Cached
             path.display(),
             root.display()
         );
-        return Err(Status::NOT_FOUND);
+        return Err(Refused::Status(Status::NOT_FOUND));
     }
     CachedFile::open(path.to_path_buf(), file, &meta, now_secs)
         .map(Some)
-        .map_err(|e| io_status(&e, path))
+        .map_err(|e| refused(&e, path))
+}
+
+fn refused(e: &io::Error, path: &Path) -> Refused {
+    match e.kind() {
+        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory => Refused::Missing,
+        _ => Refused::Status(io_status(e, path)),
+    }
 }
 
 /// Whether `path`, with symlinks resolved, is below `root` (also resolved).
@@ -188,40 +262,54 @@ fn not_modified(req: &Request, file: &CachedFile) -> bool {
     false
 }
 
-fn range_spec(req: &Request, file: &CachedFile) -> RangeSpec {
+fn range_spec(req: &Request, file: &CachedFile, max_ranges: usize) -> RangeSet {
     let Some(value) = req.range else {
-        return RangeSpec::Full;
+        return RangeSet::Full;
     };
     if req.method != Method::Get {
-        return RangeSpec::Full;
+        return RangeSet::Full;
     }
     if let Some(validator) = req.if_range {
         let validator = validator.trim_ascii();
         if validator != &file.etag[..] && validator != &file.last_modified[..] {
-            return RangeSpec::Full; // the client's copy is stale: send it all
+            return RangeSet::Full; // the client's copy is stale: send it all
         }
     }
-    range::parse(value, file.size)
+    range::parse_set(value, file.size, max_ranges)
 }
 
-fn send(req: &Request, file: &Rc<CachedFile>, reply: &mut Reply) -> Outcome {
+const VARY: &[u8] = b"Vary: Accept-Encoding\r\n";
+
+fn send(
+    req: &Request,
+    file: &Rc<CachedFile>,
+    max_ranges: usize,
+    vary: bool,
+    reply: &mut Reply,
+) -> Outcome {
+    let vary: &[u8] = if vary { VARY } else { b"" };
     let date = reply.date;
     if not_modified(req, file) {
         let out = reply.out.bytes();
         response::start(out, Status::NOT_MODIFIED, date);
         response::header(out, "Last-Modified", &file.last_modified);
         response::header(out, "ETag", &file.etag);
-        response::finish(out, reply.persistence);
+        out.extend_from_slice(vary);
+        response::finish_with(out, reply.site.headers, reply.persistence);
         return Outcome {
             status: Status::NOT_MODIFIED,
             body_bytes: 0,
             logged: true,
         };
     }
-    let (status, start, len) = match range_spec(req, file) {
-        RangeSpec::Full => (Status::OK, 0, file.size),
-        RangeSpec::Partial { start, end } => (Status::PARTIAL_CONTENT, start, end - start + 1),
-        RangeSpec::Unsatisfiable => {
+    let (status, start, len) = match range_spec(req, file, max_ranges) {
+        RangeSet::Full => (Status::OK, 0, file.size),
+        RangeSet::Parts(parts) if parts.len() == 1 => {
+            let (start, end) = parts[0];
+            (Status::PARTIAL_CONTENT, start, end - start + 1)
+        }
+        RangeSet::Parts(parts) => return send_multipart(file, &parts, vary, reply),
+        RangeSet::Unsatisfiable => {
             let mut content_range = b"bytes */".to_vec();
             response::push_decimal(&mut content_range, file.size);
             return reply.error(
@@ -233,6 +321,7 @@ fn send(req: &Request, file: &Rc<CachedFile>, reply: &mut Reply) -> Outcome {
     let out = reply.out.bytes();
     response::start(out, status, date);
     out.extend_from_slice(&file.headers);
+    out.extend_from_slice(vary);
     if status == Status::PARTIAL_CONTENT {
         out.extend_from_slice(b"Content-Range: bytes ");
         response::push_decimal(out, start);
@@ -243,7 +332,7 @@ fn send(req: &Request, file: &Rc<CachedFile>, reply: &mut Reply) -> Outcome {
         out.extend_from_slice(b"\r\n");
     }
     response::content_length(out, len);
-    response::finish(out, reply.persistence);
+    response::finish_with(out, reply.site.headers, reply.persistence);
     if reply.head_only {
         return Outcome {
             status,
@@ -259,6 +348,118 @@ fn send(req: &Request, file: &Rc<CachedFile>, reply: &mut Reply) -> Outcome {
         status,
         body_bytes: len,
         logged: true,
+    }
+}
+
+/// A `multipart/byteranges` response (RFC 9110 §14.6) of `parts` (sorted, disjoint:
+/// see [`range::parse_set`]), each with its own `Content-Type` and `Content-Range`.
+fn send_multipart(
+    file: &Rc<CachedFile>,
+    parts: &[(u64, u64)],
+    vary: &[u8],
+    reply: &mut Reply,
+) -> Outcome {
+    let boundary = boundary(file);
+    let mut part_type = file.content_type.as_bytes().to_vec();
+    if file.content_type.starts_with("text/") {
+        part_type.extend_from_slice(b"; charset=utf-8");
+    }
+    let part_head = |out: &mut Vec<u8>, start: u64, end: u64| {
+        out.extend_from_slice(b"\r\n--");
+        out.extend_from_slice(&boundary);
+        out.extend_from_slice(b"\r\nContent-Type: ");
+        out.extend_from_slice(&part_type);
+        out.extend_from_slice(b"\r\nContent-Range: bytes ");
+        response::push_decimal(out, start);
+        out.push(b'-');
+        response::push_decimal(out, end);
+        out.push(b'/');
+        response::push_decimal(out, file.size);
+        out.extend_from_slice(b"\r\n\r\n");
+    };
+    let closing_len = 2 + 2 + boundary.len() + 4; // CRLF -- boundary -- CRLF
+    let mut scratch = Vec::with_capacity(128);
+    let mut length = closing_len as u64;
+    for &(start, end) in parts {
+        scratch.clear();
+        part_head(&mut scratch, start, end);
+        length += scratch.len() as u64 + (end - start + 1);
+    }
+    let status = Status::PARTIAL_CONTENT;
+    let out = reply.out.bytes();
+    response::start(out, status, reply.date);
+    out.extend_from_slice(b"Content-Type: multipart/byteranges; boundary=");
+    out.extend_from_slice(&boundary);
+    out.extend_from_slice(b"\r\n");
+    response::header(out, "Last-Modified", &file.last_modified);
+    response::header(out, "ETag", &file.etag);
+    out.extend_from_slice(b"Accept-Ranges: bytes\r\n");
+    if file.headers.windows(18).any(|w| w == b"Content-Encoding: ") {
+        // The parts are ranges of the encoded representation.
+        let at = file
+            .headers
+            .windows(18)
+            .position(|w| w == b"Content-Encoding: ")
+            .unwrap_or(0);
+        let end = file.headers[at..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(file.headers.len(), |e| at + e + 1);
+        out.extend_from_slice(&file.headers[at..end]);
+    }
+    out.extend_from_slice(vary);
+    response::content_length(out, length);
+    response::finish_with(out, reply.site.headers, reply.persistence);
+    if reply.head_only {
+        return Outcome {
+            status,
+            body_bytes: 0,
+            logged: true,
+        };
+    }
+    for &(start, end) in parts {
+        part_head(reply.out.bytes(), start, end);
+        match &file.body {
+            Some(bytes) => reply
+                .out
+                .bytes()
+                .extend_from_slice(&bytes[start as usize..=end as usize]),
+            None => reply.out.push_file(file.clone(), start, end - start + 1),
+        }
+    }
+    let out = reply.out.bytes();
+    out.extend_from_slice(b"\r\n--");
+    out.extend_from_slice(&boundary);
+    out.extend_from_slice(b"--\r\n");
+    Outcome {
+        status,
+        body_bytes: length,
+        logged: true,
+    }
+}
+
+/// A boundary that is not in the parts: 20 hex digits from the file's validator and a
+/// per-worker counter, checked against the bytes of a file held in memory.
+fn boundary(file: &CachedFile) -> Vec<u8> {
+    use std::cell::Cell;
+    thread_local!(static COUNTER: Cell<u64> = const { Cell::new(0) });
+    loop {
+        let n = COUNTER.with(|c| {
+            c.set(c.get().wrapping_add(1));
+            c.get()
+        });
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        for &b in file.etag.iter() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+        let text = format!("{:016x}{:04x}", h, n & 0xffff).into_bytes();
+        let clash = file
+            .body
+            .as_deref()
+            .is_some_and(|body| body.windows(text.len()).any(|w| w == text));
+        if !clash {
+            return text;
+        }
     }
 }
 

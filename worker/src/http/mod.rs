@@ -9,6 +9,7 @@
 //! - `range`: a single byte `Range` header.
 //! - `response`: writing status lines, headers and error pages.
 
+pub mod accept_encoding;
 pub mod chunked;
 pub mod path;
 pub mod range;

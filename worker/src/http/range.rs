@@ -1,7 +1,11 @@
-//! A single byte range (`Range: bytes=...`, RFC 9110 §14).
+//! Byte ranges (`Range: bytes=...`, RFC 9110 §14).
 //!
-//! Only one range is served; a request for several gets the whole file (200), which
-//! the RFC allows and which avoids multipart responses nobody asks a static server for.
+//! [`parse`] reads a single range; [`parse_set`] a list of them, for a
+//! `multipart/byteranges` response (§14.6). A list is sorted and its overlapping and
+//! adjacent ranges are coalesced, so the parts never hold more bytes than the
+//! representation (no range amplification). A list of more than `max_ranges` ranges is
+//! ignored (200 with the whole representation, as nginx's `max_ranges` does; §14.2
+//! lets a server ignore a Range it finds excessive).
 
 /// What to send for a `Range` header against a representation of `size` bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +33,65 @@ pub fn parse(value: &[u8], size: u64) -> RangeSpec {
     if spec.contains(',') {
         return RangeSpec::Full;
     }
+    one(spec, size)
+}
+
+/// What to send for a `Range` header that may list several ranges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RangeSet {
+    /// Ignore the header (invalid, not bytes, or more than `max_ranges` ranges): 200.
+    Full,
+    /// Sorted, disjoint, non-adjacent `(start, end)` inclusive ranges: 206, one part
+    /// or `multipart/byteranges`.
+    Parts(Vec<(u64, u64)>),
+    /// No listed range overlaps the representation: 416.
+    Unsatisfiable,
+}
+
+/// Interprets a `Range` header value listing one or more ranges.
+pub fn parse_set(value: &[u8], size: u64, max_ranges: usize) -> RangeSet {
+    let Ok(value) = std::str::from_utf8(value) else {
+        return RangeSet::Full;
+    };
+    let Some((unit, spec)) = value.trim().split_once('=') else {
+        return RangeSet::Full;
+    };
+    if !unit.eq_ignore_ascii_case("bytes") || max_ranges == 0 {
+        return RangeSet::Full;
+    }
+    let mut parts = Vec::new();
+    let mut listed = 0usize;
+    // RFC 9110 §5.6.1: empty list elements are allowed and ignored.
+    for element in spec.split(',').filter(|e| !e.trim().is_empty()) {
+        listed += 1;
+        if listed > max_ranges {
+            return RangeSet::Full;
+        }
+        match one(element, size) {
+            RangeSpec::Full => return RangeSet::Full, // one invalid range: ignore all
+            RangeSpec::Unsatisfiable => {}
+            RangeSpec::Partial { start, end } => parts.push((start, end)),
+        }
+    }
+    if listed == 0 {
+        return RangeSet::Full;
+    }
+    if parts.is_empty() {
+        return RangeSet::Unsatisfiable;
+    }
+    parts.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(parts.len());
+    for (start, end) in parts {
+        match merged.last_mut() {
+            Some(last) if start <= last.1.saturating_add(1) => last.1 = last.1.max(end),
+            _ => merged.push((start, end)),
+        }
+    }
+    RangeSet::Parts(merged)
+}
+
+/// One `first-last`, `first-` or `-suffix` range.
+fn one(spec: &str, size: u64) -> RangeSpec {
     let Some((first, last)) = spec.trim().split_once('-') else {
         return RangeSpec::Full;
     };
@@ -139,6 +202,38 @@ mod tests {
             ),
             RangeSpec::Full
         );
+    }
+
+    #[test]
+    fn range_sets_are_sorted_coalesced_and_bounded() {
+        let parts = |v: &[u8]| parse_set(v, 1000, 4);
+        assert_eq!(
+            parts(b"bytes=500-599, 0-99"),
+            RangeSet::Parts(vec![(0, 99), (500, 599)])
+        );
+        // Overlapping and adjacent ranges become one: never more bytes than the file.
+        assert_eq!(
+            parts(b"bytes=0-499,100-200,500-999"),
+            RangeSet::Parts(vec![(0, 999)])
+        );
+        assert_eq!(
+            parts(b"bytes=-1,0-0,,"),
+            RangeSet::Parts(vec![(0, 0), (999, 999)])
+        );
+        assert_eq!(parts(b"bytes=2000-,5000-6000"), RangeSet::Unsatisfiable);
+        assert_eq!(parts(b"bytes=2000-,0-1"), RangeSet::Parts(vec![(0, 1)]));
+        assert_eq!(
+            parts(b"bytes=0-1,2-1"),
+            RangeSet::Full,
+            "one invalid: all ignored"
+        );
+        assert_eq!(
+            parts(b"bytes=0-0,2-2,4-4,6-6,8-8"),
+            RangeSet::Full,
+            "more than 4"
+        );
+        assert_eq!(parts(b"bytes=,"), RangeSet::Full);
+        assert_eq!(parse_set(b"bytes=0-1", 1000, 0), RangeSet::Full);
     }
 
     #[test]

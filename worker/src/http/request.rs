@@ -52,6 +52,8 @@ pub struct Request<'b> {
     pub if_range: Option<&'b [u8]>,
     pub referer: Option<&'b [u8]>,
     pub user_agent: Option<&'b [u8]>,
+    /// The first `Accept-Encoding` field (for precompressed/compressed files).
+    pub accept_encoding: Option<&'b [u8]>,
     /// Bytes of the head, including the final empty line.
     pub head_len: usize,
 }
@@ -160,6 +162,7 @@ pub fn parse(buf: &[u8], max_header_bytes: usize) -> Result<Option<Request<'_>>,
         if_range: None,
         referer: None,
         user_agent: None,
+        accept_encoding: None,
         head_len,
     };
     let mut host_seen = false;
@@ -203,6 +206,9 @@ pub fn parse(buf: &[u8], max_header_bytes: usize) -> Result<Option<Request<'_>>,
             }
             10 if name.eq_ignore_ascii_case(b"user-agent") => out.user_agent = Some(value),
             13 if name.eq_ignore_ascii_case(b"if-none-match") => out.if_none_match = Some(value),
+            15 if name.eq_ignore_ascii_case(b"accept-encoding") => {
+                out.accept_encoding = out.accept_encoding.or(Some(value))
+            }
             14 if name.eq_ignore_ascii_case(b"content-length") => {
                 for item in value.split(|&b| b == b',').map(trim) {
                     let n = parse_decimal(item)

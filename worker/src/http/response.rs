@@ -3,6 +3,8 @@
 //! Everything is appended to a byte buffer the connection later writes in one go, so a
 //! batch of pipelined responses costs one `write`.
 
+use forkd_shared::config::ErrorPage;
+
 /// An HTTP status code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Status(pub u16);
@@ -57,9 +59,45 @@ impl Status {
         }
     }
 
-    /// The reason phrase: `OK`, `Not Found`.
+    /// The reason phrase: `OK`, `Not Found`; empty for a code without one (RFC 9112
+    /// §4 allows an empty reason).
     pub fn reason(self) -> &'static str {
-        &self.line()[13..]
+        match self.0 {
+            201 => "Created",
+            202 => "Accepted",
+            204 => "No Content",
+            302 => "Found",
+            303 => "See Other",
+            307 => "Temporary Redirect",
+            308 => "Permanent Redirect",
+            401 => "Unauthorized",
+            402 => "Payment Required",
+            406 => "Not Acceptable",
+            409 => "Conflict",
+            410 => "Gone",
+            412 => "Precondition Failed",
+            418 => "I'm a teapot",
+            422 => "Unprocessable Content",
+            429 => "Too Many Requests",
+            451 => "Unavailable For Legal Reasons",
+            502 => "Bad Gateway",
+            504 => "Gateway Timeout",
+            500 => "Internal Server Error",
+            code if self.line() != Status(500).line() || code == 500 => &self.line()[13..],
+            _ => "",
+        }
+    }
+}
+
+/// `HTTP/1.1 <code> <reason>`, for any code (the table of [`Status::line`] aside).
+fn status_line(out: &mut Vec<u8>, status: Status) {
+    if status.0 == 500 || status.line() != Status(500).line() {
+        out.extend_from_slice(status.line().as_bytes());
+    } else {
+        out.extend_from_slice(b"HTTP/1.1 ");
+        push_decimal(out, u64::from(status.0));
+        out.push(b' ');
+        out.extend_from_slice(status.reason().as_bytes());
     }
 }
 
@@ -76,7 +114,7 @@ pub enum Persistence {
 
 /// `HTTP/1.1 200 OK`, `Server` and `Date`: the start of every response.
 pub fn start(out: &mut Vec<u8>, status: Status, date: &[u8]) {
-    out.extend_from_slice(status.line().as_bytes());
+    status_line(out, status);
     out.extend_from_slice(b"\r\nServer: forkd\r\nDate: ");
     out.extend_from_slice(date);
     out.extend_from_slice(b"\r\n");
@@ -106,6 +144,12 @@ pub fn finish(out: &mut Vec<u8>, persistence: Persistence) {
     }
 }
 
+/// The route's configured header lines (`Name: value\r\n` each), then [`finish`].
+pub fn finish_with(out: &mut Vec<u8>, site_headers: &[u8], persistence: Persistence) {
+    out.extend_from_slice(site_headers);
+    finish(out, persistence);
+}
+
 /// Appends `n` in decimal.
 pub fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
@@ -123,7 +167,8 @@ pub fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
 
 /// The body of an error page: small, HTML, naming the status.
 pub fn error_body(status: Status) -> String {
-    let title = &status.line()[9..];
+    let title = format!("{} {}", status.0, status.reason());
+    let title = title.trim_end();
     format!(
         "<html><head><title>{title}</title></head><body><h1>{title}</h1><hr>forkd</body></html>\n"
     )
@@ -138,18 +183,67 @@ pub fn error(
     extra: &[(&str, &[u8])],
     head_only: bool,
 ) -> u64 {
-    let body = error_body(status);
+    error_with(
+        out,
+        status,
+        date,
+        persistence,
+        extra,
+        &Site::NONE,
+        head_only,
+    )
+}
+
+/// What a server's configuration adds to an error response.
+#[derive(Clone, Copy)]
+pub struct Site<'a> {
+    /// The route's header lines (`Name: value\r\n` each).
+    pub headers: &'a [u8],
+    /// The server's `error_pages`.
+    pub pages: &'a [ErrorPage],
+}
+
+impl Site<'_> {
+    pub const NONE: Site<'static> = Site {
+        headers: b"",
+        pages: &[],
+    };
+}
+
+/// Every error response goes through here: the server's page for `status` if
+/// `error_pages` names one, else the built-in page; then `extra` and the site's
+/// header fields. Returns the body length.
+pub fn error_with(
+    out: &mut Vec<u8>,
+    status: Status,
+    date: &[u8],
+    persistence: Persistence,
+    extra: &[(&str, &[u8])],
+    site: &Site,
+    head_only: bool,
+) -> u64 {
+    let builtin;
+    let (content_type, body): (&str, &[u8]) = match site.pages.iter().find(|p| p.status == status.0)
+    {
+        Some(page) => (page.content_type, &page.body),
+        None => {
+            builtin = error_body(status);
+            ("text/html", builtin.as_bytes())
+        }
+    };
     start(out, status, date);
-    out.extend_from_slice(b"Content-Type: text/html\r\n");
+    out.extend_from_slice(b"Content-Type: ");
+    out.extend_from_slice(content_type.as_bytes());
+    out.extend_from_slice(b"\r\n");
     content_length(out, body.len() as u64);
     for (name, value) in extra {
         header(out, name, value);
     }
-    finish(out, persistence);
+    finish_with(out, site.headers, persistence);
     if head_only {
         return 0;
     }
-    out.extend_from_slice(body.as_bytes());
+    out.extend_from_slice(body);
     body.len() as u64
 }
 
@@ -162,6 +256,14 @@ mod tests {
         assert_eq!(Status::NOT_FOUND.line(), "HTTP/1.1 404 Not Found");
         assert_eq!(Status::NOT_FOUND.reason(), "Not Found");
         assert_eq!(Status(599).line(), "HTTP/1.1 500 Internal Server Error");
+        assert_eq!(Status(308).reason(), "Permanent Redirect");
+        assert_eq!(Status(599).reason(), "");
+        let mut out = Vec::new();
+        start(&mut out, Status(599), b"d");
+        assert!(out.starts_with(b"HTTP/1.1 599 \r\n"));
+        out.clear();
+        start(&mut out, Status(302), b"d");
+        assert!(out.starts_with(b"HTTP/1.1 302 Found\r\n"));
     }
 
     #[test]

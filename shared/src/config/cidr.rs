@@ -1,5 +1,6 @@
-//! Address ranges as written in `trusted_proxies`: `"10.0.0.0/8"`, `"::1/128"`, or a
-//! bare address (one host).
+//! Address blocks as written in `allow`, `deny` and `trusted_proxies`: `"10.0.0.0/8"`,
+//! `"::1/128"`, or a bare address (one host). One type for every rule that names
+//! clients by address.
 
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
@@ -7,52 +8,55 @@ use std::net::IpAddr;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cidr {
-    pub net: IpAddr,
+    pub addr: IpAddr,
     pub prefix: u8,
 }
 
 impl Cidr {
     pub fn parse(text: &str) -> Result<Cidr, String> {
-        let (addr, prefix) = match text.trim().split_once('/') {
+        let (addr, prefix) = match text.split_once('/') {
             Some((a, p)) => (a, Some(p)),
-            None => (text.trim(), None),
+            None => (text, None),
         };
-        let net: IpAddr = addr
+        let addr: IpAddr = addr
             .parse()
-            .map_err(|_| format!("`{text}` is not an address or ADDRESS/PREFIX"))?;
-        let max = if net.is_ipv4() { 32 } else { 128 };
+            .map_err(|_| format!("`{text}` is not an address or address/prefix"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
             None => max,
-            Some(p) => p
-                .parse::<u8>()
-                .ok()
-                .filter(|&p| p <= max)
-                .ok_or_else(|| format!("`{text}`: the prefix length must be 0 to {max}"))?,
+            Some(p) => match p.parse::<u8>() {
+                Ok(n) if n <= max && p.bytes().all(|b| b.is_ascii_digit()) => n,
+                _ => return Err(format!("`{text}`: prefix length must be 0..={max}")),
+            },
         };
-        Ok(Cidr { net, prefix })
+        // IPv4-mapped IPv6 (`::ffff:10.0.0.0/104`) means the IPv4 block.
+        let (addr, prefix) = match addr {
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) if prefix >= 96 => (IpAddr::V4(v4), prefix - 96),
+                _ => (addr, prefix),
+            },
+            v4 => (v4, prefix),
+        };
+        Ok(Cidr { addr, prefix })
     }
 
+    /// Whether `ip` is in the block (an IPv4-mapped IPv6 address counts as IPv4).
     pub fn contains(&self, ip: IpAddr) -> bool {
-        // An IPv4 client on an IPv6 socket arrives as ::ffff:a.b.c.d.
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-            v4 => v4,
-        };
-        let (a, b, bits) = match (self.net, ip) {
-            (IpAddr::V4(n), IpAddr::V4(i)) => (
-                u128::from(u32::from(n)) << 96,
-                u128::from(u32::from(i)) << 96,
-                self.prefix,
-            ),
-            (IpAddr::V6(n), IpAddr::V6(i)) => (u128::from(n), u128::from(i), self.prefix),
-            _ => return false,
-        };
-        let mask = if bits == 0 {
-            0
-        } else {
-            u128::MAX << (128 - u32::from(bits))
-        };
-        a & mask == b & mask
+        match (self.addr, ip.to_canonical()) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
     }
 }
 

@@ -784,6 +784,8 @@ fn respond(c: Parts, svc: &mut Services, req: &Request, server_index: usize) -> 
                 let route = StaticRoute { id, root, index };
                 static_files::serve(&route, req, &mut svc.cache, svc.clock.unix_secs, &mut reply)
             }
+            // Interim, until the proxy is integrated into the event loop (proxy/).
+            Handler::Proxy { .. } => reply.error(Status::NOT_IMPLEMENTED, &[]),
         },
     };
     let latency = svc.clock.precise_us().saturating_sub(c.started);

@@ -5,6 +5,7 @@
 //! - `conn`: a connection's state machine and I/O.
 //! - `http`: sans-io HTTP/1.x parsing and response writing.
 //! - `handlers`: what routes do (static files, health probes).
+//! - `proxy`: the reverse proxy's sans-io parts (heads, bodies, pools, retries).
 //! - [`file_cache`], [`out`], [`timers`], [`clock`], [`access_log`]:
 //!   the per-worker machinery those use.
 #![forbid(unsafe_code)]
@@ -17,6 +18,7 @@ pub mod file_cache;
 pub mod handlers;
 pub mod http;
 pub mod out;
+pub mod proxy;
 pub mod setup;
 pub mod stats;
 pub mod timers;

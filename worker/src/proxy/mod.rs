@@ -17,10 +17,10 @@
 
 pub mod body;
 //T pub mod exchange;
-//T pub mod pool;
+pub mod pool;
 pub mod request_id;
 pub mod response_head;
-//T pub mod retry;
+pub mod retry;
 pub mod upstream_request;
 
 /// Hop-by-hop fields (RFC 9110 §7.6.1) a proxy never forwards, in either direction,

@@ -16,7 +16,7 @@
 //! - [`request_id`]: `X-Request-Id` values unique per worker.
 
 pub mod body;
-//T pub mod exchange;
+pub mod exchange;
 pub mod pool;
 pub mod request_id;
 pub mod response_head;

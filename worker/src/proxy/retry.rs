@@ -46,6 +46,9 @@ pub struct AttemptState {
     pub response_bytes_seen: bool,
     /// The response head was already sent to the client.
     pub head_sent: bool,
+    /// Everything sent so far can be sent again: the head always can, body bytes
+    /// only while they are still in the exchange's replay copy.
+    pub replayable: bool,
 }
 
 /// What the exchange does so far.
@@ -84,11 +87,12 @@ pub fn is_idempotent(method: &str) -> bool {
     )
 }
 
-/// Decides what follows `failure`. `servers_left`: whether an untried server remains.
+/// Decides what follows `failure`. `idempotent`: [`is_idempotent`] of the method;
+/// `servers_left`: whether an untried server remains.
 pub fn decide(
     failure: Failure,
     attempt: AttemptState,
-    method: &str,
+    idempotent: bool,
     budget: Budget,
     servers_left: bool,
 ) -> Decision {
@@ -110,7 +114,8 @@ pub fn decide(
         Failure::Reset
             if attempt.reused
                 && !budget.stale_used
-                && (is_idempotent(method) || !attempt.request_bytes_sent) =>
+                && attempt.replayable
+                && (idempotent || !attempt.request_bytes_sent) =>
         {
             Decision::RetryFresh
         }
@@ -145,6 +150,7 @@ mod tests {
         request_bytes_sent: true,
         response_bytes_seen: false,
         head_sent: false,
+        replayable: true,
     };
     const REUSED: AttemptState = AttemptState {
         reused: true,
@@ -159,7 +165,7 @@ mod tests {
     #[test]
     fn a_stale_pooled_connection_is_retried_once_fresh() {
         assert_eq!(
-            decide(Failure::Reset, REUSED, "GET", BUDGET, true),
+            decide(Failure::Reset, REUSED, true, BUDGET, true),
             Decision::RetryFresh
         );
         let used = Budget {
@@ -167,7 +173,7 @@ mod tests {
             ..BUDGET
         };
         assert_eq!(
-            decide(Failure::Reset, REUSED, "GET", used, true),
+            decide(Failure::Reset, REUSED, true, used, true),
             Decision::Respond(502)
         );
         let none = Budget {
@@ -175,7 +181,7 @@ mod tests {
             ..BUDGET
         };
         assert_eq!(
-            decide(Failure::Reset, REUSED, "GET", none, false),
+            decide(Failure::Reset, REUSED, true, none, false),
             Decision::RetryFresh,
             "retries: 0 still covers the stale race"
         );
@@ -184,7 +190,7 @@ mod tests {
     #[test]
     fn non_idempotent_requests_are_retried_only_if_nothing_was_sent() {
         assert_eq!(
-            decide(Failure::Reset, REUSED, "POST", BUDGET, true),
+            decide(Failure::Reset, REUSED, false, BUDGET, true),
             Decision::Respond(502)
         );
         let unsent = AttemptState {
@@ -192,11 +198,11 @@ mod tests {
             ..REUSED
         };
         assert_eq!(
-            decide(Failure::Reset, unsent, "POST", BUDGET, true),
+            decide(Failure::Reset, unsent, false, BUDGET, true),
             Decision::RetryFresh
         );
         assert_eq!(
-            decide(Failure::Reset, REUSED, "PUT", BUDGET, true),
+            decide(Failure::Reset, REUSED, true, BUDGET, true),
             Decision::RetryFresh
         );
     }
@@ -204,15 +210,15 @@ mod tests {
     #[test]
     fn a_fresh_connection_failure_is_not_retried() {
         assert_eq!(
-            decide(Failure::Reset, FRESH, "GET", BUDGET, true),
+            decide(Failure::Reset, FRESH, true, BUDGET, true),
             Decision::Respond(502)
         );
         assert_eq!(
-            decide(Failure::Timeout, FRESH, "GET", BUDGET, true),
+            decide(Failure::Timeout, FRESH, true, BUDGET, true),
             Decision::Respond(504)
         );
         assert_eq!(
-            decide(Failure::Timeout, REUSED, "GET", BUDGET, true),
+            decide(Failure::Timeout, REUSED, true, BUDGET, true),
             Decision::Respond(504)
         );
     }
@@ -224,12 +230,9 @@ mod tests {
             ..FRESH
         };
         for f in [Failure::ConnectRefused, Failure::ConnectTimeout] {
+            assert_eq!(decide(f, unsent, false, BUDGET, true), Decision::NextServer);
             assert_eq!(
-                decide(f, unsent, "POST", BUDGET, true),
-                Decision::NextServer
-            );
-            assert_eq!(
-                decide(f, unsent, "POST", BUDGET, false),
+                decide(f, unsent, false, BUDGET, false),
                 Decision::Respond(status_for(f))
             );
             let spent = Budget {
@@ -237,7 +240,7 @@ mod tests {
                 ..BUDGET
             };
             assert_eq!(
-                decide(f, unsent, "POST", spent, true),
+                decide(f, unsent, false, spent, true),
                 Decision::Respond(status_for(f))
             );
         }
@@ -252,11 +255,11 @@ mod tests {
             ..REUSED
         };
         assert_eq!(
-            decide(Failure::Reset, answered, "GET", BUDGET, true),
+            decide(Failure::Reset, answered, true, BUDGET, true),
             Decision::Respond(502)
         );
         assert_eq!(
-            decide(Failure::BadResponse, answered, "GET", BUDGET, true),
+            decide(Failure::BadResponse, answered, true, BUDGET, true),
             Decision::Respond(502)
         );
         let streaming = AttemptState {
@@ -265,7 +268,7 @@ mod tests {
         };
         for f in [Failure::Reset, Failure::Timeout, Failure::BadBody] {
             assert_eq!(
-                decide(f, streaming, "GET", BUDGET, true),
+                decide(f, streaming, true, BUDGET, true),
                 Decision::CloseClient
             );
         }

@@ -7,8 +7,10 @@
  * parsing beyond finding the end of each head and a `Connection: close`, so the
  * proxy under test, not this, is where the CPU goes.
  *
- *   cc -O2 -o upstream upstream.c && ./upstream PORT
+ *   cc -O2 -o upstream upstream.c && ./upstream PORT [IDLE_MS]
  *
+ * With IDLE_MS, a connection idle that long is closed (within 10 ms), as application
+ * servers do: the stale-connection race a proxy's pool must survive (RFC 9112 §9.5).
  * Prints "ready" on stdout once listening.
  */
 #define _GNU_SOURCE
@@ -21,20 +23,38 @@
 #include <strings.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define BODY 1024
 #define MAX_EVENTS 256
 #define BUF 16384
+#define MAX_FD 65536
 
 static char response[256 + BODY];
 static size_t response_len;
 
 struct conn {
     int fd;
-    size_t have; /* bytes of a partial head kept from the last read */
+    long long last_ms; /* last read, for IDLE_MS */
+    size_t have;       /* bytes of a partial head kept from the last read */
     char buf[BUF];
 };
+
+static struct conn *conns[MAX_FD];
+static int max_fd;
+
+static long long now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static void close_conn(struct conn *c) {
+    conns[c->fd] = NULL;
+    close(c->fd); /* also removes it from the epoll set */
+    free(c);
+}
 
 static void die(const char *what) {
     perror(what);
@@ -77,10 +97,12 @@ static int serve(struct conn *c) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s PORT\n", argv[0]);
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: %s PORT [IDLE_MS]\n", argv[0]);
         return 2;
     }
+    long long idle_ms = argc == 3 ? atoll(argv[2]) : 0;
+    long long next_sweep = 0;
     char body[BODY];
     for (int i = 0; i < BODY; i++)
         body[i] = (char)(i & 0xff);
@@ -113,7 +135,7 @@ int main(int argc, char **argv) {
 
     struct epoll_event events[MAX_EVENTS];
     for (;;) {
-        int n = epoll_wait(ep, events, MAX_EVENTS, -1);
+        int n = epoll_wait(ep, events, MAX_EVENTS, idle_ms ? 10 : -1);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -126,12 +148,20 @@ int main(int argc, char **argv) {
                     int fd = accept4(ls, NULL, NULL, SOCK_NONBLOCK);
                     if (fd < 0)
                         break;
+                    if (fd >= MAX_FD) {
+                        close(fd);
+                        continue;
+                    }
                     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
                     struct conn *nc = malloc(sizeof(*nc));
                     if (!nc)
                         die("malloc");
                     nc->fd = fd;
                     nc->have = 0;
+                    nc->last_ms = now_ms();
+                    conns[fd] = nc;
+                    if (fd > max_fd)
+                        max_fd = fd;
                     struct epoll_event cev = {.events = EPOLLIN, .data.ptr = nc};
                     if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &cev) < 0)
                         die("epoll_ctl");
@@ -141,9 +171,19 @@ int main(int argc, char **argv) {
             ssize_t got = read(c->fd, c->buf + c->have, sizeof(c->buf) - c->have);
             if (got < 0 && (errno == EAGAIN || errno == EINTR))
                 continue;
-            if (got <= 0 || (c->have += (size_t)got, serve(c) < 0)) {
-                close(c->fd); /* also removes it from the epoll set */
-                free(c);
+            if (idle_ms)
+                c->last_ms = now_ms();
+            if (got <= 0 || (c->have += (size_t)got, serve(c) < 0))
+                close_conn(c);
+        }
+        /* After the batch, so no event of it points at a connection closed here. */
+        if (idle_ms) {
+            long long now = now_ms();
+            if (now >= next_sweep) {
+                next_sweep = now + 10;
+                for (int fd = 0; fd <= max_fd; fd++)
+                    if (conns[fd] && conns[fd]->have == 0 && now - conns[fd]->last_ms >= idle_ms)
+                        close_conn(conns[fd]);
             }
         }
     }

@@ -12,6 +12,8 @@
 //! - [`pool`]: per-worker, per-server idle connection pools (LIFO), generic over the
 //!   connection type; no knowledge of clients.
 //! - [`retry`]: which failures are retried where, and which status a failure becomes.
+//! - [`stream`]: both directions as byte streams composed from the above
+//!   (`RequestStream`: head + body; `ResponseStream`: heads + body), bounded.
 //! - [`exchange`]: the state machine of one proxied exchange.
 //! - [`request_id`]: `X-Request-Id` values unique per worker.
 
@@ -21,6 +23,7 @@ pub mod pool;
 pub mod request_id;
 pub mod response_head;
 pub mod retry;
+pub mod stream;
 pub mod upstream_request;
 
 /// Hop-by-hop fields (RFC 9110 §7.6.1) a proxy never forwards, in either direction,

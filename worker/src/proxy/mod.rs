@@ -1,14 +1,16 @@
 //! The reverse proxy, sans-io: everything a `Proxy` route needs except the sockets.
 //!
-//! The event loop owns the upstream sockets and their tokens; these modules decide
-//! what to write, how to read what comes back, when a connection may be pooled, and
-//! what to do when something fails. Each is unit-tested on byte slices.
+//! The event loop owns the upstream sockets ([`connect::UpstreamSocket`]) and their
+//! tokens; the other modules decide what to write, how to read what comes back, when
+//! a connection may be pooled, and what to do when something fails. Each of those is
+//! unit-tested on byte slices.
 //!
 //! - [`upstream_request`]: the client's request head re-serialised for the upstream.
 //! - [`response_head`]: the upstream's response head parsed, framed (RFC 9112 §6.3)
 //!   and re-serialised for the client; whether the upstream connection is reusable.
 //! - [`body`]: streaming body decoding (yields the data) and re-encoding, with a
 //!   bounded buffer between the two sides.
+//! - [`connect`]: upstream sockets (TCP or Unix), non-blocking, a `mio` source.
 //! - [`pool`]: per-worker, per-server idle connection pools (LIFO), generic over the
 //!   connection type; no knowledge of clients.
 //! - [`retry`]: which failures are retried where, and which status a failure becomes.
@@ -18,6 +20,7 @@
 //! - [`request_id`]: `X-Request-Id` values unique per worker.
 
 pub mod body;
+pub mod connect;
 pub mod exchange;
 pub mod pool;
 pub mod request_id;

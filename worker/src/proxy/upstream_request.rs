@@ -11,7 +11,7 @@
 //! <end-to-end fields, in the client's order>
 //! X-Forwarded-For: <client's, if any>, <client address>
 //! X-Forwarded-Proto: http|https           (set, the client's dropped)
-//! X-Forwarded-Host: <client's Host>       (set, the client's dropped)
+//! X-Forwarded-Host: <client's Host>       (set if the client named a host; the client's dropped)
 //! X-Request-Id: <client's if plain, else generated>
 //! Content-Length: N | Transfer-Encoding: chunked   (exactly one, or neither)
 //! Connection: close                        (only when the connection will not be pooled)
@@ -151,11 +151,16 @@ pub fn write(
     // Writing an IpAddr into a Vec cannot fail.
     let _ = write!(out, "{}", fwd.client_ip);
     out.extend_from_slice(match fwd.scheme {
-        Scheme::Http => b"\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: ",
-        Scheme::Https => b"\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: ",
+        Scheme::Http => b"\r\nX-Forwarded-Proto: http\r\n",
+        Scheme::Https => b"\r\nX-Forwarded-Proto: https\r\n",
     });
-    out.extend_from_slice(host);
-    out.extend_from_slice(b"\r\nX-Request-Id: ");
+    // Only a host the client named: the fallback is the upstream's own address.
+    if let Some(client_host) = authority.or(client_host) {
+        out.extend_from_slice(b"X-Forwarded-Host: ");
+        out.extend_from_slice(client_host);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"X-Request-Id: ");
     let id_start = out.len();
     match client_id {
         Some(id) => out.extend_from_slice(id),

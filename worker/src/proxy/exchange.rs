@@ -23,6 +23,8 @@
 //! answer early, e.g. 413): `ResponseBytes` is accepted in every sending state.
 
 use super::retry::{self, AttemptState, Budget, Decision, Failure};
+use forkd_shared::config::Upstream;
+use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
@@ -142,6 +144,24 @@ impl Exchange {
         } else {
             State::Connecting { server }
         };
+    }
+
+    /// The deadline that applies in the current state, and what it becomes when it
+    /// fires: `connect_timeout` while connecting (a connect failure: the next server
+    /// may be tried), `send_timeout` between writes that progress while sending,
+    /// `read_timeout` between reads while waiting for or reading the response.
+    /// None once the exchange ended. The loop re-arms it on every progress.
+    pub fn timeout(&self, upstream: &Upstream) -> Option<(Duration, Failure)> {
+        match self.state {
+            State::Connecting { .. } => Some((upstream.connect_timeout, Failure::ConnectTimeout)),
+            State::SendingHead { .. } | State::StreamingRequestBody { .. } => {
+                Some((upstream.send_timeout, Failure::Timeout))
+            }
+            State::AwaitingHead { .. } | State::StreamingResponseBody { .. } => {
+                Some((upstream.read_timeout, Failure::Timeout))
+            }
+            State::Done { .. } | State::Failed(_) => None,
+        }
     }
 
     /// Servers tried so far (bit i = server i), for `Pools::next_server`.
@@ -413,6 +433,34 @@ mod tests {
             y.on(Event::Failed(Failure::BadResponse)),
             Action::Respond(502)
         );
+    }
+
+    #[test]
+    fn each_phase_has_its_own_timeout() {
+        let u = Upstream {
+            name: "app".into(),
+            servers: Vec::new(),
+            keepalive: 1,
+            keepalive_timeout: Duration::from_secs(4),
+            keepalive_requests: 10,
+            connect_timeout: Duration::from_secs(1),
+            send_timeout: Duration::from_secs(2),
+            read_timeout: Duration::from_secs(3),
+            retries: 1,
+        };
+        let mut x = Exchange::new("GET", 2, 1);
+        x.start(0, false);
+        assert_eq!(
+            x.timeout(&u),
+            Some((u.connect_timeout, Failure::ConnectTimeout))
+        );
+        x.on(Event::Connected);
+        assert_eq!(x.timeout(&u), Some((u.send_timeout, Failure::Timeout)));
+        run(&mut x, &[Event::HeadWritten, Event::RequestBodyDone]);
+        assert_eq!(x.timeout(&u), Some((u.read_timeout, Failure::Timeout)));
+        let (_, fired) = x.timeout(&u).unwrap();
+        assert_eq!(x.on(Event::Failed(fired)), Action::Respond(504));
+        assert_eq!(x.timeout(&u), None);
     }
 
     #[test]

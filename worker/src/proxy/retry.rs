@@ -35,6 +35,21 @@ pub enum Failure {
     BadBody,
 }
 
+impl std::fmt::Display for Failure {
+    /// For the error log line, which adds the upstream and server (nginx style:
+    /// `upstream app 127.0.0.1:9000: connect() refused`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Failure::ConnectRefused => "connect() refused",
+            Failure::ConnectTimeout => "connect() timed out",
+            Failure::Reset => "connection closed or reset by the upstream",
+            Failure::Timeout => "upstream timed out",
+            Failure::BadResponse => "invalid response head from the upstream",
+            Failure::BadBody => "invalid or truncated response body from the upstream",
+        })
+    }
+}
+
 /// What had happened on the attempt when it failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttemptState {
@@ -280,5 +295,6 @@ mod tests {
         assert!(!is_idempotent("POST") && !is_idempotent("PATCH") && !is_idempotent("get"));
         assert_eq!(status_line(502), "HTTP/1.1 502 Bad Gateway");
         assert_eq!(status_line(504), "HTTP/1.1 504 Gateway Timeout");
+        assert_eq!(Failure::ConnectRefused.to_string(), "connect() refused");
     }
 }

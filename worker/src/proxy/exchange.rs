@@ -57,8 +57,9 @@ pub enum Event {
     RequestBodyDone,
     /// Response bytes arrived.
     ResponseBytes,
-    /// An interim (1xx) head was read (and forwarded or not).
-    InterimHead,
+    /// An interim (1xx) head was read; `forwarded`: written for the client (not to
+    /// a 1.0 client).
+    InterimHead { forwarded: bool },
     /// The final response head was read and written to the client's buffer.
     FinalHead { has_body: bool },
     /// The response body was read whole; `reusable` as `response_head` decided.
@@ -223,9 +224,9 @@ impl Exchange {
                 self.attempt.response_bytes_seen = true;
                 Action::Continue
             }
-            (_, Event::InterimHead) => {
+            (_, Event::InterimHead { forwarded }) => {
                 // A forwarded 1xx is part of the response the client has seen.
-                self.attempt.head_sent = true;
+                self.attempt.head_sent |= forwarded;
                 Action::Continue
             }
             (_, Event::FinalHead { has_body }) => {
@@ -408,6 +409,26 @@ mod tests {
         assert_eq!(x.on(Event::Failed(Failure::Reset)), Action::CloseClient);
         assert_eq!(x.state, State::Failed(Action::CloseClient));
         assert_eq!(x.on(Event::ResponseBytes), Action::Continue, "ended");
+    }
+
+    #[test]
+    fn a_forwarded_interim_head_means_the_client_has_seen_the_response() {
+        let mut x = Exchange::new("GET", 1, 1);
+        x.start(0, false);
+        let seen = [
+            Event::Connected,
+            Event::HeadWritten,
+            Event::RequestBodyDone,
+            Event::ResponseBytes,
+        ];
+        run(&mut x, &seen);
+        x.on(Event::InterimHead { forwarded: true });
+        assert_eq!(x.on(Event::Failed(Failure::Reset)), Action::CloseClient);
+        let mut y = Exchange::new("GET", 1, 1);
+        y.start(0, false);
+        run(&mut y, &seen);
+        y.on(Event::InterimHead { forwarded: false });
+        assert_eq!(y.on(Event::Failed(Failure::Reset)), Action::Respond(502));
     }
 
     #[test]

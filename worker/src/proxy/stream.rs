@@ -140,8 +140,9 @@ pub enum StreamError {
 pub struct Fed {
     /// Upstream bytes taken.
     pub consumed: usize,
-    /// Interim (1xx) heads read.
+    /// Interim (1xx) heads read, and how many of them were forwarded.
     pub interim: usize,
+    pub interim_forwarded: usize,
     /// The final head, when it was read in this call.
     pub head: Option<ResponseHead>,
 }
@@ -236,8 +237,9 @@ impl ResponseStream {
                         Vec::new()
                     };
                     match parsed {
-                        Parsed::Interim { .. } => {
+                        Parsed::Interim { forwarded, .. } => {
                             fed.interim += 1;
+                            fed.interim_forwarded += usize::from(forwarded);
                             self.phase = Phase::Head { partial: rest };
                         }
                         Parsed::Final(head) => {
@@ -498,7 +500,7 @@ mod tests {
         let mut s = ResponseStream::new(CTX, 64);
         let input = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
         let fed = s.feed(input).unwrap();
-        assert_eq!(fed.interim, 1);
+        assert_eq!((fed.interim, fed.interim_forwarded), (1, 1));
         assert_eq!(fed.head.map(|h| h.status), Some(200));
         assert_eq!(fed.consumed, input.len());
         assert!(s.is_complete() || !s.pending().is_empty());

@@ -125,6 +125,131 @@ pub(crate) fn push_hex(out: &mut Vec<u8>, n: u64) {
 mod tests {
     use super::*;
 
+    /// The modules together, as the connection code will drive them: a request meets
+    /// a stale pooled connection, is replayed on a new one, and the new connection
+    /// goes back to the pool. Sockets are scripted.
+    #[test]
+    fn a_stale_pooled_connection_costs_a_reconnect_not_a_request() {
+        use exchange::{Action, Event, Exchange};
+        use pool::{Pool, PoolSettings};
+        use response_head::ResponseContext;
+        use stream::{RequestStream, ResponseStream};
+        use upstream_request::{Forwarding, Framing, Scheme};
+
+        #[derive(Debug, PartialEq)]
+        struct FakeConn {
+            id: u32,
+            stale: bool,
+            written: Vec<u8>,
+            requests: u64,
+        }
+
+        let mut pool = Pool::new(PoolSettings {
+            keepalive: 4,
+            keepalive_timeout: 1_000_000,
+            keepalive_requests: 100,
+        });
+        let stale = FakeConn {
+            id: 1,
+            stale: true,
+            written: Vec::new(),
+            requests: 3,
+        };
+        pool.put(stale, 3, 0).unwrap();
+
+        let client_head =
+            b"GET /api/items HTTP/1.1\r\nHost: shop\r\nConnection: keep-alive\r\n\r\n";
+        let mut ids = request_id::RequestIds::new(7, 7);
+        let mut head = Vec::new();
+        let fwd = Forwarding {
+            client_ip: "10.1.2.3".parse().unwrap(),
+            scheme: Scheme::Http,
+            fallback_host: b"app",
+            close: false,
+        };
+        upstream_request::write(client_head, Framing::None, &fwd, &mut ids, &mut head).unwrap();
+        let mut request = RequestStream::new(head, Framing::None, 1024);
+        let mut x = Exchange::new("GET", 1, 0);
+
+        let mut close = Vec::new();
+        let reused = pool.take(10, &mut close).unwrap();
+        let mut conn = reused.conn;
+        x.start(0, true);
+        // The write "succeeds" (the kernel took it), then the upstream's FIN arrives.
+        let n = request.pending().len();
+        conn.written.extend_from_slice(request.pending());
+        request.advance(n);
+        x.on(Event::Wrote { n });
+        x.on(Event::HeadWritten);
+        x.on(Event::RequestBodyDone);
+        assert!(conn.stale);
+        let action = x.on(Event::Failed(retry::Failure::Reset));
+        assert_eq!(
+            action,
+            Action::Connect { server: 0 },
+            "retried, though retries is 0"
+        );
+        drop(conn);
+
+        assert!(request.rewind());
+        let mut fresh = FakeConn {
+            id: 2,
+            stale: false,
+            written: Vec::new(),
+            requests: 0,
+        };
+        x.on(Event::Connected);
+        let n = request.pending().len();
+        fresh.written.extend_from_slice(request.pending());
+        request.advance(n);
+        x.on(Event::Wrote { n });
+        x.on(Event::HeadWritten);
+        x.on(Event::RequestBodyDone);
+        assert!(request.is_complete());
+        let sent = String::from_utf8(fresh.written.clone()).unwrap();
+        assert!(
+            sent.starts_with("GET /api/items HTTP/1.1\r\nHost: shop\r\n"),
+            "{sent}"
+        );
+        assert!(!sent.contains("keep-alive"), "{sent}");
+
+        fresh.requests += 1;
+        let ctx = ResponseContext {
+            head_request: false,
+            client_http10: false,
+            client_keep_alive: true,
+            upstream_requests: fresh.requests,
+            keepalive_requests: 100,
+            max_head: 8192,
+        };
+        let mut response = ResponseStream::new(ctx, 1024);
+        let upstream = b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nContent-Length: 2\r\n\r\n[]";
+        x.on(Event::ResponseBytes);
+        let fed = response.feed(upstream).unwrap();
+        assert_eq!(fed.consumed, upstream.len());
+        let head = fed.head.unwrap();
+        x.on(Event::FinalHead { has_body: true });
+        let mut client = Vec::new();
+        while !response.pending().is_empty() {
+            let n = response.pending().len();
+            client.extend_from_slice(response.pending());
+            response.advance(n);
+        }
+        assert!(response.is_complete());
+        assert_eq!(client, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]");
+        let action = x.on(Event::ResponseDone {
+            reusable: head.upstream_reusable,
+        });
+        assert_eq!(action, Action::Release { reusable: true });
+        let requests = fresh.requests;
+        pool.put(fresh, requests, 20).unwrap();
+        assert_eq!(
+            pool.take(30, &mut close).map(|r| (r.conn.id, r.requests)),
+            Some((2, 1))
+        );
+        assert!(close.is_empty());
+    }
+
     #[test]
     fn numbers_are_written_and_read_exactly() {
         let mut out = Vec::new();

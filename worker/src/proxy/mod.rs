@@ -45,26 +45,33 @@ pub(crate) fn is_hop_by_hop(name: &[u8]) -> bool {
     FIELDS.iter().any(|f| name.eq_ignore_ascii_case(f))
 }
 
-/// The field names listed in every `Connection` field of `headers` (lower-case
-/// comparison is left to the caller).
-pub(crate) fn connection_tokens<'h>(headers: &[httparse::Header<'h>]) -> Vec<&'h [u8]> {
-    let mut tokens = Vec::new();
-    for h in headers {
-        if h.name.eq_ignore_ascii_case("connection") {
-            tokens.extend(
-                h.value
-                    .split(|&b| b == b',')
-                    .map(trim)
-                    .filter(|t| !t.is_empty()),
-            );
-        }
-    }
-    tokens
+/// The field names a message's `Connection` fields list, looked up in place (no
+/// allocation: most messages have no `Connection` field, or one with one token).
+#[derive(Clone, Copy)]
+pub(crate) struct ConnectionTokens<'a, 'h> {
+    /// The message's fields, or none when it has no `Connection` field.
+    headers: &'a [httparse::Header<'h>],
 }
 
-/// Whether `name` is one of `tokens` (case-insensitive).
-pub(crate) fn named_in(tokens: &[&[u8]], name: &[u8]) -> bool {
-    tokens.iter().any(|t| t.eq_ignore_ascii_case(name))
+impl<'a, 'h> ConnectionTokens<'a, 'h> {
+    pub(crate) fn of(headers: &'a [httparse::Header<'h>]) -> Self {
+        let any = headers
+            .iter()
+            .any(|h| h.name.eq_ignore_ascii_case("connection"));
+        ConnectionTokens {
+            headers: if any { headers } else { &[] },
+        }
+    }
+
+    /// Whether `name` is listed (case-insensitive).
+    pub(crate) fn contains(&self, name: &[u8]) -> bool {
+        self.headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+            .flat_map(|h| h.value.split(|&b| b == b','))
+            .map(trim)
+            .any(|t| !t.is_empty() && t.eq_ignore_ascii_case(name))
+    }
 }
 
 /// `value` without leading and trailing spaces and tabs.
@@ -294,9 +301,10 @@ mod tests {
                 value: b"1",
             },
         ];
-        let tokens = connection_tokens(&headers);
-        assert!(named_in(&tokens, b"x-secret"));
-        assert!(named_in(&tokens, b"FOO"));
-        assert!(!named_in(&tokens, b"host"));
+        let tokens = ConnectionTokens::of(&headers);
+        assert!(tokens.contains(b"x-secret"));
+        assert!(tokens.contains(b"FOO"));
+        assert!(!tokens.contains(b"host"));
+        assert!(!ConnectionTokens::of(&headers[2..]).contains(b"x-secret"));
     }
 }

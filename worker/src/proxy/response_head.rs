@@ -17,7 +17,7 @@
 //! one) and parsing goes on with the next head; a 101 is a 502, since forkd never
 //! forwards `Upgrade`. Hop-by-hop fields and those `Connection` names are dropped.
 
-use super::{connection_tokens, is_hop_by_hop, named_in, parse_decimal, push_decimal, trim};
+use super::{is_hop_by_hop, parse_decimal, push_decimal, trim, ConnectionTokens};
 
 /// How many fields an upstream response head may have.
 pub const MAX_FIELDS: usize = 100;
@@ -124,9 +124,15 @@ pub fn parse(
     ctx: &ResponseContext,
     out: &mut Vec<u8>,
 ) -> Result<Option<Parsed>, ResponseError> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
-    let mut resp = httparse::Response::new(&mut fields);
-    let head_len = match resp.parse(buf) {
+    // Uninitialised: zeroing a hundred slots costs more than parsing a dozen fields.
+    let mut fields = [const { std::mem::MaybeUninit::<httparse::Header>::uninit() }; MAX_FIELDS];
+    let mut resp = httparse::Response::new(&mut []);
+    let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut resp,
+        buf,
+        &mut fields,
+    );
+    let head_len = match parsed {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) if buf.len() >= ctx.max_head => {
             return Err(ResponseError::TooLarge)
@@ -142,7 +148,7 @@ pub fn parse(
     let reason = resp.reason.unwrap_or("");
     let http10 = resp.version == Some(0);
     let headers: &[httparse::Header] = resp.headers;
-    let tokens = connection_tokens(headers);
+    let tokens = ConnectionTokens::of(headers);
 
     if status == 101 {
         return Err(ResponseError::UnexpectedSwitch);
@@ -151,7 +157,7 @@ pub fn parse(
         let forwarded = !ctx.client_http10;
         if forwarded {
             write_status_line(out, status, reason);
-            write_end_to_end(out, headers, &tokens, true);
+            write_end_to_end(out, headers, tokens, true);
             out.extend_from_slice(b"\r\n");
         }
         return Ok(Some(Parsed::Interim {
@@ -178,7 +184,7 @@ pub fn parse(
         }
         UpstreamBody::Chunked | UpstreamBody::UntilClose => ClientBody::Chunked,
     };
-    let upstream_close = http10 || named_in(&tokens, b"close");
+    let upstream_close = http10 || tokens.contains(b"close");
     let upstream_reusable = !upstream_close
         && upstream_body != UpstreamBody::UntilClose
         && ctx.upstream_requests < ctx.keepalive_requests;
@@ -187,7 +193,7 @@ pub fn parse(
     write_status_line(out, status, reason);
     // A HEAD or 304 response's Content-Length describes the representation: keep it.
     let keep_length = no_body && status != 204;
-    write_end_to_end(out, headers, &tokens, !keep_length);
+    write_end_to_end(out, headers, tokens, !keep_length);
     match client_body {
         ClientBody::Length(n) => {
             out.extend_from_slice(b"Content-Length: ");
@@ -268,13 +274,13 @@ fn write_status_line(out: &mut Vec<u8>, status: u16, reason: &str) {
 fn write_end_to_end(
     out: &mut Vec<u8>,
     headers: &[httparse::Header],
-    tokens: &[&[u8]],
+    tokens: ConnectionTokens,
     drop_length: bool,
 ) {
     for h in headers {
         let name = h.name.as_bytes();
         if is_hop_by_hop(name)
-            || named_in(tokens, name)
+            || tokens.contains(name)
             || (drop_length && name.eq_ignore_ascii_case(b"content-length"))
         {
             continue;

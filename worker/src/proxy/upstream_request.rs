@@ -22,7 +22,7 @@
 //! itself), and the client's `Content-Length` (rewritten from the parsed framing).
 
 use super::request_id::{self, RequestIds};
-use super::{connection_tokens, is_hop_by_hop, named_in, push_decimal, trim};
+use super::{is_hop_by_hop, push_decimal, trim, ConnectionTokens};
 use std::io::Write;
 use std::net::IpAddr;
 use std::ops::Range;
@@ -81,9 +81,9 @@ pub fn write(
     out: &mut Vec<u8>,
 ) -> Result<UpstreamHead, HeadError> {
     let start = out.len();
-    let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
-    let mut req = httparse::Request::new(&mut fields);
-    match req.parse(head) {
+    let mut fields = [const { std::mem::MaybeUninit::<httparse::Header>::uninit() }; MAX_FIELDS];
+    let mut req = httparse::Request::new(&mut []);
+    match req.parse_with_uninit_headers(head, &mut fields) {
         Ok(httparse::Status::Complete(_)) => {}
         _ => return Err(HeadError::Malformed),
     }
@@ -98,7 +98,7 @@ pub fn write(
         .map(|h| trim(h.value));
     // RFC 9112 §3.2.2: an absolute-form target's authority replaces Host.
     let host = authority.or(client_host).unwrap_or(fwd.fallback_host);
-    let tokens = connection_tokens(headers);
+    let tokens = ConnectionTokens::of(headers);
 
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
@@ -114,7 +114,7 @@ pub fn write(
     let mut client_id: Option<&[u8]> = None;
     for h in headers {
         let name = h.name.as_bytes();
-        if is_hop_by_hop(name) || named_in(&tokens, name) {
+        if is_hop_by_hop(name) || tokens.contains(name) {
             continue;
         }
         let value = trim(h.value);

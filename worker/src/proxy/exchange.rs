@@ -60,8 +60,10 @@ pub enum Event {
     /// An interim (1xx) head was read; `forwarded`: written for the client (not to
     /// a 1.0 client).
     InterimHead { forwarded: bool },
-    /// The final response head was read and written to the client's buffer.
-    FinalHead { has_body: bool },
+    /// The final response head was read and written to the client's buffer;
+    /// `reusable`: `ResponseHead::upstream_reusable` (used at once when there is no
+    /// body).
+    FinalHead { has_body: bool, reusable: bool },
     /// The response body was read whole; `reusable` as `response_head` decided.
     ResponseDone { reusable: bool },
     /// Something failed.
@@ -229,13 +231,13 @@ impl Exchange {
                 self.attempt.head_sent |= forwarded;
                 Action::Continue
             }
-            (_, Event::FinalHead { has_body }) => {
+            (_, Event::FinalHead { has_body, reusable }) => {
                 self.attempt.head_sent = true;
                 self.state = State::StreamingResponseBody { server };
                 if has_body {
                     Action::Continue
                 } else {
-                    self.finish(true)
+                    self.finish(reusable)
                 }
             }
             (State::StreamingResponseBody { .. }, Event::ResponseDone { reusable }) => {
@@ -310,7 +312,10 @@ mod tests {
                 Event::HeadWritten,
                 Event::RequestBodyDone,
                 Event::ResponseBytes,
-                Event::FinalHead { has_body: true },
+                Event::FinalHead {
+                    has_body: true,
+                    reusable: true,
+                },
                 Event::ResponseDone { reusable: true },
             ],
         );
@@ -403,7 +408,10 @@ mod tests {
                 Event::HeadWritten,
                 Event::RequestBodyDone,
                 Event::ResponseBytes,
-                Event::FinalHead { has_body: true },
+                Event::FinalHead {
+                    has_body: true,
+                    reusable: true,
+                },
             ],
         );
         assert_eq!(x.on(Event::Failed(Failure::Reset)), Action::CloseClient);
@@ -485,6 +493,27 @@ mod tests {
     }
 
     #[test]
+    fn a_bodiless_response_releases_as_its_head_says() {
+        for reusable in [true, false] {
+            let mut x = Exchange::new("GET", 1, 1);
+            x.start(0, true);
+            run(
+                &mut x,
+                &[
+                    Event::HeadWritten,
+                    Event::RequestBodyDone,
+                    Event::ResponseBytes,
+                ],
+            );
+            let done = x.on(Event::FinalHead {
+                has_body: false,
+                reusable,
+            });
+            assert_eq!(done, Action::Release { reusable });
+        }
+    }
+
+    #[test]
     fn an_early_response_ends_the_exchange_without_reuse() {
         let mut x = Exchange::new("POST", 2, 1);
         x.start(0, false);
@@ -493,7 +522,10 @@ mod tests {
             &[Event::Connected, Event::HeadWritten, Event::ResponseBytes],
         );
         assert_eq!(
-            x.on(Event::FinalHead { has_body: false }),
+            x.on(Event::FinalHead {
+                has_body: false,
+                reusable: true
+            }),
             Action::Release { reusable: false },
             "the request body was cut short: the connection's framing is off"
         );

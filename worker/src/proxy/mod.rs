@@ -235,7 +235,10 @@ mod tests {
         let fed = response.feed(upstream).unwrap();
         assert_eq!(fed.consumed, upstream.len());
         let head = fed.head.unwrap();
-        x.on(Event::FinalHead { has_body: true });
+        x.on(Event::FinalHead {
+            has_body: true,
+            reusable: head.upstream_reusable,
+        });
         let mut client = Vec::new();
         while !response.pending().is_empty() {
             let n = response.pending().len();

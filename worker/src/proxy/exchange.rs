@@ -89,6 +89,16 @@ pub enum Action {
     Release { reusable: bool },
 }
 
+/// The deadline of an exchange's current state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeout {
+    /// From the start of the state, or from the last progress if `rearm_on_progress`.
+    pub after: Duration,
+    /// What to report (`Event::Failed`) when it fires.
+    pub fires_as: Failure,
+    pub rearm_on_progress: bool,
+}
+
 /// One proxied exchange.
 #[derive(Debug, Clone)]
 pub struct Exchange {
@@ -149,22 +159,26 @@ impl Exchange {
         };
     }
 
-    /// The deadline that applies in the current state, and what it becomes when it
-    /// fires: `connect_timeout` while connecting (a connect failure: the next server
-    /// may be tried), `send_timeout` between writes that progress while sending,
-    /// `read_timeout` between reads while waiting for or reading the response.
-    /// None once the exchange ended. The loop re-arms it on every progress.
-    pub fn timeout(&self, upstream: &Upstream) -> Option<(Duration, Failure)> {
-        match self.state {
-            State::Connecting { .. } => Some((upstream.connect_timeout, Failure::ConnectTimeout)),
+    /// The deadline that applies in the current state. `connect_timeout` for the
+    /// whole connect; `send_timeout` between writes that progress; `read_timeout` for
+    /// the whole wait for the response head (an upstream that dribbles a head byte at
+    /// a time does not hold the exchange forever), then between reads of the body.
+    /// None once the exchange ended.
+    pub fn timeout(&self, upstream: &Upstream) -> Option<Timeout> {
+        let (after, fires_as, rearm_on_progress) = match self.state {
+            State::Connecting { .. } => (upstream.connect_timeout, Failure::ConnectTimeout, false),
             State::SendingHead { .. } | State::StreamingRequestBody { .. } => {
-                Some((upstream.send_timeout, Failure::Timeout))
+                (upstream.send_timeout, Failure::Timeout, true)
             }
-            State::AwaitingHead { .. } | State::StreamingResponseBody { .. } => {
-                Some((upstream.read_timeout, Failure::Timeout))
-            }
-            State::Done { .. } | State::Failed(_) => None,
-        }
+            State::AwaitingHead { .. } => (upstream.read_timeout, Failure::Timeout, false),
+            State::StreamingResponseBody { .. } => (upstream.read_timeout, Failure::Timeout, true),
+            State::Done { .. } | State::Failed(_) => return None,
+        };
+        Some(Timeout {
+            after,
+            fires_as,
+            rearm_on_progress,
+        })
     }
 
     /// Servers tried so far (bit i = server i), for `Pools::next_server`.
@@ -477,19 +491,42 @@ mod tests {
             read_timeout: Duration::from_secs(3),
             retries: 1,
         };
+        let t = |after: u64, fires_as, rearm_on_progress| {
+            Some(Timeout {
+                after: Duration::from_secs(after),
+                fires_as,
+                rearm_on_progress,
+            })
+        };
         let mut x = Exchange::new("GET", 2, 1);
         x.start(0, false);
+        assert_eq!(x.timeout(&u), t(1, Failure::ConnectTimeout, false));
+        x.on(Event::Connected);
+        assert_eq!(x.timeout(&u), t(2, Failure::Timeout, true));
+        run(&mut x, &[Event::HeadWritten, Event::RequestBodyDone]);
         assert_eq!(
             x.timeout(&u),
-            Some((u.connect_timeout, Failure::ConnectTimeout))
+            t(3, Failure::Timeout, false),
+            "the whole head wait"
         );
-        x.on(Event::Connected);
-        assert_eq!(x.timeout(&u), Some((u.send_timeout, Failure::Timeout)));
-        run(&mut x, &[Event::HeadWritten, Event::RequestBodyDone]);
-        assert_eq!(x.timeout(&u), Some((u.read_timeout, Failure::Timeout)));
-        let (_, fired) = x.timeout(&u).unwrap();
-        assert_eq!(x.on(Event::Failed(fired)), Action::Respond(504));
+        x.on(Event::ResponseBytes);
+        x.on(Event::FinalHead {
+            has_body: true,
+            reusable: true,
+        });
+        assert_eq!(
+            x.timeout(&u),
+            t(3, Failure::Timeout, true),
+            "between body reads"
+        );
+        let fired = x.timeout(&u).unwrap().fires_as;
+        assert_eq!(x.on(Event::Failed(fired)), Action::CloseClient);
         assert_eq!(x.timeout(&u), None);
+        let mut y = Exchange::new("GET", 1, 1);
+        y.start(0, true);
+        run(&mut y, &[Event::HeadWritten, Event::RequestBodyDone]);
+        let fired = y.timeout(&u).unwrap().fires_as;
+        assert_eq!(y.on(Event::Failed(fired)), Action::Respond(504));
     }
 
     #[test]

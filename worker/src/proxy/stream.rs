@@ -467,6 +467,37 @@ mod tests {
         (data, d.trailers().to_vec())
     }
 
+    /// Bytes `python3 -m http.server` (Python 3.11) sent, captured once: an HTTP/1.0
+    /// server with a length, and `Connection: close` on errors.
+    #[test]
+    fn python_http_server_responses_are_relayed_as_11() {
+        let file = b"HTTP/1.0 200 OK\r\nServer: SimpleHTTP/0.6 Python/3.11.7\r\n\
+            Date: Tue, 01 Dec 2026 10:02:47 GMT\r\nContent-type: text/plain\r\n\
+            Content-Length: 18\r\nLast-Modified: Tue, 01 Dec 2026 10:02:46 GMT\r\n\r\n\
+            hello from python\n";
+        let (got, s) = through(file, CTX, 7, true);
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            "HTTP/1.1 200 OK\r\nServer: SimpleHTTP/0.6 Python/3.11.7\r\n\
+             Date: Tue, 01 Dec 2026 10:02:47 GMT\r\nContent-type: text/plain\r\n\
+             Last-Modified: Tue, 01 Dec 2026 10:02:46 GMT\r\nContent-Length: 18\r\n\r\n\
+             hello from python\n"
+        );
+        let head = s.head().unwrap();
+        assert!(!head.upstream_reusable, "HTTP/1.0: never pooled");
+        assert!(!head.client_close, "the client keeps its connection");
+
+        let missing = b"HTTP/1.0 404 File not found\r\nServer: SimpleHTTP/0.6 Python/3.11.7\r\n\
+            Connection: close\r\nContent-Type: text/html;charset=utf-8\r\n\
+            Content-Length: 8\r\n\r\n<h1>404\n";
+        let (got, s) = through(missing, CTX, missing.len(), true);
+        let got = String::from_utf8(got).unwrap();
+        assert!(got.starts_with("HTTP/1.1 404 File not found\r\n"), "{got}");
+        assert!(!got.contains("Connection"), "{got}");
+        assert!(got.ends_with("Content-Length: 8\r\n\r\n<h1>404\n"), "{got}");
+        assert!(!s.head().unwrap().upstream_reusable);
+    }
+
     #[test]
     fn close_delimited_to_a_10_client_stays_close_delimited() {
         let ctx = ResponseContext {

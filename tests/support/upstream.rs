@@ -32,6 +32,43 @@ pub struct Settings {
     pub idle_close: Option<Duration>,
     /// Close every connection after this many requests.
     pub max_requests: Option<usize>,
+    /// Read request bytes at most this many at a time with this pause between reads:
+    /// a slow upstream, whose backpressure must stop forkd reading the client.
+    pub slow_read: Option<(usize, Duration)>,
+}
+
+/// Request bodies are kept up to this many bytes ([`Received::body`]); longer ones
+/// are still counted and hashed whole.
+pub const KEEP_BODY: usize = 1 << 20;
+
+/// FNV-1a, to compare large bodies without keeping them.
+pub fn fnv(hash: u64, data: &[u8]) -> u64 {
+    data.iter().fold(hash, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// The FNV start value.
+pub const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Byte `i` of a [`Reply::Large`] body.
+pub fn pattern_byte(i: u64) -> u8 {
+    (i % 251) as u8
+}
+
+/// The hash of a [`Reply::Large`] body of `len` bytes.
+pub fn pattern_hash(len: u64) -> u64 {
+    let mut h = FNV_START;
+    let mut piece = Vec::with_capacity(64 * 1024);
+    let mut at = 0;
+    while at < len {
+        piece.clear();
+        let n = (len - at).min(64 * 1024);
+        piece.extend((at..at + n).map(pattern_byte));
+        h = fnv(h, &piece);
+        at += n;
+    }
+    h
 }
 
 /// One request as the upstream read it.
@@ -43,8 +80,11 @@ pub struct Received {
     pub nth: usize,
     /// The request line and fields, as received (without the final empty line).
     pub head: String,
-    /// The body, decoded (chunked or Content-Length).
+    /// The body, decoded (chunked or Content-Length), up to [`KEEP_BODY`] bytes.
     pub body: Vec<u8>,
+    /// The whole decoded body's length and FNV-1a hash.
+    pub body_len: u64,
+    pub body_hash: u64,
     /// Trailer field lines of a chunked body, as received.
     pub trailers: String,
 }
@@ -98,6 +138,9 @@ pub enum Reply {
     EarlyHints { body: Vec<u8> },
     /// 200 with the request head and body as the body (`text/plain`).
     Echo,
+    /// 200 with `len` bytes of [`pattern_byte`]s, with `Content-Length` or chunked,
+    /// written in 64 KiB pieces (never held in memory whole).
+    Large { len: u64, chunked: bool },
     /// `reply`, after waiting `before_head`; the body (if any) is written in pieces of
     /// `piece` bytes with `pause` between them.
     Slow {
@@ -249,7 +292,8 @@ fn serve_connection(mut s: TcpStream, connection: usize, shared: &Shared) {
             None
         };
         let _ = s.set_read_timeout(Some(idle.unwrap_or(Duration::from_secs(60))));
-        let Some(req) = read_request(&mut s, &mut buf, connection, nth) else {
+        let pace = Pace(shared.settings.slow_read);
+        let Some(req) = read_request(&mut s, &mut buf, connection, nth, pace) else {
             let _ = s.shutdown(Shutdown::Both);
             return;
         };
@@ -267,11 +311,21 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
+/// How request bytes are read (`Settings::slow_read`).
+#[derive(Clone, Copy)]
+struct Pace(Option<(usize, Duration)>);
+
 /// Reads into `buf` until it holds `n` bytes; false on EOF, error or timeout.
-fn fill(s: &mut TcpStream, buf: &mut Vec<u8>, n: usize) -> bool {
+fn fill(s: &mut TcpStream, buf: &mut Vec<u8>, n: usize, pace: Pace) -> bool {
     let mut chunk = [0u8; 16 * 1024];
+    let limit = pace
+        .0
+        .map_or(chunk.len(), |(bytes, _)| bytes.clamp(1, chunk.len()));
     while buf.len() < n {
-        match s.read(&mut chunk) {
+        if let Some((_, pause)) = pace.0 {
+            std::thread::sleep(pause);
+        }
+        match s.read(&mut chunk[..limit]) {
             Ok(0) => return false,
             Ok(k) => buf.extend_from_slice(&chunk[..k]),
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -282,13 +336,19 @@ fn fill(s: &mut TcpStream, buf: &mut Vec<u8>, n: usize) -> bool {
 }
 
 /// Reads until `needle` is in `buf` (from `from`); returns its offset.
-fn fill_until(s: &mut TcpStream, buf: &mut Vec<u8>, from: usize, needle: &[u8]) -> Option<usize> {
+fn fill_until(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    from: usize,
+    needle: &[u8],
+    pace: Pace,
+) -> Option<usize> {
     loop {
         if let Some(i) = find(&buf[from..], needle) {
             return Some(from + i);
         }
         let want = buf.len() + 1;
-        if !fill(s, buf, want) {
+        if !fill(s, buf, want, pace) {
             return None;
         }
     }
@@ -299,8 +359,9 @@ fn read_request(
     buf: &mut Vec<u8>,
     connection: usize,
     nth: usize,
+    pace: Pace,
 ) -> Option<Received> {
-    let end = fill_until(s, buf, 0, b"\r\n\r\n")?;
+    let end = fill_until(s, buf, 0, b"\r\n\r\n", pace)?;
     // Once a request started, its body may take its time.
     let _ = s.set_read_timeout(Some(Duration::from_secs(60)));
     let head = String::from_utf8_lossy(&buf[..end]).into_owned();
@@ -310,6 +371,8 @@ fn read_request(
         nth,
         head,
         body: Vec::new(),
+        body_len: 0,
+        body_hash: FNV_START,
         trailers: String::new(),
     };
     let chunked = req
@@ -317,15 +380,15 @@ fn read_request(
         .any(|v| v.to_ascii_lowercase().contains("chunked"));
     if chunked {
         loop {
-            let line_end = fill_until(s, buf, 0, b"\r\n")?;
+            let line_end = fill_until(s, buf, 0, b"\r\n", pace)?;
             let line = String::from_utf8_lossy(&buf[..line_end]).into_owned();
-            let size = usize::from_str_radix(line.split(';').next()?.trim(), 16).ok()?;
+            let size = u64::from_str_radix(line.split(';').next()?.trim(), 16).ok()?;
             buf.drain(..line_end + 2);
             if size == 0 {
                 // Trailer fields up to the empty line.
-                let end = fill_until(s, buf, 0, b"\r\n")?;
+                let end = fill_until(s, buf, 0, b"\r\n", pace)?;
                 if end > 0 {
-                    let end = fill_until(s, buf, 0, b"\r\n\r\n")?;
+                    let end = fill_until(s, buf, 0, b"\r\n\r\n", pace)?;
                     req.trailers = String::from_utf8_lossy(&buf[..end + 2]).into_owned();
                     buf.drain(..end + 4);
                 } else {
@@ -333,22 +396,43 @@ fn read_request(
                 }
                 break;
             }
-            if !fill(s, buf, size + 2) {
+            take_body(s, buf, size, pace, &mut req)?;
+            if !fill(s, buf, 2, pace) || &buf[..2] != b"\r\n" {
                 return None;
             }
-            req.body.extend_from_slice(&buf[..size]);
-            buf.drain(..size + 2);
+            buf.drain(..2);
         }
     } else if let Some(len) = req
         .header("content-length")
-        .and_then(|v| v.parse::<usize>().ok())
+        .and_then(|v| v.parse::<u64>().ok())
     {
-        if !fill(s, buf, len) {
-            return None;
-        }
-        req.body = buf.drain(..len).collect();
+        take_body(s, buf, len, pace, &mut req)?;
     }
     Some(req)
+}
+
+/// Moves `n` body bytes from the socket (through `buf`) into `req`.
+fn take_body(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    mut n: u64,
+    pace: Pace,
+    req: &mut Received,
+) -> Option<()> {
+    while n > 0 {
+        if buf.is_empty() && !fill(s, buf, 1, pace) {
+            return None;
+        }
+        let m = (buf.len() as u64).min(n) as usize;
+        let part = &buf[..m];
+        req.body_hash = fnv(req.body_hash, part);
+        req.body_len += m as u64;
+        let keep = KEEP_BODY.saturating_sub(req.body.len()).min(m);
+        req.body.extend_from_slice(&part[..keep]);
+        buf.drain(..m);
+        n -= m as u64;
+    }
+    Some(())
 }
 
 /// Writes `bytes` `piece` at a time with `pause` between pieces.
@@ -473,8 +557,40 @@ fn render(reply: &Reply, req: &Received) -> (Vec<u8>, bool) {
             out.extend_from_slice(&body);
             (out, true)
         }
+        Reply::Large { len, chunked } => {
+            // The head only: write_reply streams the body.
+            let framing = if *chunked {
+                "Transfer-Encoding: chunked".to_string()
+            } else {
+                format!("Content-Length: {len}")
+            };
+            out.extend_from_slice(format!("HTTP/1.1 200 OK\r\n{framing}\r\n\r\n").as_bytes());
+            (out, true)
+        }
         Reply::Slow { reply, .. } => render(reply, req),
     }
+}
+
+/// Writes a [`Reply::Large`] body.
+fn write_large(s: &mut TcpStream, len: u64, chunked: bool) -> bool {
+    let mut piece = Vec::with_capacity(64 * 1024 + 16);
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(64 * 1024);
+        piece.clear();
+        if chunked {
+            piece.extend_from_slice(format!("{n:x}\r\n").as_bytes());
+        }
+        piece.extend((at..at + n).map(pattern_byte));
+        if chunked {
+            piece.extend_from_slice(b"\r\n");
+        }
+        if s.write_all(&piece).is_err() {
+            return false;
+        }
+        at += n;
+    }
+    !chunked || s.write_all(b"0\r\n\r\n").is_ok()
 }
 
 /// Writes the reply; false when the connection must close after it.
@@ -498,6 +614,10 @@ fn write_reply(s: &mut TcpStream, reply: &Reply, req: &Received) -> bool {
         } => {
             std::thread::sleep(*before_head);
             write_paced(s, &bytes, *piece, *pause)
+        }
+        Reply::Large { len, chunked } => {
+            s.write_all(&bytes).is_ok()
+                && (req.method() == "HEAD" || write_large(s, *len, *chunked))
         }
         _ => s.write_all(&bytes).is_ok(),
     };
@@ -589,6 +709,48 @@ mod tests {
         assert!(get("/hints").starts_with("HTTP/1.1 103 Early Hints\r\n"));
         assert!(get("/trailers").ends_with("4\r\nabcd\r\n2\r\nef\r\n0\r\nX-Sum: 6\r\n\r\n"));
         assert_eq!(get("/other"), "NOT HTTP\r\n\r\n");
+    }
+
+    #[test]
+    fn large_bodies_are_streamed_and_hashed_both_ways() {
+        let settings = Settings {
+            slow_read: Some((16 * 1024, Duration::from_millis(1))),
+            ..Settings::default()
+        };
+        let up = TestUpstream::start(settings, |req| Reply::Large {
+            len: req.body_len,
+            chunked: req.path() == "/chunked",
+        });
+        let len = 3 * 1024 * 1024 + 7;
+        let body: Vec<u8> = (0..len).map(pattern_byte).collect();
+        for path in ["/length", "/chunked"] {
+            let mut s = TcpStream::connect(up.addr()).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            let head = format!(
+                "POST {path} HTTP/1.1\r\nHost: h\r\nConnection: close\r\nContent-Length: {len}\r\n\r\n"
+            );
+            let writer = {
+                let mut s = s.try_clone().unwrap();
+                let body = body.clone();
+                std::thread::spawn(move || {
+                    s.write_all(head.as_bytes()).unwrap();
+                    s.write_all(&body).unwrap();
+                })
+            };
+            let mut out = Vec::new();
+            s.read_to_end(&mut out).unwrap();
+            writer.join().unwrap();
+            let start = find(&out, b"\r\n\r\n").unwrap() + 4;
+            if path == "/length" {
+                assert_eq!(fnv(FNV_START, &out[start..]), pattern_hash(len));
+            } else {
+                assert!(out.ends_with(b"\r\n0\r\n\r\n"));
+            }
+        }
+        let got = up.received();
+        assert_eq!(got[0].body_len, len);
+        assert_eq!(got[0].body_hash, pattern_hash(len));
+        assert_eq!(got[0].body.len(), KEEP_BODY);
     }
 
     #[test]

@@ -360,6 +360,11 @@ impl Relay {
         }
     }
 
+    /// The whole body was read from the sender (some may still be pending).
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
     /// The whole body was read and written.
     pub fn is_complete(&self) -> bool {
         self.finished && self.pending().is_empty()

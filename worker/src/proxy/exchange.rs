@@ -181,6 +181,16 @@ impl Exchange {
         })
     }
 
+    /// What the current state's deadline becomes when it fires (see
+    /// [`Exchange::timeout`]); None once the exchange ended.
+    pub fn timeout_failure(&self) -> Option<Failure> {
+        match self.state {
+            State::Connecting { .. } => Some(Failure::ConnectTimeout),
+            State::Done { .. } | State::Failed(_) => None,
+            _ => Some(Failure::Timeout),
+        }
+    }
+
     /// Servers tried so far (bit i = server i), for `Pools::next_server`.
     pub fn tried(&self) -> u64 {
         self.tried

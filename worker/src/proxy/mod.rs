@@ -17,6 +17,8 @@
 //! - [`stream`]: both directions as byte streams composed from the above
 //!   (`RequestStream`: head + body; `ResponseStream`: heads + body), bounded.
 //! - [`exchange`]: the state machine of one proxied exchange.
+//! - [`session`]: an exchange with its upstream socket: moves the bytes, feeds the
+//!   state machine, tells the connection code what to do next ([`session::Step`]).
 //! - [`request_id`]: `X-Request-Id` values unique per worker.
 
 pub mod body;
@@ -26,6 +28,7 @@ pub mod pool;
 pub mod request_id;
 pub mod response_head;
 pub mod retry;
+pub mod session;
 pub mod stream;
 pub mod upstream_request;
 

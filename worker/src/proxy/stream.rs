@@ -321,6 +321,17 @@ impl ResponseStream {
         }
     }
 
+    /// The whole response was read from the upstream (some may still be pending
+    /// for the client): the upstream connection is free.
+    pub fn is_read_whole(&self) -> bool {
+        match &self.phase {
+            Phase::Body {
+                relay, leftover, ..
+            } => leftover.is_empty() && relay.is_finished(),
+            Phase::Head { .. } => false,
+        }
+    }
+
     /// The whole response was read and written to the client.
     pub fn is_complete(&self) -> bool {
         self.heads.is_empty()

@@ -37,7 +37,7 @@ pub enum Step {
     /// The upstream side is finished; `pool` is the upstream connection and its
     /// request count if it may be pooled (else it was closed). The end of the response
     /// may still be in [`Session::client_output`]: write it out, then the exchange is
-    /// over.
+    /// over (and the client connection closes if not [`Session::request_complete`]).
     Done { pool: Option<(UpstreamSocket, u64)> },
 }
 
@@ -145,6 +145,13 @@ impl Session {
     /// body is `Err(Step::Respond(400))`; close both connections after it.
     pub fn feed_client_body(&mut self, input: &[u8]) -> Result<usize, Step> {
         self.request.feed(input).map_err(|_| Step::Respond(400))
+    }
+
+    /// The client's body was read (and sent) whole. When the response ended first
+    /// (an application may answer before reading the body), the rest of the client's
+    /// body is still on its connection: close it after the response.
+    pub fn request_complete(&self) -> bool {
+        self.request.is_complete()
     }
 
     /// Whether the client should be read for body bytes.
@@ -617,5 +624,97 @@ mod tests {
         assert!(client.is_empty());
         assert!(matches!(step, Step::Respond(502)), "{step:?}");
         assert_eq!(s.last_failure(), Some(Failure::BadResponse));
+    }
+
+    #[test]
+    fn a_large_request_body_is_streamed_and_a_slow_upstream_stops_the_client_side() {
+        const LEN: u64 = 32 << 20;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let reader = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let head = read_head(&mut s).unwrap();
+            // Slow to start reading: the bytes in flight pile up in the kernel.
+            std::thread::sleep(Duration::from_millis(200));
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut got = 0u64;
+            let mut sum = 0u64;
+            while got < LEN {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "body cut short at {got}");
+                sum = buf[..n]
+                    .iter()
+                    .fold(sum, |a, &b| a.wrapping_mul(31).wrapping_add(u64::from(b)));
+                got += n as u64;
+            }
+            s.write_all(b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n")
+                .unwrap();
+            (String::from_utf8(head).unwrap(), got, sum)
+        });
+        let head = format!("PUT /big HTTP/1.1\r\nHost: h\r\nContent-Length: {LEN}\r\n\r\n");
+        let mut s = Session::new(
+            head.into_bytes(),
+            Framing::Length(LEN),
+            "PUT",
+            1,
+            1,
+            CTX,
+            16 * 1024,
+        );
+        s.attach(0, connect(addr), None);
+        let mut poll = Poll::new().unwrap();
+        poll.registry()
+            .register(
+                s.socket_mut().unwrap(),
+                Token(0),
+                Interest::READABLE | Interest::WRITABLE,
+            )
+            .unwrap();
+        let mut events = Events::with_capacity(8);
+        let piece: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 253) as u8).collect();
+        let (mut offered, mut sum, mut refused) = (0u64, 0u64, 0u32);
+        let mut client = Vec::new();
+        let step = loop {
+            if offered < LEN && s.wants_client_body() {
+                let want = (LEN - offered).min(piece.len() as u64) as usize;
+                let took = s.feed_client_body(&piece[..want]).unwrap();
+                sum = piece[..took]
+                    .iter()
+                    .fold(sum, |a, &b| a.wrapping_mul(31).wrapping_add(u64::from(b)));
+                offered += took as u64;
+            } else if offered < LEN {
+                refused += 1;
+            }
+            let step = s.pump();
+            let n = s.client_output().len();
+            client.extend_from_slice(s.client_output());
+            s.client_wrote(n);
+            match step {
+                Step::Pending => {
+                    if offered == LEN || !s.wants_client_body() {
+                        poll.poll(&mut events, Some(Duration::from_millis(50)))
+                            .unwrap();
+                    }
+                }
+                other => break other,
+            }
+        };
+        let (upstream_head, got, upstream_sum) = reader.join().unwrap();
+        assert!(
+            upstream_head.contains(&format!("Content-Length: {LEN}\r\n")),
+            "{upstream_head}"
+        );
+        assert_eq!((got, upstream_sum), (LEN, sum), "every body byte, in order");
+        assert!(
+            refused > 0,
+            "the client side was paused while the upstream did not read"
+        );
+        assert!(matches!(step, Step::Done { pool: Some(_) }), "{step:?}");
+        while !s.client_output().is_empty() {
+            let n = s.client_output().len();
+            client.extend_from_slice(s.client_output());
+            s.client_wrote(n);
+        }
+        assert_eq!(client, b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n");
     }
 }

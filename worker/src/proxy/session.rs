@@ -147,6 +147,13 @@ impl Session {
         self.request.feed(input).map_err(|_| Step::Respond(400))
     }
 
+    /// The upstream connection is established: the moment to answer a client's
+    /// `Expect: 100-continue` (once), so the client sends its body only when it can
+    /// go somewhere.
+    pub fn ready_for_body(&self) -> bool {
+        self.socket.is_some() && !self.connecting
+    }
+
     /// The client's body was read (and sent) whole. When the response ended first
     /// (an application may answer before reading the body), the rest of the client's
     /// body is still on its connection: close it after the response.
@@ -531,7 +538,9 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
         ]]);
         let mut s = session(1024, 1);
+        assert!(!s.ready_for_body());
         s.attach(0, connect(addr), None);
+        assert!(!s.ready_for_body(), "still connecting");
         let (client, step) = drive(&mut s, addr, usize::MAX);
         assert_eq!(client, b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello");
         match step {

@@ -4,7 +4,7 @@ mod support;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 use support::*;
 
@@ -22,69 +22,19 @@ fn write_site(builder: &Builder) -> (TempDir, PathBuf) {
     (dir, config)
 }
 
-/// Waits for `child` to exit, at most `timeout`; kills it and panics if it does not.
-fn wait_child(child: &mut Child, timeout: Duration, what: &str) -> ExitStatus {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not exit within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Starts `forkd -c config` in the background (stdout/stderr discarded).
 fn spawn_forkd(config: &Path) -> Child {
-    Command::new(BIN)
-        .arg("-c")
-        .arg(config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn forkd")
-}
-
-/// Parses a whole response read up to EOF (a `Connection: close` exchange).
-fn parse_response(raw: &[u8]) -> Option<Response> {
-    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
-    let head = String::from_utf8(raw[..end].to_vec()).ok()?;
-    let mut lines = head.split("\r\n");
-    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
-    let headers = lines
-        .filter(|l| !l.is_empty())
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.to_string(), v.trim().to_string()))
-        .collect();
-    Some(Response {
-        status,
-        head,
-        headers,
-        body: raw[end..].to_vec(),
-    })
+    forkd_command(config).spawn().expect("spawn forkd")
 }
 
 /// GET `path` on a new connection with `Connection: close`, reading until EOF. None if
 /// the connection fails or no complete answer arrives within `timeout` (unlike
 /// `TestDaemon::get`, which panics): for polling while the server changes state.
 fn try_get(port: u16, path: &str, timeout: Duration) -> Option<Response> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(timeout)).ok()?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    parse_response(&raw)
-}
-
-/// Polls the error log until it contains `needle`.
-fn wait_for_log(d: &TestDaemon, needle: &str, timeout: Duration) -> bool {
-    wait_until(timeout, || d.error_log().contains(needle))
+    let mut c = Conn::connect_timeout(port, timeout).ok()?;
+    let r = c.exchange(&get_request(path, true)).ok()?;
+    c.wait_close(timeout).ok()?;
+    Some(r)
 }
 
 /// Bytes the process has passed to `write(2)`-family calls on files (`wchar` in
@@ -218,10 +168,6 @@ fn keepalive_get(s: &mut TcpStream, path: &str) -> Response {
 fn read_until_eof(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::new();
     s.read_to_end(&mut out).map(|_| out)
-}
-
-fn is_timeout(e: &std::io::Error) -> bool {
-    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
 }
 
 /// Makes `n` `Connection: close` requests for `/` from `threads` threads, each pausing
@@ -414,7 +360,7 @@ fn second_instance_with_the_same_pid_file_exits_and_the_first_keeps_serving() {
     let d = TestDaemon::builder().workers(2).expect_alerts().start();
     let workers = d.workers();
     let mut second = spawn_forkd(&d.config);
-    let status = wait_child(&mut second, Duration::from_secs(10), "the second forkd");
+    let status = expect_exit(&mut second, Duration::from_secs(10), "the second forkd");
     assert!(!status.success(), "the second forkd exited with {status}");
     assert!(
         d.error_log().contains("already running"),
@@ -497,12 +443,11 @@ fn term_during_a_slow_response_lets_it_complete_byte_exact() {
         16 << 20,
     );
     let workers = d.workers();
-    let stop_at = Instant::now();
     d.signal("TERM");
     // The worker reports the download as the connection it is draining: the response is
     // still in flight (far more than the socket buffers hold is left to send).
     assert!(
-        wait_for_log(&d, "draining 1 connection(s)", Duration::from_secs(10)),
+        d.wait_for_log("draining 1 connection(s)", Duration::from_secs(10)),
         "no drain with one connection in the log:\n{}",
         d.error_log()
     );
@@ -535,32 +480,29 @@ fn term_during_a_slow_response_lets_it_complete_byte_exact() {
         "nothing after the body"
     );
     assert_clean_exit(&mut d, &workers, Duration::from_secs(15));
+    // Stopped because the response was done, not because drain_timeout ran out.
+    let log = d.error_log();
     assert!(
-        stop_at.elapsed() < Duration::from_secs(21),
-        "stopped within drain_timeout"
+        !log.contains("drain_timeout reached") && !log.contains("killing them"),
+        "the stop was forced by drain_timeout:\n{log}"
     );
 }
 
 #[test]
 fn int_stops_fast_without_waiting_for_a_response_in_flight() {
     let (mut d, _data, mut s, length) = start_big_download(
-        TestDaemon::builder().top(r#"drain_timeout: "30s","#),
+        TestDaemon::builder().top(r#"drain_timeout: "120s","#),
         16 << 20,
     );
     let workers = d.workers();
-    let stop_at = Instant::now();
     d.signal("INT");
-    let status = d
-        .wait_exit(Duration::from_secs(8))
-        .expect("a fast stop, not a 30 s drain");
-    assert!(status.success(), "exit status {status}");
-    assert!(stop_at.elapsed() < Duration::from_secs(8));
-    assert!(!d.pid_file().exists(), "pid file left behind");
+    // The client reads nothing, so a drain could only end at drain_timeout: an exit
+    // well before it (a deadline no loaded machine misses) is a fast stop.
+    assert_clean_exit(&mut d, &workers, Duration::from_secs(60));
     assert!(
-        wait_until(Duration::from_secs(3), || workers
-            .iter()
-            .all(|&w| !alive(w))),
-        "workers outlived a fast stop"
+        !d.error_log().contains("drain_timeout reached"),
+        "INT waited for drain_timeout:\n{}",
+        d.error_log()
     );
     // The download was cut short.
     let mut got = 0;
@@ -574,11 +516,17 @@ fn int_stops_fast_without_waiting_for_a_response_in_flight() {
     assert!(got < length, "the whole body arrived despite a fast stop");
 }
 
-#[test]
-fn graceful_stop_fails_readiness_but_keeps_serving_during_shutdown_delay() {
-    let delay = Duration::from_secs(3);
+/// One graceful stop with a `shutdown_delay` of `delay_s` seconds: readiness fails at
+/// once while new connections are still served, and the master exits only after the
+/// delay. Returns whether the checks all ran within the delay; if they did not (a
+/// loaded machine), their outcome says nothing and the caller retries with a longer
+/// delay.
+fn graceful_stop_with_delay(delay_s: u64) -> bool {
+    let delay = Duration::from_secs(delay_s);
     let mut d = TestDaemon::builder()
-        .top(r#"shutdown_delay: "3s", drain_timeout: "5s","#)
+        .top(&format!(
+            r#"shutdown_delay: "{delay_s}s", drain_timeout: "5s","#
+        ))
         .start();
     let workers = d.workers();
     assert_eq!(d.get("/readyz").status, 200);
@@ -586,34 +534,48 @@ fn graceful_stop_fails_readiness_but_keeps_serving_during_shutdown_delay() {
     d.signal("QUIT");
     // Readiness fails at once so load balancers take the instance out...
     let mut last = None;
-    let not_ready = wait_until(Duration::from_millis(1500), || {
+    let not_ready = wait_until(delay / 2, || {
         last = try_get(d.port, "/readyz", Duration::from_millis(500)).map(|r| r.status);
         last == Some(503)
     });
-    assert!(
-        not_ready,
-        "/readyz answered {last:?} during shutdown_delay, not 503"
-    );
     // ...while new connections are still accepted and served.
     let live = try_get(d.port, "/healthz", Duration::from_secs(1)).map(|r| r.status);
-    assert_eq!(
-        live,
-        Some(200),
-        "/healthz on a new connection during shutdown_delay"
-    );
     let page = try_get(d.port, "/", Duration::from_secs(1)).map(|r| r.status);
-    assert_eq!(
-        page,
-        Some(200),
-        "a page on a new connection during shutdown_delay"
-    );
-    assert!(stop_at.elapsed() < delay, "checks ran late; inconclusive");
-    assert_clean_exit(&mut d, &workers, Duration::from_secs(15));
+    let in_time = stop_at.elapsed() < delay;
+    if in_time {
+        assert!(
+            not_ready,
+            "/readyz answered {last:?} during shutdown_delay, not 503"
+        );
+        assert_eq!(
+            live,
+            Some(200),
+            "/healthz on a new connection during shutdown_delay"
+        );
+        assert_eq!(
+            page,
+            Some(200),
+            "a page on a new connection during shutdown_delay"
+        );
+    }
+    assert_clean_exit(&mut d, &workers, delay + Duration::from_secs(15));
     assert!(
         stop_at.elapsed() >= delay - Duration::from_millis(200),
         "stopped before shutdown_delay passed: {:?}",
         stop_at.elapsed()
     );
+    in_time
+}
+
+#[test]
+fn graceful_stop_fails_readiness_but_keeps_serving_during_shutdown_delay() {
+    for delay_s in [3, 10, 30] {
+        if graceful_stop_with_delay(delay_s) {
+            return;
+        }
+        eprintln!("the checks took longer than a {delay_s} s shutdown_delay: again with more");
+    }
+    panic!("a few requests took longer than a 30 s shutdown_delay");
 }
 
 #[test]
@@ -685,8 +647,7 @@ fn killed_worker_is_replaced_in_its_slot() {
     let new = *after.iter().find(|&&w| w != survivor).unwrap();
     assert_ne!(new, victim);
     assert!(
-        wait_for_log(
-            &d,
+        d.wait_for_log(
             &format!("({victim}) was killed by SIGKILL"),
             Duration::from_secs(5)
         ),
@@ -731,7 +692,7 @@ fn crash_looping_worker_is_respawned_with_backoff_and_serves_again() {
         killed.push(pid);
     }
     assert!(
-        wait_for_log(&d, "respawning in", Duration::from_secs(5)),
+        d.wait_for_log("respawning in", Duration::from_secs(5)),
         "no backoff in the error log:\n{}",
         d.error_log()
     );
@@ -760,7 +721,7 @@ fn worker_that_cannot_initialise_is_not_respawned_and_the_master_exits() {
     );
     std::fs::write(&config, text).unwrap();
     let mut master = spawn_forkd(&config);
-    let status = wait_child(
+    let status = expect_exit(
         &mut master,
         Duration::from_secs(10),
         "forkd with failing workers",
@@ -880,27 +841,34 @@ fn worker_connections_limit_defers_a_new_connection_until_one_closes() {
 // Timeouts
 // ---------------------------------------------------------------------------------------
 
-#[test]
-fn header_timeout_answers_408_to_a_partial_request_line() {
+/// With `key: "300ms"`, a client that sends `partial` and stalls gets a 408 with
+/// `Connection: close`, not before the timeout, and the connection closed after it.
+fn assert_408_after_the_timeout(key: &str, partial: &[u8]) {
     let d = TestDaemon::builder()
-        .server(r#"header_timeout: "300ms","#)
+        .server(&format!(r#"{key}: "300ms","#))
         .start();
     let mut s = d.connect();
+    // The deadline for the 408: generous, the timeout itself is 300 ms.
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let sent = Instant::now();
-    s.write_all(b"GET /index.ht").unwrap();
+    s.write_all(partial).unwrap();
     let r = read_response(&mut s, false).expect("a 408");
     let waited = sent.elapsed();
-    assert_eq!(r.status, 408, "{}", r.head);
-    assert_eq!(r.header("Connection"), Some("close"));
+    assert_eq!(r.status, 408, "{key}: {}", r.head);
+    assert_eq!(r.header("Connection"), Some("close"), "{key}");
     assert!(
         read_until_eof(&mut s).is_ok_and(|rest| rest.is_empty()),
-        "closed after the 408"
+        "{key}: closed after the 408"
     );
     assert!(
         waited >= Duration::from_millis(250),
-        "408 after only {waited:?}"
+        "{key}: 408 after only {waited:?}"
     );
-    assert!(waited < Duration::from_secs(5), "408 after {waited:?}");
+}
+
+#[test]
+fn header_timeout_answers_408_to_a_partial_request_line() {
+    assert_408_after_the_timeout("header_timeout", b"GET /index.ht");
 }
 
 #[test]
@@ -932,6 +900,8 @@ fn keepalive_timeout_closes_an_idle_keepalive_connection() {
     assert_eq!(keepalive_get(&mut s, "/").status, 200);
     let r = keepalive_get(&mut s, "/healthz");
     assert_eq!(r.status, 200, "a second request on the same connection");
+    // The deadline for the close: generous, the timeout itself is 300 ms.
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let idle_from = Instant::now();
     match read_until_eof(&mut s) {
         Ok(rest) => assert!(rest.is_empty(), "unexpected bytes: {rest:?}"),
@@ -942,27 +912,14 @@ fn keepalive_timeout_closes_an_idle_keepalive_connection() {
         idle >= Duration::from_millis(250),
         "closed after only {idle:?}"
     );
-    assert!(idle < Duration::from_secs(5), "closed after {idle:?}");
 }
 
 #[test]
 fn body_timeout_answers_408_to_a_stalled_body() {
-    let d = TestDaemon::builder()
-        .server(r#"body_timeout: "300ms","#)
-        .start();
-    let mut s = d.connect();
-    let sent = Instant::now();
-    s.write_all(b"POST /healthz HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10\r\n\r\nabc")
-        .unwrap();
-    let r = read_response(&mut s, false).expect("a 408");
-    let waited = sent.elapsed();
-    assert_eq!(r.status, 408, "{}", r.head);
-    assert_eq!(r.header("Connection"), Some("close"));
-    assert!(
-        waited >= Duration::from_millis(250),
-        "408 after only {waited:?}"
+    assert_408_after_the_timeout(
+        "body_timeout",
+        b"POST /healthz HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10\r\n\r\nabc",
     );
-    assert!(waited < Duration::from_secs(5), "408 after {waited:?}");
 }
 
 #[test]
@@ -973,11 +930,7 @@ fn send_timeout_disconnects_a_client_that_does_not_read() {
     );
     // Read nothing more; the server's writes stall and it gives up.
     assert!(
-        wait_for_log(
-            &d,
-            "timed out reading its response",
-            Duration::from_secs(10)
-        ),
+        d.wait_for_log("timed out reading its response", Duration::from_secs(10)),
         "the stalled client was not disconnected:\n{}",
         d.error_log()
     );
@@ -1032,10 +985,7 @@ fn reload_applies_a_changed_route_in_place_and_new_workers_for_a_new_count() {
         "{out}"
     );
     assert!(
-        wait_until(Duration::from_secs(10), || {
-            let now = d.workers();
-            now.len() == 3 && now.iter().all(|w| !old.contains(w))
-        }),
+        d.wait_replaced(&old, 3, Duration::from_secs(10)),
         "workers not replaced: before {old:?}, now {:?}",
         d.workers()
     );
@@ -1061,7 +1011,7 @@ fn reload_with_a_broken_config_keeps_serving_the_old_one() {
     std::fs::write(&d.config, &text).unwrap();
     d.signal("HUP");
     assert!(
-        wait_for_log(&d, "reload failed", Duration::from_secs(10)),
+        d.wait_for_log("reload failed", Duration::from_secs(10)),
         "the failed reload is not logged:\n{}",
         d.error_log()
     );

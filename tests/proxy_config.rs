@@ -2,9 +2,6 @@
 //! in `upstreams` or a `Proxy` route is reported as FILE:LINE:COL with exit 1.
 
 mod support;
-// Compiled (and its own checks run) here until tests/support/mod.rs declares it.
-#[path = "support/upstream.rs"]
-mod upstream;
 use std::path::{Path, PathBuf};
 use support::*;
 

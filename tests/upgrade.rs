@@ -3,942 +3,67 @@
 //! container deployment files, against the real binary.
 //!
 //! The upgrade tests run forkd from a copy of the binary in their temp folder
-//! (`<tmp>/bin/forkd`): a master execs whatever is at the path it was started from, so
-//! a test can put a broken "new binary" there. The harness always starts
-//! `support::BIN`, so this file has its own small start/wait/stop helpers.
+//! (`Builder::own_binary`, `<tmp>/bin/forkd`): a master execs whatever is at the path it
+//! was started from, so a test can put a broken "new binary" there.
 
 mod support;
 
 use nix::sys::signal::{kill, Signal};
-use nix::sys::socket::{recv, MsgFlags};
 use nix::unistd::Pid;
-use serde_json::Value;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::PermissionsExt;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
-use support::{alive, children_of, free_port, noise, wait_until, Builder, TempDir, BIN};
+use std::time::Duration;
+use support::*;
 
-// ---------------------------------------------------------------------------------------
-// Constants and the site
-// ---------------------------------------------------------------------------------------
-
-/// A small file, answered from the worker's cache.
-const SMALL_PATH: &str = "/load.txt";
-/// A file above the cache's memory limit: answered with `sendfile`, so responses are
-/// in flight for longer while a master hands over.
-const BIG_PATH: &str = "/big.bin";
-/// Below the `Static` route: the body is read, then answered 405.
-const POST_PATH: &str = "/upload";
-const POST_BODY_LEN: usize = 2048;
-
-/// Per-read/per-write timeout of the load client: a request without progress for this
-/// long failed.
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
-/// No load runs longer than this, whatever the test does.
-const LOAD_HARD_CAP: Duration = Duration::from_secs(180);
-/// Upper bound for what normally takes well under a second (a busy 2-core machine).
-const SETTLE: Duration = Duration::from_secs(20);
 /// How much later than `upgrade_timeout` a rollback may be reported by `-s upgrade`.
 const ROLLBACK_MARGIN: Duration = Duration::from_secs(5);
 
-/// Environment variables of the upgrade/systemd protocols: never inherited by accident.
-const PROTOCOL_ENV: [&str; 7] = [
-    "LISTEN_PID",
-    "LISTEN_FDS",
-    "LISTEN_FDNAMES",
-    "NOTIFY_SOCKET",
-    "FORKD_LISTENERS",
-    "FORKD_READY_FD",
-    "FORKD_UPGRADE_FROM",
-];
-
-fn small_body() -> &'static [u8] {
-    static BODY: OnceLock<Vec<u8>> = OnceLock::new();
-    BODY.get_or_init(|| {
-        (0..40)
-            .map(|i| format!("line {i:02} of the upgrade load file: jumps over the lazy dog\n"))
-            .collect::<String>()
-            .into_bytes()
-    })
-}
-
-fn big_body() -> &'static [u8] {
-    static BODY: OnceLock<Vec<u8>> = OnceLock::new();
-    BODY.get_or_init(|| noise(150 * 1024, 7))
-}
-
-fn post_body() -> &'static [u8] {
-    static BODY: OnceLock<Vec<u8>> = OnceLock::new();
-    BODY.get_or_init(|| noise(POST_BODY_LEN, 9))
-}
-
 /// The harness's default site (liveness, readiness, static `www`) with the load files,
-/// `workers` workers, `accept` mode and extra top-level keys.
+/// `workers` workers, `accept` mode and extra top-level keys, run from its own copy of
+/// the binary.
 fn site(workers: usize, accept: &'static str, top: &str) -> Builder {
-    Builder::default()
-        .workers(workers)
-        .accept(accept)
-        .top(top)
-        .file("load.txt", small_body())
-        .file("big.bin", big_body())
-}
-
-// ---------------------------------------------------------------------------------------
-// A forkd run from a copy of the binary in its temp folder
-// ---------------------------------------------------------------------------------------
-
-/// What `forkd -c CONFIG ARGS...` answered.
-#[derive(Debug)]
-struct Ctl {
-    code: i32,
-    out: String,
-    err: String,
-    took: Duration,
-}
-
-struct Server {
-    dir: TempDir,
-    port: u16,
-    workers: usize,
-    /// The configuration file the masters run with (absolute).
-    config: PathBuf,
-    /// The first master, our child (later masters are children of their predecessor).
-    first: Option<Child>,
-    /// Every master seen, for the cleanup.
-    masters: Vec<i32>,
-}
-
-impl Server {
-    /// Writes the site, the config (on `port`) and `<tmp>/bin/forkd`; starts nothing.
-    fn new(builder: Builder, port: u16) -> Server {
-        let dir = TempDir::new();
-        builder.write_files(dir.path());
-        std::fs::create_dir_all(dir.path().join("bin")).unwrap();
-        copy_executable(Path::new(BIN), &dir.path().join("bin/forkd"));
-        let config = dir.path().join("forkd.ron");
-        std::fs::write(&config, builder.config_text(port)).unwrap();
-        Server {
-            dir,
-            port,
-            workers: builder.workers,
-            config,
-            first: None,
-            masters: Vec::new(),
-        }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn bin(&self) -> PathBuf {
-        self.path("bin/forkd")
-    }
-
-    fn pid_file(&self) -> PathBuf {
-        self.path("forkd.pid")
-    }
-
-    fn oldbin(&self) -> PathBuf {
-        self.path("forkd.pid.oldbin")
-    }
-
-    fn shm(&self) -> PathBuf {
-        self.path("forkd.shm")
-    }
-
-    fn error_log(&self) -> String {
-        std::fs::read_to_string(self.path("error.log")).unwrap_or_default()
-    }
-
-    /// `<tmp>/bin/forkd -c CONFIG`, stderr to `<tmp>/stderr.txt`, no protocol variables.
-    fn command(&self) -> Command {
-        let mut cmd = Command::new(self.bin());
-        cmd.arg("-c").arg(&self.config);
-        self.plumb(&mut cmd);
-        cmd
-    }
-
-    fn plumb(&self, cmd: &mut Command) {
-        let stderr = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.path("stderr.txt"))
-            .unwrap();
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(stderr));
-        for name in PROTOCOL_ENV {
-            cmd.env_remove(name);
-        }
-    }
-
-    /// Spawns `cmd` (which must become the master itself, by exec) as the first master.
-    fn spawn(&mut self, mut cmd: Command) -> i32 {
-        let child = cmd.spawn().expect("spawn forkd");
-        let pid = child.id() as i32;
-        self.first = Some(child);
-        self.masters.push(pid);
-        pid
-    }
-
-    /// Starts `<tmp>/bin/forkd -c CONFIG` and waits until it serves; its pid.
-    fn start(&mut self) -> i32 {
-        let cmd = self.command();
-        let pid = self.spawn(cmd);
-        self.wait_serving(pid);
-        pid
-    }
-
-    /// The pid the pid file names.
-    fn master(&self) -> Option<i32> {
-        std::fs::read_to_string(self.pid_file())
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
-    }
-
-    /// Reaps the first master once it has exited (it stays a zombie otherwise).
-    fn reap_first(&mut self) {
-        if let Some(c) = self.first.as_mut() {
-            if let Ok(Some(_)) = c.try_wait() {
-                self.first = None;
-            }
-        }
-    }
-
-    /// Waits until the pid file names `pid`, it has all its workers, and /healthz
-    /// answers 200.
-    fn wait_serving(&mut self, pid: i32) {
-        let deadline = Instant::now() + SETTLE;
-        loop {
-            if let Some(c) = self.first.as_mut().filter(|c| c.id() as i32 == pid) {
-                if let Some(status) = c.try_wait().unwrap() {
-                    self.first = None;
-                    panic!(
-                        "master {pid} exited while starting ({status}); stderr:\n{}\nerror log:\n{}",
-                        std::fs::read_to_string(self.path("stderr.txt")).unwrap_or_default(),
-                        self.error_log()
-                    );
-                }
-            }
-            if self.master() == Some(pid)
-                && alive(pid)
-                && children_of(pid).len() == self.workers
-                && workers_serving(&self.shm(), &children_of(pid))
-                && status_of(self.port, "/healthz") == Some(200)
-            {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "master {pid} not serving within {SETTLE:?}: pid file names {:?}, children {:?}; error log:\n{}",
-                self.master(),
-                children_of(pid),
-                self.error_log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Runs `forkd -c CONFIG ARGS...` (the real binary: the copy may be a script).
-    fn ctl(&self, config: &Path, args: &[&str]) -> Ctl {
-        let started = Instant::now();
-        let mut cmd = Command::new(BIN);
-        cmd.arg("-c").arg(config).args(args).stdin(Stdio::null());
-        for name in PROTOCOL_ENV {
-            cmd.env_remove(name);
-        }
-        let out = cmd.output().expect("run forkd");
-        Ctl {
-            code: out.status.code().unwrap_or(-1),
-            out: String::from_utf8_lossy(&out.stdout).into_owned(),
-            err: String::from_utf8_lossy(&out.stderr).into_owned(),
-            took: started.elapsed(),
-        }
-    }
-
-    /// Puts an executable script at `<tmp>/bin/forkd` (written aside, renamed over it).
-    fn install_script(&self, script: &str) {
-        let source = self.path("script.src");
-        std::fs::write(&source, script).unwrap();
-        let tmp = self.path("bin/.forkd.new");
-        copy_executable(&source, &tmp);
-        std::fs::rename(&tmp, self.bin()).unwrap();
-    }
-
-    /// Puts the real binary back at `<tmp>/bin/forkd`.
-    fn install_real_binary(&self) {
-        let tmp = self.path("bin/.forkd.new");
-        copy_executable(Path::new(BIN), &tmp);
-        std::fs::rename(&tmp, self.bin()).unwrap();
-    }
-
-    /// Graceful stop (QUIT) of the master the pid file names; waits until it and its
-    /// workers are gone.
-    fn stop(&mut self) {
-        let pid = self.master().expect("a pid file to stop by");
-        let workers = children_of(pid);
-        kill(Pid::from_raw(pid), Signal::SIGQUIT).unwrap();
-        let gone = wait_until(SETTLE, || {
-            self.reap_first();
-            !alive(pid) && workers.iter().all(|&w| !alive(w))
-        });
-        assert!(
-            gone,
-            "master {pid} or its workers {workers:?} still running {SETTLE:?} after QUIT"
-        );
-        assert!(
-            !self.pid_file().exists(),
-            "the pid file outlived the master"
-        );
-    }
-
-    /// No alert, crit or emerg in the error log.
-    fn assert_log_clean(&self) {
-        let log = self.error_log();
-        for bad in ["[alert]", "[crit]", "[emerg]"] {
-            assert!(
-                !log.contains(bad),
-                "unexpected {bad} in the error log:\n{log}"
-            );
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let config = self.config.to_string_lossy().into_owned();
-        let ours = |pid: i32| {
-            alive(pid)
-                && std::fs::read(format!("/proc/{pid}/cmdline"))
-                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&config))
-        };
-        let masters: Vec<i32> = self.masters.iter().copied().filter(|&p| ours(p)).collect();
-        let mut descendants = Vec::new();
-        for &m in &masters {
-            collect_descendants(m, &mut descendants);
-        }
-        for &m in &masters {
-            let _ = kill(Pid::from_raw(m), Signal::SIGQUIT);
-        }
-        wait_until(Duration::from_secs(10), || {
-            self.reap_first();
-            masters.iter().all(|&m| !alive(m))
-        });
-        for &p in masters.iter().chain(&descendants) {
-            if alive(p) {
-                let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
-            }
-        }
-        if let Some(mut c) = self.first.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Copies `from` to `to` (mode 755) with `cp`, so that no descriptor open for writing on
-/// `to` ever exists in this multi-threaded process: a child another test thread forks
-/// meanwhile would inherit it until its exec, and exec'ing `to` would then fail with
-/// ETXTBSY ("Text file busy").
-fn copy_executable(from: &Path, to: &Path) {
-    let status = Command::new("cp")
-        .arg(from)
-        .arg(to)
-        .stdin(Stdio::null())
-        .status()
-        .expect("run cp");
-    assert!(status.success(), "cp {} {}", from.display(), to.display());
-    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755)).unwrap();
-}
-
-fn collect_descendants(pid: i32, out: &mut Vec<i32>) {
-    for c in children_of(pid) {
-        out.push(c);
-        collect_descendants(c, out);
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// A small HTTP/1.1 client that reports failures instead of panicking
-// ---------------------------------------------------------------------------------------
-
-struct Resp {
-    status: u16,
-    /// The server said `Connection: close`.
-    closes: bool,
-    body: Vec<u8>,
-}
-
-struct Conn {
-    s: TcpStream,
-    buf: Vec<u8>,
-    /// Requests sent on it, for failure reports.
-    sent: u64,
-}
-
-impl Conn {
-    fn open(port: u16) -> Result<Conn, String> {
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let s =
-            TcpStream::connect_timeout(&addr, IO_TIMEOUT).map_err(|e| format!("connect: {e}"))?;
-        s.set_read_timeout(Some(IO_TIMEOUT))
-            .map_err(|e| format!("setsockopt: {e}"))?;
-        s.set_write_timeout(Some(IO_TIMEOUT))
-            .map_err(|e| format!("setsockopt: {e}"))?;
-        let _ = s.set_nodelay(true);
-        Ok(Conn {
-            s,
-            buf: Vec::new(),
-            sent: 0,
-        })
-    }
-
-    fn send(&mut self, bytes: &[u8]) -> Result<(), String> {
-        self.sent += 1;
-        self.s.write_all(bytes).map_err(|e| format!("write: {e}"))
-    }
-
-    /// Where a failed request was, for the report (and, if the connection is still
-    /// open, which process holds the server's end of it).
-    fn describe(&self, since: Instant) -> String {
-        let port = self.s.local_addr().map_or(0, |a| a.port());
-        let server = self.s.peer_addr().map_or(0, |a| a.port());
-        format!(
-            "request {} on the connection from port {port}, {} ms after it began; server side: {}",
-            self.sent,
-            since.elapsed().as_millis(),
-            server_side(server, port)
-        )
-    }
-
-    /// One read into the buffer; EOF, errors and timeouts are failures.
-    fn fill(&mut self, what: &str) -> Result<(), String> {
-        let mut chunk = [0u8; 16 * 1024];
-        let read = loop {
-            match self.s.read(&mut chunk) {
-                // A signal to this process is no failure of the server.
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                other => break other,
-            }
-        };
-        match read {
-            Ok(0) => Err(format!(
-                "connection closed {what} ({} bytes of it)",
-                self.buf.len()
-            )),
-            Ok(n) => {
-                self.buf.extend_from_slice(&chunk[..n]);
-                Ok(())
-            }
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                Err(format!("timed out {what} ({} bytes of it)", self.buf.len()))
-            }
-            Err(e) => Err(format!("{e} {what} ({} bytes of it)", self.buf.len())),
-        }
-    }
-
-    /// Reads one complete response (forkd always sends a Content-Length).
-    fn response(&mut self) -> Result<Resp, String> {
-        let end = loop {
-            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break end;
-            }
-            if self.buf.len() > 64 * 1024 {
-                return Err("response head over 64 KiB".into());
-            }
-            self.fill("before a complete response head")?;
-        };
-        let head: Vec<u8> = self.buf.drain(..end + 4).collect();
-        let head = String::from_utf8_lossy(&head).into_owned();
-        let mut lines = head.split("\r\n");
-        let status_line = lines.next().unwrap_or_default();
-        let status: u16 = status_line
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("bad status line {status_line:?}"))?;
-        let mut length = None;
-        let mut closes = false;
-        for line in lines.filter(|l| !l.is_empty()) {
-            let (name, value) = line
-                .split_once(':')
-                .ok_or_else(|| format!("bad header line {line:?}"))?;
-            let value = value.trim();
-            if name.eq_ignore_ascii_case("Content-Length") {
-                length = Some(
-                    value
-                        .parse::<usize>()
-                        .map_err(|e| format!("bad Content-Length {value:?}: {e}"))?,
-                );
-            } else if name.eq_ignore_ascii_case("Connection") {
-                closes = value.to_ascii_lowercase().contains("close");
-            }
-        }
-        let length = length.ok_or_else(|| format!("status {status} without Content-Length"))?;
-        while self.buf.len() < length {
-            self.fill(&format!("in a body of {length} bytes"))?;
-        }
-        let rest = self.buf.split_off(length);
-        let body = std::mem::replace(&mut self.buf, rest);
-        Ok(Resp {
-            status,
-            closes,
-            body,
-        })
-    }
-
-    /// Before reusing a keep-alive connection: has the server closed it after its last
-    /// complete response? (A non-blocking peek: no request is at stake yet.)
-    fn closed_by_server(&self) -> Result<bool, String> {
-        if !self.buf.is_empty() {
-            return Err(format!(
-                "{} unexpected bytes after a complete response",
-                self.buf.len()
-            ));
-        }
-        let mut byte = [0u8; 1];
-        match recv(
-            self.s.as_raw_fd(),
-            &mut byte,
-            MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
-        ) {
-            Ok(0) => Ok(true),
-            Ok(_) => Err("unsolicited bytes from the server between requests".into()),
-            Err(nix::errno::Errno::EAGAIN) => Ok(false),
-            // A reset after a complete response: closed, no request was lost.
-            Err(_) => Ok(true),
-        }
-    }
-}
-
-/// The state of the server's end of the connection `client_port` → `server_port`
-/// (/proc/net/tcp) and the processes holding it, for failure reports.
-fn server_side(server_port: u16, client_port: u16) -> String {
-    let local = format!("0100007F:{server_port:04X}");
-    let remote = format!("0100007F:{client_port:04X}");
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-    let Some(f) = table
-        .lines()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .find(|f| f.len() > 9 && f[1] == local && f[2] == remote)
-    else {
-        return "gone".into();
-    };
-    let (state, queues, inode) = (f[3], f[4], f[9]);
-    let link = format!("socket:[{inode}]");
-    let mut holders = Vec::new();
-    if inode != "0" {
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            if fd_links(pid).contains(&link) {
-                holders.push(pid);
-            }
-        }
-    }
-    format!("state {state}, tx:rx queue {queues}, inode {inode}, held by {holders:?}")
-}
-
-fn get_request(path: &str, close: bool) -> Vec<u8> {
-    let connection = if close { "Connection: close\r\n" } else { "" };
-    format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{connection}\r\n").into_bytes()
-}
-
-/// GET `path` on a new connection; the response.
-fn get(port: u16, path: &str) -> Result<Resp, String> {
-    let mut c = Conn::open(port)?;
-    c.send(&get_request(path, true))?;
-    c.response()
-}
-
-/// The status of GET `path` on a new connection, or None (for polling).
-fn status_of(port: u16, path: &str) -> Option<u16> {
-    get(port, path).ok().map(|r| r.status)
-}
-
-fn check(r: &Resp, what: &str, status: u16, body: Option<&[u8]>) -> Result<(), String> {
-    if r.status != status {
-        return Err(format!(
-            "{what}: status {} (want {status}): {:?}",
-            r.status,
-            String::from_utf8_lossy(&r.body[..r.body.len().min(120)])
-        ));
-    }
-    if let Some(body) = body {
-        if r.body != body {
-            return Err(format!(
-                "{what}: a body of {} bytes that differs from the expected {} bytes",
-                r.body.len(),
-                body.len()
-            ));
-        }
-    }
-    Ok(())
+    load_site(
+        Builder::default()
+            .workers(workers)
+            .accept(accept)
+            .top(top)
+            .own_binary(),
+    )
 }
 
 /// GET the small load file on a new connection, asserting the complete answer.
 fn assert_serves(port: u16, context: &str) {
-    let r = get(port, SMALL_PATH).unwrap_or_else(|e| panic!("{context}: GET {SMALL_PATH}: {e}"));
-    check(&r, SMALL_PATH, 200, Some(small_body())).unwrap_or_else(|e| panic!("{context}: {e}"));
+    let r =
+        get_close(port, SMALL_PATH).unwrap_or_else(|e| panic!("{context}: GET {SMALL_PATH}: {e}"));
+    check_small(&r).unwrap_or_else(|e| panic!("{context}: {e}"));
 }
 
-// ---------------------------------------------------------------------------------------
-// The load client
-// ---------------------------------------------------------------------------------------
-
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    /// GETs back to back on a persistent connection (every 8th for the big file).
-    KeepAlive,
-    /// One GET per new connection (`Connection: close`).
-    NewConnection,
-    /// POSTs with a body on a persistent connection (answered 405 after the body).
-    Post,
-}
-
-#[derive(Default)]
-struct Tally {
-    keepalive: AtomicU64,
-    new_connection: AtomicU64,
-    post: AtomicU64,
-    failed: AtomicU64,
-    /// Keep-alive connections found closed by the server after a complete answer.
-    server_closes: AtomicU64,
-    reasons: Mutex<Vec<String>>,
-}
-
-impl Tally {
-    fn ok(&self) -> u64 {
-        self.keepalive.load(Ordering::SeqCst)
-            + self.new_connection.load(Ordering::SeqCst)
-            + self.post.load(Ordering::SeqCst)
-    }
-}
-
-struct LoadReport {
-    keepalive: u64,
-    new_connection: u64,
-    post: u64,
-    failed: u64,
-    server_closes: u64,
-    reasons: Vec<String>,
-    elapsed: Duration,
-}
-
-impl LoadReport {
-    fn summary(&self) -> String {
-        format!(
-            "{} keep-alive GET, {} new-connection GET, {} POST ok; {} FAILED; in {:.1?} \
-             ({} keep-alive connections closed by the server between requests); first \
-             failures:\n  {}",
-            self.keepalive,
-            self.new_connection,
-            self.post,
-            self.failed,
-            self.elapsed,
-            self.server_closes,
-            self.reasons.join("\n  ")
-        )
-    }
-
-    fn assert_clean(&self, scenario: &str) {
-        eprintln!("[{scenario}] load: {}", self.summary());
-        assert!(
-            self.failed == 0 && self.elapsed < LOAD_HARD_CAP,
-            "{scenario}: {}",
-            self.summary()
-        );
-        assert!(
-            self.keepalive > 0 && self.new_connection > 0 && self.post > 0,
-            "{scenario}: a kind of request never ran: {}",
-            self.summary()
-        );
-    }
-}
-
-/// A few client threads until stopped: 2 keep-alive GET, 1 new-connection GET, 1 POST.
-struct Load {
-    stop: Arc<AtomicBool>,
-    tally: Arc<Tally>,
-    threads: Vec<JoinHandle<()>>,
-    started: Instant,
-}
-
-impl Load {
-    fn start(port: u16) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let tally = Arc::new(Tally::default());
-        let started = Instant::now();
-        let kinds = [
-            Kind::KeepAlive,
-            Kind::KeepAlive,
-            Kind::NewConnection,
-            Kind::Post,
-        ];
-        let threads = kinds
-            .into_iter()
-            .enumerate()
-            .map(|(index, kind)| {
-                let t = LoadThread {
-                    port,
-                    kind,
-                    index,
-                    stop: stop.clone(),
-                    tally: tally.clone(),
-                    started,
-                };
-                std::thread::Builder::new()
-                    .name(format!("load-{index}"))
-                    .spawn(move || t.run())
-                    .unwrap()
-            })
-            .collect();
-        Load {
-            stop,
-            tally,
-            threads,
-            started,
-        }
-    }
-
-    fn ok(&self) -> u64 {
-        self.tally.ok()
-    }
-
-    /// Waits until `more` more requests succeeded (at most `SETTLE`).
-    fn wait_for(&self, more: u64) {
-        let target = self.ok() + more;
-        assert!(
-            wait_until(SETTLE, || self.ok() >= target),
-            "the load made no progress: {} ok, {} failed; first failures: {:?}",
-            self.ok(),
-            self.tally.failed.load(Ordering::SeqCst),
-            self.tally.reasons.lock().unwrap()
-        );
-    }
-
-    fn finish(mut self) -> LoadReport {
-        self.stop.store(true, Ordering::SeqCst);
-        for t in self.threads.drain(..) {
-            t.join().expect("a load thread panicked");
-        }
-        let t = &self.tally;
-        LoadReport {
-            keepalive: t.keepalive.load(Ordering::SeqCst),
-            new_connection: t.new_connection.load(Ordering::SeqCst),
-            post: t.post.load(Ordering::SeqCst),
-            failed: t.failed.load(Ordering::SeqCst),
-            server_closes: t.server_closes.load(Ordering::SeqCst),
-            reasons: t.reasons.lock().unwrap().clone(),
-            elapsed: self.started.elapsed(),
-        }
-    }
-}
-
-impl Drop for Load {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-    }
-}
-
-struct LoadThread {
-    port: u16,
-    kind: Kind,
-    index: usize,
-    stop: Arc<AtomicBool>,
-    tally: Arc<Tally>,
-    started: Instant,
-}
-
-impl LoadThread {
-    fn running(&self) -> bool {
-        !self.stop.load(Ordering::SeqCst) && self.started.elapsed() < LOAD_HARD_CAP
-    }
-
-    fn fail(&self, reason: String) {
-        self.tally.failed.fetch_add(1, Ordering::SeqCst);
-        let mut reasons = self.tally.reasons.lock().unwrap();
-        if reasons.len() < 12 {
-            reasons.push(format!(
-                "[+{} ms, thread {} {:?}] {reason}",
-                self.started.elapsed().as_millis(),
-                self.index,
-                self.kind
-            ));
-        }
-        drop(reasons);
-        // Not a readiness wait: keeps a refusing server from being hammered in a loop.
-        std::thread::sleep(Duration::from_millis(5));
-    }
-
-    fn run(self) {
-        match self.kind {
-            Kind::NewConnection => self.run_new_connections(),
-            Kind::KeepAlive | Kind::Post => self.run_keepalive(),
-        }
-    }
-
-    fn run_new_connections(&self) {
-        let request = get_request(SMALL_PATH, true);
-        while self.running() {
-            let began = Instant::now();
-            let result = Conn::open(self.port).and_then(|mut c| {
-                c.send(&request)?;
-                let r = c
-                    .response()
-                    .map_err(|e| format!("{e} [{}]", c.describe(began)))?;
-                check(&r, SMALL_PATH, 200, Some(small_body()))?;
-                // Let the server close first (no TIME_WAIT piles up on our ports); what
-                // happens after a complete response is no failed request.
-                let _ = c.s.set_read_timeout(Some(Duration::from_secs(2)));
-                let _ = c.s.read(&mut [0u8; 64]);
-                Ok(())
-            });
-            match result {
-                Ok(()) => {
-                    self.tally.new_connection.fetch_add(1, Ordering::SeqCst);
-                }
-                Err(reason) => self.fail(reason),
-            }
-        }
-    }
-
-    fn run_keepalive(&self) {
-        let get_small = get_request(SMALL_PATH, false);
-        let get_big = get_request(BIG_PATH, false);
-        let mut post = format!(
-            "POST {POST_PATH} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: {POST_BODY_LEN}\r\n\r\n"
-        )
-        .into_bytes();
-        post.extend_from_slice(post_body());
-        let mut conn: Option<Conn> = None;
-        // Every 8th GET is for the big file.
-        let mut n: u64 = 0;
-        while self.running() {
-            if let Some(c) = &conn {
-                match c.closed_by_server() {
-                    Ok(false) => {}
-                    Ok(true) => {
-                        self.tally.server_closes.fetch_add(1, Ordering::SeqCst);
-                        conn = None;
-                    }
-                    Err(reason) => {
-                        self.fail(reason);
-                        conn = None;
-                        continue;
-                    }
-                }
-            }
-            if conn.is_none() {
-                match Conn::open(self.port) {
-                    Ok(c) => conn = Some(c),
-                    Err(reason) => {
-                        self.fail(reason);
-                        continue;
-                    }
-                }
-            }
-            let c = conn.as_mut().unwrap();
-            n = (n + 1) % 8;
-            let began = Instant::now();
-            let result = match self.kind {
-                Kind::Post => c
-                    .send(&post)
-                    .and_then(|()| c.response())
-                    .and_then(|r| check(&r, POST_PATH, 405, None).map(|()| r)),
-                _ if n == 0 => c
-                    .send(&get_big)
-                    .and_then(|()| c.response())
-                    .and_then(|r| check(&r, BIG_PATH, 200, Some(big_body())).map(|()| r)),
-                _ => c
-                    .send(&get_small)
-                    .and_then(|()| c.response())
-                    .and_then(|r| check(&r, SMALL_PATH, 200, Some(small_body())).map(|()| r)),
-            };
-            match result {
-                Ok(r) => {
-                    let counter = match self.kind {
-                        Kind::Post => &self.tally.post,
-                        _ => &self.tally.keepalive,
-                    };
-                    counter.fetch_add(1, Ordering::SeqCst);
-                    if r.closes {
-                        conn = None;
-                    }
-                }
-                Err(reason) => {
-                    self.fail(format!("{reason} [{}]", c.describe(began)));
-                    conn = None;
-                }
-            }
-        }
-    }
+/// Starts `<tmp>/bin/forkd -c CONFIG` and waits until it serves; its pid.
+fn start(srv: &mut TestDaemon) -> i32 {
+    let cmd = srv.command();
+    let pid = srv.spawn(cmd);
+    srv.wait_serving(pid);
+    pid
 }
 
 // ---------------------------------------------------------------------------------------
 // Stats: `forkd stats --json` totals
 // ---------------------------------------------------------------------------------------
 
-/// `totals.requests` of `forkd stats --shm SHM --json` (by region path: the config
-/// file may be broken on purpose while this runs).
+/// `totals.requests` of `forkd stats --shm SHM --json`.
 fn total_requests(shm: &Path) -> Result<u64, String> {
-    let out = Command::new(BIN)
-        .arg("stats")
-        .arg("--shm")
-        .arg(shm)
-        .arg("--json")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("run forkd stats: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "forkd stats --json failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let json: Value = serde_json::from_slice(&out.stdout)
-        .map_err(|e| format!("forkd stats --json is not JSON: {e}"))?;
+    let json = try_shm_json(shm)?;
     json["totals"]["requests"]
         .as_u64()
         .ok_or_else(|| format!("no totals.requests in {json}"))
-}
-
-/// Whether the stats region shows every one of `workers` in state "serving" (what
-/// the master waits for before it counts as started; it ignores USR2 until then).
-fn workers_serving(shm: &Path, workers: &[i32]) -> bool {
-    let Ok(out) = Command::new(BIN)
-        .arg("stats")
-        .arg("--shm")
-        .arg(shm)
-        .arg("--json")
-        .stdin(Stdio::null())
-        .output()
-    else {
-        return false;
-    };
-    let Ok(json) = serde_json::from_slice::<Value>(&out.stdout) else {
-        return false;
-    };
-    let rows = json["workers"].as_array().cloned().unwrap_or_default();
-    workers.iter().all(|&w| {
-        rows.iter().any(|r| {
-            r["pid"].as_i64() == Some(i64::from(w)) && r["state"].as_str() == Some("serving")
-        })
-    })
 }
 
 /// Samples `totals.requests` in the background: it must never go backwards, and never
@@ -1020,15 +145,15 @@ impl Drop for StatsWatch {
 /// `forkd -c CLI_CONFIG -s upgrade` that must succeed: exit 0 naming the new master,
 /// the pid file names it, the old master and its workers go, `.oldbin` goes, and the
 /// new master serves with all its workers. Returns the new master.
-fn good_upgrade(srv: &mut Server, cli_config: &Path, what: &str) -> i32 {
+fn good_upgrade(srv: &mut TestDaemon, cli_config: &Path, what: &str) -> i32 {
     let old = srv.master().expect("a pid file before the upgrade");
     let old_workers = children_of(old);
     assert_eq!(
         old_workers.len(),
-        srv.workers,
+        srv.builder.workers,
         "{what}: master {old} before the upgrade has children {old_workers:?}"
     );
-    let r = srv.ctl(cli_config, &["-s", "upgrade"]);
+    let r = srv.ctl_with(cli_config, &["-s", "upgrade"]);
     assert_eq!(
         r.code,
         0,
@@ -1036,7 +161,7 @@ fn good_upgrade(srv: &mut Server, cli_config: &Path, what: &str) -> i32 {
         srv.error_log()
     );
     let new = srv.master().expect("a pid file after the upgrade");
-    srv.masters.push(new);
+    srv.adopt_master(new);
     assert_ne!(new, old, "{what}: the pid file still names the old master");
     assert!(
         r.out
@@ -1073,7 +198,7 @@ fn good_upgrade(srv: &mut Server, cli_config: &Path, what: &str) -> i32 {
 /// stderr, the pid file names the old master again, no `.oldbin`, the old master keeps
 /// exactly its workers (the new master is gone) and serves.
 fn failed_upgrade(
-    srv: &mut Server,
+    srv: &mut TestDaemon,
     cli_config: &Path,
     upgrade_timeout: Duration,
     reason: &[&str],
@@ -1082,7 +207,7 @@ fn failed_upgrade(
     let old = srv.master().expect("a pid file before the upgrade");
     let mut workers = children_of(old);
     workers.sort_unstable();
-    let r = srv.ctl(cli_config, &["-s", "upgrade"]);
+    let r = srv.ctl_with(cli_config, &["-s", "upgrade"]);
     eprintln!("[{what}] forkd -s upgrade: {r:?}");
     assert_ne!(
         r.code,
@@ -1135,27 +260,27 @@ fn failed_upgrade(
 
 fn ten_upgrades_under_load(accept: &'static str) {
     let scenario = format!("10 upgrades, accept {accept}");
-    let mut srv = Server::new(site(2, accept, r#"drain_timeout: "5s","#), free_port());
-    let first = srv.start();
-    let load = Load::start(srv.port);
-    let watch = StatsWatch::start(srv.shm(), load.tally.clone());
-    load.wait_for(200);
+    let mut srv = site(2, accept, r#"drain_timeout: "5s","#).prepare();
+    let first = start(&mut srv);
+    let load = Load::start_mix(srv.port, &LIGHT_MIX);
+    let watch = StatsWatch::start(srv.shm(), load.tally());
+    load.wait_for_requests(200);
     let config = srv.config.clone();
     let mut masters = vec![first];
     let mut last_total = 0;
     for round in 1..=10 {
         let what = format!("{scenario}: upgrade {round}");
-        let at = load.started.elapsed();
+        let at = load.elapsed();
         let new = good_upgrade(&mut srv, &config, &what);
         eprintln!(
             "[{scenario}] upgrade {round} at +{} ms, done at +{} ms: master {new}",
             at.as_millis(),
-            load.started.elapsed().as_millis()
+            load.elapsed().as_millis()
         );
         assert!(!masters.contains(&new), "{what}: master {new} again");
         masters.push(new);
         // The new master's workers carry the load before the next upgrade.
-        load.wait_for(100);
+        load.wait_for_requests(100);
         let completed = load.ok();
         let total = total_requests(&srv.shm()).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert!(
@@ -1164,10 +289,10 @@ fn ten_upgrades_under_load(accept: &'static str) {
         );
         last_total = total;
     }
-    let report = load.finish();
+    let report = load.stop();
     watch.assert_clean(&scenario);
-    report.assert_clean(&scenario);
-    srv.stop();
+    report.assert_clean(&scenario, 0);
+    srv.stop_master();
     srv.assert_log_clean();
 }
 
@@ -1189,17 +314,17 @@ fn ten_upgrades_under_load_fail_no_request_with_reuseport_accept() {
 fn failed_upgrades_roll_back_under_load_and_a_good_one_follows() {
     let scenario = "failed upgrades";
     let top = r#"drain_timeout: "5s", upgrade_timeout: "1s","#;
-    let port = free_port();
-    let good_text = site(2, "Shared", top).config_text(port);
-    let mut srv = Server::new(site(2, "Shared", top), port);
+    let mut srv = site(2, "Shared", top).prepare();
+    let port = srv.port;
+    let good_text = srv.builder.config_text(port);
     // A second valid configuration naming the same pid_file and shm_file (relative to
     // the same folder), for `-s upgrade` while the master's own file is broken.
     let cli_config = srv.path("cli.ron");
     std::fs::write(&cli_config, &good_text).unwrap();
-    let master = srv.start();
+    let master = start(&mut srv);
     let timeout = Duration::from_secs(1);
-    let load = Load::start(port);
-    load.wait_for(200);
+    let load = Load::start_mix(port, &LIGHT_MIX);
+    load.wait_for_requests(200);
 
     srv.install_script("#!/bin/sh\nexit 3\n");
     failed_upgrade(
@@ -1209,7 +334,7 @@ fn failed_upgrades_roll_back_under_load_and_a_good_one_follows() {
         &["exited with code 3"],
         "a new binary that exits at once",
     );
-    load.wait_for(100);
+    load.wait_for_requests(100);
 
     srv.install_script("#!/bin/sh\nexec sleep 60\n");
     failed_upgrade(
@@ -1219,7 +344,7 @@ fn failed_upgrades_roll_back_under_load_and_a_good_one_follows() {
         &["not ready within upgrade_timeout"],
         "a new binary that never says ready",
     );
-    load.wait_for(100);
+    load.wait_for_requests(100);
 
     srv.install_real_binary();
     let broken = good_text.replacen("(\n", "(\n    no_such_key: 1,\n", 1);
@@ -1233,7 +358,7 @@ fn failed_upgrades_roll_back_under_load_and_a_good_one_follows() {
         &[&config_name, "no_such_key"],
         "a configuration the new master rejects",
     );
-    load.wait_for(100);
+    load.wait_for_requests(100);
     assert_eq!(srv.master(), Some(master));
 
     // The final good upgrade, with room for a busy machine.
@@ -1243,13 +368,13 @@ fn failed_upgrades_roll_back_under_load_and_a_good_one_follows() {
     )
     .unwrap();
     let config = srv.config.clone();
-    let r = srv.ctl(&config, &["-s", "reload"]);
+    let r = srv.ctl_with(&config, &["-s", "reload"]);
     assert_eq!(r.code, 0, "reload to upgrade_timeout 10s: {r:?}");
     let new = good_upgrade(&mut srv, &config, "the good upgrade after the failed ones");
     assert_ne!(new, master);
-    load.wait_for(100);
-    load.finish().assert_clean(scenario);
-    srv.stop();
+    load.wait_for_requests(100);
+    load.stop().assert_clean(scenario, 0);
+    srv.stop_master();
     srv.assert_log_clean();
 }
 
@@ -1259,8 +384,8 @@ fn failed_upgrades_roll_back_under_load_and_a_good_one_follows() {
 
 #[test]
 fn usr2_by_kill_hands_over_then_winch_parks_the_workers_and_hup_brings_them_back() {
-    let mut srv = Server::new(site(2, "Shared", r#"drain_timeout: "5s","#), free_port());
-    let old = srv.start();
+    let mut srv = site(2, "Shared", r#"drain_timeout: "5s","#).prepare();
+    let old = start(&mut srv);
     let old_workers = children_of(old);
     kill(Pid::from_raw(old), Signal::SIGUSR2).unwrap();
     // Asynchronous: the pid file moves to .oldbin, then names the new master once it
@@ -1282,7 +407,7 @@ fn usr2_by_kill_hands_over_then_winch_parks_the_workers_and_hup_brings_them_back
         srv.error_log()
     );
     let new = srv.master().unwrap();
-    srv.masters.push(new);
+    srv.adopt_master(new);
     if let Some(pid) = oldbin_seen {
         assert_eq!(pid, old, ".oldbin named {pid}, not the old master {old}");
     }
@@ -1323,7 +448,7 @@ fn usr2_by_kill_hands_over_then_winch_parks_the_workers_and_hup_brings_them_back
         "the same workers {back:?} after WINCH and HUP"
     );
     assert_serves(srv.port, "after WINCH and HUP");
-    srv.stop();
+    srv.stop_master();
     srv.assert_log_clean();
 }
 
@@ -1388,13 +513,13 @@ impl Notify {
 #[test]
 fn sd_notify_messages_in_order_through_start_reloads_upgrade_and_stop() {
     let top = r#"drain_timeout: "5s","#;
-    let port = free_port();
-    let first_text = site(2, "Shared", top).config_text(port);
+    let mut srv = site(2, "Shared", top).prepare();
+    let port = srv.port;
+    let first_text = srv.builder.config_text(port);
     let reloaded_text = site(2, "Shared", top)
         .server(r#"keepalive_timeout: "20s","#)
         .config_text(port);
     assert_ne!(first_text, reloaded_text);
-    let mut srv = Server::new(site(2, "Shared", top), port);
     let sock_path = srv.path("notify.sock");
     let sock = UnixDatagram::bind(&sock_path).unwrap();
     sock.set_read_timeout(Some(SETTLE)).unwrap();
@@ -1412,7 +537,7 @@ fn sd_notify_messages_in_order_through_start_reloads_upgrade_and_stop() {
     let config = srv.config.clone();
     std::fs::write(&config, &reloaded_text).unwrap();
     let before = monotonic_usec();
-    let r = srv.ctl(&config, &["-s", "reload"]);
+    let r = srv.ctl_with(&config, &["-s", "reload"]);
     assert_eq!(r.code, 0, "good reload: {r:?}");
     let generation: u64 = r
         .out
@@ -1437,7 +562,7 @@ fn sd_notify_messages_in_order_through_start_reloads_upgrade_and_stop() {
     )
     .unwrap();
     let before = monotonic_usec();
-    let r = srv.ctl(&cli_config, &["-s", "reload"]);
+    let r = srv.ctl_with(&cli_config, &["-s", "reload"]);
     assert_ne!(r.code, 0, "a broken reload succeeded: {r:?}");
     assert!(r.err.contains("no_such_key"), "bad reload: {r:?}");
     notify.expect_reloading(before);
@@ -1459,7 +584,7 @@ fn sd_notify_messages_in_order_through_start_reloads_upgrade_and_stop() {
     );
 
     // Stop: STOPPING=1, and nothing after it.
-    srv.stop();
+    srv.stop_master();
     assert_eq!(notify.next("STOPPING=1"), "STOPPING=1");
     notify.sock.set_nonblocking(true).unwrap();
     let mut buf = [0u8; 4096];
@@ -1478,43 +603,10 @@ fn sd_notify_messages_in_order_through_start_reloads_upgrade_and_stop() {
 // 5. Socket activation
 // ---------------------------------------------------------------------------------------
 
-/// `socket:[INODE]`, what /proc shows for a socket descriptor.
-fn fd_link(pid: &str, fd: RawFd) -> String {
-    std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
-        .unwrap()
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// Every descriptor link of `pid`.
-fn fd_links(pid: i32) -> Vec<String> {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|dir| {
-            dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-                .map(|l| l.to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// `socket:[INODE]` of every TCP socket listening on 127.0.0.1:`port` (/proc/net/tcp).
-fn listening_sockets(port: u16) -> Vec<String> {
-    let local = format!("0100007F:{port:04X}");
-    std::fs::read_to_string("/proc/net/tcp")
-        .unwrap()
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            (f.len() > 9 && f[1] == local && f[3] == "0A").then(|| format!("socket:[{}]", f[9]))
-        })
-        .collect()
-}
-
 /// forkd started the way systemd starts a socket-activated service: `listener` as fd 3,
 /// `LISTEN_PID` (the forkd process itself unless `listen_pid` says otherwise),
 /// `LISTEN_FDS=1`, `LISTEN_FDNAMES=http`.
-fn activated_command(srv: &Server, listener: &TcpListener, listen_pid: Option<u32>) -> Command {
+fn activated_command(srv: &TestDaemon, listener: &TcpListener, listen_pid: Option<u32>) -> Command {
     let pid = match listen_pid {
         Some(p) => p.to_string(),
         None => "$$".to_string(),
@@ -1547,7 +639,7 @@ fn socket_activation_adopts_the_socket_from_systemd_instead_of_binding() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let inode = fd_link("self", listener.as_raw_fd());
-    let mut srv = Server::new(site(2, "Shared", r#"drain_timeout: "5s","#), port);
+    let mut srv = site(2, "Shared", r#"drain_timeout: "5s","#).prepare_on(port);
     let cmd = activated_command(&srv, &listener, None);
     let master = srv.spawn(cmd);
     srv.wait_serving(master);
@@ -1579,7 +671,7 @@ fn socket_activation_adopts_the_socket_from_systemd_instead_of_binding() {
         assert_serves(port, &format!("request {i} after the test closed its copy"));
     }
     assert_eq!(listening_sockets(port), vec![inode]);
-    srv.stop();
+    srv.stop_master();
     srv.assert_log_clean();
 }
 
@@ -1589,8 +681,8 @@ fn socket_activation_for_another_pid_is_ignored_and_forkd_binds_itself() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let passed_port = listener.local_addr().unwrap().port();
     let inode = fd_link("self", listener.as_raw_fd());
-    let port = free_port();
-    let mut srv = Server::new(site(1, "Shared", r#"drain_timeout: "5s","#), port);
+    let mut srv = site(1, "Shared", r#"drain_timeout: "5s","#).prepare();
+    let port = srv.port;
     let cmd = activated_command(&srv, &listener, Some(std::process::id()));
     let master = srv.spawn(cmd);
     srv.wait_serving(master);
@@ -1627,7 +719,7 @@ fn socket_activation_for_another_pid_is_ignored_and_forkd_binds_itself() {
             other.map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
         ),
     }
-    srv.stop();
+    srv.stop_master();
     srv.assert_log_clean();
 }
 

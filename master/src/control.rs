@@ -7,11 +7,11 @@
 use crate::cli::ControlSignal;
 use crate::daemon;
 use forkd_shared::config::Config;
-use forkd_shared::shm::layout::{Layout, WorkerState};
-use forkd_shared::shm::Region;
+use forkd_shared::shm::layout::WorkerState;
+use forkd_shared::shm::report::Report;
+use forkd_shared::shm::RegionReader;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 /// How long `-s reload` waits for the workers to report the new generation.
@@ -74,29 +74,24 @@ struct Before {
     failed: u64,
 }
 
-fn progress(layout: &Layout, before: &Before) -> Progress {
-    let master = &layout.master;
-    if master.reloads_failed.load(Relaxed) > before.failed {
-        return Progress::Failed(master.last_reload_error.get());
+fn progress(report: &Report, before: &Before) -> Progress {
+    if report.reloads_failed > before.failed {
+        return Progress::Failed(report.last_reload_error.clone());
     }
-    if master.reloads_ok.load(Relaxed) <= before.ok {
+    if report.reloads_ok <= before.ok {
         return Progress::Waiting;
     }
-    let generation = layout.header.config_generation.load(Relaxed);
-    let mut current = 0;
-    for slot in &layout.slots {
-        match WorkerState::from_u32(slot.state.load(Relaxed)) {
-            WorkerState::Starting => return Progress::Waiting,
-            WorkerState::Serving if slot.generation.load(Relaxed) != generation => {
-                return Progress::Waiting
-            }
-            WorkerState::Serving => current += 1,
-            _ => {}
-        }
-    }
-    if current == 0 {
+    // The master says when every one of its workers serves the generation: only it
+    // knows how many it runs and which are still to start.
+    let generation = report.config_generation;
+    if report.generation_in_force != generation {
         return Progress::Waiting;
     }
+    let current = report
+        .workers
+        .iter()
+        .filter(|w| w.state == WorkerState::Serving && w.generation == generation)
+        .count();
     Progress::Done {
         generation,
         workers: current,
@@ -104,25 +99,32 @@ fn progress(layout: &Layout, before: &Before) -> Progress {
 }
 
 fn reload(config: &Config, pid: Pid) -> i32 {
-    let region = match Region::open_read(&config.shm_file) {
+    let reading = RegionReader::open(&config.shm_file)
+        .map_err(|e| e.to_string())
+        .and_then(|region| Ok((region.report().map_err(|e| e.to_string())?, region)));
+    let (first, region) = match reading {
         Ok(r) => r,
         Err(e) => {
             eprintln!("forkd: cannot follow the reload ({e}); sending HUP without waiting");
             return signal(pid, Signal::SIGHUP);
         }
     };
-    let layout = region.layout();
     let before = Before {
-        ok: layout.master.reloads_ok.load(Relaxed),
-        failed: layout.master.reloads_failed.load(Relaxed),
+        ok: first.reloads_ok,
+        failed: first.reloads_failed,
     };
     let code = signal(pid, Signal::SIGHUP);
     if code != 0 {
         return code;
     }
     let deadline = Instant::now() + RELOAD_WAIT;
+    let mut last = first;
     loop {
-        match progress(layout, &before) {
+        // An inconsistent reading (a fold under way for too long) is one more wait.
+        if let Ok(report) = region.report() {
+            last = report;
+        }
+        match progress(&last, &before) {
             Progress::Done {
                 generation,
                 workers,
@@ -145,7 +147,7 @@ fn reload(config: &Config, pid: Pid) -> i32 {
         if Instant::now() >= deadline {
             eprintln!(
                 "forkd: the reload was accepted, but not every worker reports generation {} after {RELOAD_WAIT:?}: see the error log",
-                layout.header.config_generation.load(Relaxed)
+                last.config_generation
             );
             return 1;
         }
@@ -156,33 +158,36 @@ fn reload(config: &Config, pid: Pid) -> i32 {
 /// `-s upgrade`: USR2, then wait until the old master counts the upgrade as done
 /// (the new master serves) or failed (rolled back, with the reason).
 fn upgrade(config: &Config, pid: Pid) -> i32 {
-    let region = match Region::open_read(&config.shm_file) {
+    let reading = RegionReader::open(&config.shm_file)
+        .map_err(|e| e.to_string())
+        .and_then(|region| Ok((region.report().map_err(|e| e.to_string())?, region)));
+    let (first, region) = match reading {
         Ok(r) => r,
         Err(e) => {
             eprintln!("forkd: cannot follow the upgrade ({e}); sending USR2 without waiting");
             return signal(pid, Signal::SIGUSR2);
         }
     };
-    let master = &region.layout().master;
-    let (ok, failed) = (
-        master.upgrades_ok.load(Relaxed),
-        master.upgrades_failed.load(Relaxed),
-    );
+    let (ok, failed) = (first.upgrades_ok, first.upgrades_failed);
     let code = signal(pid, Signal::SIGUSR2);
     if code != 0 {
         return code;
     }
     // The old master gives up after upgrade_timeout; allow for its rollback too.
     let deadline = Instant::now() + config.upgrade_timeout + Duration::from_secs(10);
+    let mut last = first;
     loop {
-        if master.upgrades_failed.load(Relaxed) > failed {
+        if let Ok(report) = region.report() {
+            last = report;
+        }
+        if last.upgrades_failed > failed {
             eprintln!(
                 "forkd: upgrade failed and was rolled back; master {pid} keeps serving:\n{}",
-                master.last_upgrade_error.get()
+                last.last_upgrade_error
             );
             return 1;
         }
-        if master.upgrades_ok.load(Relaxed) > ok {
+        if last.upgrades_ok > ok {
             let new = daemon::read_live(&config.pid_file)
                 .map_or_else(|_| "?".to_string(), |p| p.to_string());
             println!("forkd: upgraded: master {new} serves; master {pid} is draining its workers");

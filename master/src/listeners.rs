@@ -105,12 +105,10 @@ impl Sockets {
         out
     }
 
-    /// Clears close-on-exec on every socket (in the child that execs the new binary).
-    pub fn keep_across_exec(&self) {
-        use nix::fcntl::{fcntl, FcntlArg, FdFlag};
-        for sock in self.by_slot.iter().flatten() {
-            let _ = fcntl(sock, FcntlArg::F_SETFD(FdFlag::empty()));
-        }
+    /// Every socket's descriptor (kept open across the exec of a new master).
+    pub fn fds(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.by_slot.iter().flatten().map(|s| s.as_fd()).collect()
     }
 
     /// An empty set (what a worker leaves behind in its copy of the master's state).

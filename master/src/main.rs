@@ -3,13 +3,17 @@
 //! - `cli`: arguments.
 //! - `control`: `-s`: signalling a running master through its pid file.
 //! - `startup`: what the master does before its first fork.
-//! - `supervisor`: the master's loop and state: signals, stop.
-//! - `workers`: generations of workers, respawn with backoff, retiring.
-//! - `reload`: HUP, in place or with a new generation.
-//! - `handover`, `upgrade`, `inherited`: binary upgrade (USR2) and inherited sockets
-//!   (from the previous master, or from systemd).
+//! - `supervisor`: the master's loop; owns the configuration in force, the sockets,
+//!   the region and the pid file, and applies what the parts below report.
+//! - `workers`: the workers of every generation, respawn with backoff, retiring.
+//! - `reload`: HUP's plan (in place, new generation, refused), without side effects.
+//! - `preflight`: a reload's dry run as the workers' user, before anything is published.
+//! - `upgrade`: binary upgrade (USR2), the old master's state machine.
+//! - `handover`: binary upgrade, the new master's takeover once its workers serve.
+//! - `inherited`: sockets inherited from the previous master or from systemd.
 //! - `notify`: systemd's sd_notify.
-//! - `process`: forking a worker and reaping.
+//! - `process`: every fork (a worker; a new master, which execs), and reaping.
+//! - `netstat`: the kernel's TCP counters, read through one held descriptor.
 //! - `signals`: the master's signalfd.
 //! - `listeners`: binding the listening sockets.
 //! - `daemon`: the pid file.
@@ -21,7 +25,9 @@ mod daemon;
 mod handover;
 mod inherited;
 mod listeners;
+mod netstat;
 mod notify;
+mod preflight;
 mod process;
 mod reload;
 mod signals;

@@ -1,165 +1,182 @@
-//! Reload (HUP): load and validate the whole file first; on any error nothing changes.
-//! Changes the running workers can take are published as a snapshot in shared memory
-//! and adopted in place; changes that need new sockets or processes start a new
-//! generation of workers, which serves before the old one drains.
+//! Reload planning (HUP): from the configuration in force and the newly loaded one,
+//! decide how the change can be applied, without doing anything. The supervisor
+//! carries the plan out (publishing, sockets, workers).
+//!
+//! - `InPlace`: the running workers can take the change; it is published as a
+//!   snapshot in shared memory and adopted by them.
+//! - `NewGeneration`: the change needs new sockets or processes; a new generation of
+//!   workers serves before the old one drains.
+//! - refused: the change cannot be made without a restart; nothing changes.
 
-use crate::listeners::Sockets;
-use crate::notify;
-use crate::supervisor::{State, Supervisor};
-use crate::workers::NEW_GENERATION_WAIT;
-use forkd_shared::config::Config;
-use forkd_shared::shm::layout::{bump, WorkerState};
-use forkd_shared::shm::Region;
-use nix::sys::signal::Signal;
-use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, Instant};
+use forkd_shared::config::{AcceptMode, Config};
+use std::fmt;
+use std::path::PathBuf;
 
-/// How long systemd's reload waits for the workers before READY=1 is sent anyway.
-const RELOAD_READY_WAIT: Duration = Duration::from_secs(30);
+/// How a reload applies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum How {
+    /// The running workers adopt the new configuration.
+    InPlace,
+    /// New workers start with it; `why` says which setting needs them.
+    NewGeneration { why: &'static str },
+}
 
-impl Supervisor {
-    pub fn reload(&mut self) {
-        if self.state != State::Running {
-            return;
-        }
-        notify::reloading();
-        match self.try_reload() {
-            Ok(how) => {
-                record_reload(&self.region, Ok(()));
-                self.reload_pending = Some((self.generation, Instant::now() + RELOAD_READY_WAIT));
-                forkd_shared::notice!(
-                    "reloaded {}: generation {} {how}",
-                    self.config.file.display(),
-                    self.generation
-                );
-            }
-            Err(message) => {
-                for line in message.lines() {
-                    forkd_shared::error!(
-                        "reload failed, keeping the running configuration: {line}"
-                    );
-                }
-                record_reload(&self.region, Err(&message));
-                let first = message.lines().next().unwrap_or("");
-                notify::notify(&format!("STATUS=reload failed: {first}\nREADY=1"));
-            }
-        }
-    }
+/// A setting that cannot change on reload and keeps its running value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kept {
+    PidFile(PathBuf),
+    ShmFile(PathBuf),
+}
 
-    /// Loads, validates and applies the configuration file; on any error nothing
-    /// changes. Returns how it was applied.
-    fn try_reload(&mut self) -> Result<&'static str, String> {
-        let (config, text) =
-            Config::load_with_text(&self.config.file).map_err(|e| e.to_string())?;
-        if config.accept != self.config.accept {
-            return Err(format!(
-                "accept cannot change from {:?} to {:?} on reload (the sockets differ): it takes a restart",
-                self.config.accept, config.accept
-            ));
-        }
-        if config.pid_file != self.config.pid_file {
-            forkd_shared::warn!(
+impl fmt::Display for Kept {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Kept::PidFile(p) => write!(
+                f,
                 "pid_file cannot change on reload; keeping {}",
-                self.config.pid_file.display()
-            );
-        }
-        if config.shm_file != self.config.shm_file {
-            forkd_shared::warn!(
+                p.display()
+            ),
+            Kept::ShmFile(p) => write!(
+                f,
                 "shm_file cannot change on reload; keeping {}",
-                self.config.shm_file.display()
-            );
-        }
-        // Open what the new configuration needs before anything changes.
-        let sockets = match self.config.needs_new_workers(&config) {
-            Some(_) => {
-                let mut none = crate::inherited::Inherited::default();
-                Some(
-                    Sockets::open(&config, Some(&self.sockets), &mut none)
-                        .map_err(|e| e.to_string())?,
-                )
-            }
-            None => None,
-        };
-        self.publish(&config, &text)?;
-        if config.error_log != self.config.error_log || config.log_level != self.config.log_level {
-            if let Err(e) = forkd_shared::log::init(&config.error_log, config.log_level, "-") {
-                forkd_shared::error!(
-                    "reload: opening the new error log failed, keeping the old one: {e}"
-                );
-            }
-        }
-        self.config = config;
-        self.text = text;
-        let Some(sockets) = sockets else {
-            // Workers adopt the snapshot on their next loop turn; wake them for it.
-            self.signal_all(Signal::SIGHUP);
-            return Ok("adopted in place by the running workers");
-        };
-        // A new generation: it starts serving, then the old one is retired.
-        self.demote_generation();
-        // Sockets the new set does not reuse are closed here (old workers hold their
-        // own copies until they have drained them).
-        self.sockets = sockets;
-        self.start_generation();
-        self.retire_after = Some(Instant::now() + NEW_GENERATION_WAIT);
-        Ok("with new workers")
-    }
-
-    /// Publishes `text` as this master's next configuration generation. Generations are
-    /// numbered region-wide, so two masters sharing the region never reuse one.
-    pub fn publish(&mut self, config: &Config, text: &str) -> Result<(), String> {
-        let header = &self.region.layout().header;
-        let generation = header.config_generation.load(Relaxed).max(self.generation) + 1;
-        let path = config.file.display().to_string();
-        forkd_shared::shm::snapshot::publish(
-            &self.region.layout().snapshot,
-            std::process::id() as i32,
-            generation,
-            &path,
-            text,
-        )
-        .map_err(|e| e.to_string())?;
-        header.config_generation.store(generation, Relaxed);
-        self.generation = generation;
-        Ok(())
-    }
-
-    /// READY=1 for systemd once every worker of this master serves the generation a
-    /// reload published (or after `RELOAD_READY_WAIT`).
-    pub fn check_reload_done(&mut self, now: Instant) {
-        let Some((generation, deadline)) = self.reload_pending else {
-            return;
-        };
-        let layout = self.region.layout();
-        let in_force = self.retire_after.is_none()
-            && self.slots.iter().all(|s| match s.region_slot {
-                Some(row) => {
-                    let slot = &layout.slots[row];
-                    slot.state.load(Relaxed) == WorkerState::Serving as u32
-                        && slot.generation.load(Relaxed) == generation
-                }
-                None => s.failed || s.pid.is_none(),
-            });
-        if in_force || now >= deadline {
-            self.reload_pending = None;
-            notify::notify(&format!(
-                "READY=1\nSTATUS=serving configuration generation {generation}"
-            ));
+                p.display()
+            ),
         }
     }
 }
 
-/// Counts a reload and keeps its error for `forkd -s reload` and `forkd stats`.
-pub fn record_reload(region: &Region, result: Result<(), &str>) {
-    let master = &region.layout().master;
-    match result {
-        Ok(()) => {
-            bump(&master.reloads_ok, 1);
-            master.last_reload_error.set("");
+/// What a reload will do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub how: How,
+    /// Settings whose change is ignored (the running value stays).
+    pub kept: Vec<Kept>,
+    /// The error log or its level changed: it is opened again.
+    pub reopen_error_log: bool,
+}
+
+/// Why a reload cannot apply at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    AcceptChanged { from: AcceptMode, to: AcceptMode },
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refused::AcceptChanged { from, to } => write!(
+                f,
+                "accept cannot change from {from:?} to {to:?} on reload (the sockets differ): it takes a restart"
+            ),
         }
-        Err(e) => {
-            bump(&master.reloads_failed, 1);
-            master.last_reload_error.set(e);
-        }
+    }
+}
+
+/// How the change from `old` to `new` can be applied.
+pub fn plan(old: &Config, new: &Config) -> Result<Plan, Refused> {
+    if new.accept != old.accept {
+        return Err(Refused::AcceptChanged {
+            from: old.accept,
+            to: new.accept,
+        });
+    }
+    let mut kept = Vec::new();
+    if new.pid_file != old.pid_file {
+        kept.push(Kept::PidFile(old.pid_file.clone()));
+    }
+    if new.shm_file != old.shm_file {
+        kept.push(Kept::ShmFile(old.shm_file.clone()));
+    }
+    let how = match old.needs_new_workers(new) {
+        Some(why) => How::NewGeneration { why },
+        None => How::InPlace,
+    };
+    Ok(Plan {
+        how,
+        kept,
+        reopen_error_log: new.error_log != old.error_log || new.log_level != old.log_level,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn config(top: &str, listen: &str) -> Config {
+        let text = format!(
+            "(workers: Count(2), pid_file: \"/tmp/forkd-plan.pid\", shm_file: \"/tmp/forkd-plan.shm\", {top}
+              servers: [(listen: [\"{listen}\"], routes: [(prefix: \"/\", handler: Liveness)])])"
+        );
+        Config::parse(Path::new("/tmp/forkd-plan.ron"), &text).expect("test config is valid")
+    }
+
+    #[test]
+    fn a_per_request_change_applies_in_place() {
+        let old = config("", "127.0.0.1:8080");
+        let mut new = old.clone();
+        new.servers[0].keepalive_timeout *= 2;
+        let plan = plan(&old, &new).unwrap();
+        assert_eq!(plan.how, How::InPlace);
+        assert!(plan.kept.is_empty());
+        assert!(!plan.reopen_error_log);
+    }
+
+    #[test]
+    fn new_sockets_or_worker_count_need_a_new_generation() {
+        let old = config("", "127.0.0.1:8080");
+        let moved = config("", "127.0.0.1:8081");
+        assert!(matches!(
+            plan(&old, &moved).unwrap().how,
+            How::NewGeneration { .. }
+        ));
+        let more = config("", "127.0.0.1:8080");
+        let mut more = more;
+        more.workers = std::num::NonZeroUsize::new(3).unwrap();
+        assert_eq!(
+            plan(&old, &more).unwrap().how,
+            How::NewGeneration {
+                why: "the number of workers changed"
+            }
+        );
+    }
+
+    #[test]
+    fn changing_the_accept_mode_is_refused() {
+        let old = config("accept: Shared,", "127.0.0.1:8080");
+        let new = config("accept: ReusePort,", "127.0.0.1:8080");
+        let refused = plan(&old, &new).unwrap_err();
+        assert_eq!(
+            refused,
+            Refused::AcceptChanged {
+                from: AcceptMode::Shared,
+                to: AcceptMode::ReusePort
+            }
+        );
+        assert!(refused.to_string().contains("takes a restart"));
+    }
+
+    #[test]
+    fn pid_and_shm_files_keep_their_running_values() {
+        let old = config("", "127.0.0.1:8080");
+        let mut new = old.clone();
+        new.pid_file = "/tmp/elsewhere.pid".into();
+        new.shm_file = "/tmp/elsewhere.shm".into();
+        let plan = plan(&old, &new).unwrap();
+        assert_eq!(
+            plan.kept,
+            vec![
+                Kept::PidFile(old.pid_file.clone()),
+                Kept::ShmFile(old.shm_file.clone())
+            ]
+        );
+        assert_eq!(plan.how, How::InPlace);
+    }
+
+    #[test]
+    fn a_new_log_level_reopens_the_error_log() {
+        let old = config("log_level: Info,", "127.0.0.1:8080");
+        let new = config("log_level: Debug,", "127.0.0.1:8080");
+        assert!(plan(&old, &new).unwrap().reopen_error_log);
     }
 }

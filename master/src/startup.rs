@@ -1,4 +1,4 @@
-//! Starting the master: the minimum before the first fork. Error log, pid file check,
+//! Starting the master: the minimum before the first fork. Error log, pid file lock,
 //! stats region, listening sockets (bound, or inherited from systemd or from the
 //! master being upgraded), signals, pid file, the published configuration, then the
 //! workers.
@@ -8,7 +8,8 @@ use crate::handover::Starting;
 use crate::inherited::{Inherited, UpgradeChild};
 use crate::listeners::Sockets;
 use crate::signals::Signals;
-use crate::supervisor::{State, Supervisor};
+use crate::supervisor::{Start, Supervisor};
+use crate::upgrade::Upgrade;
 use forkd_shared::config::{Config, LogLevel};
 use forkd_shared::shm::Region;
 use std::rc::Rc;
@@ -16,23 +17,44 @@ use std::rc::Rc;
 /// Runs the master until it stops; returns the exit code.
 pub fn run(config: Config, text: String) -> i32 {
     let mut upgrade = UpgradeChild::from_env();
-    let mut inherited = Inherited::from_env();
+    let inherited = Inherited::from_env(upgrade.as_ref().and_then(UpgradeChild::ready_fd));
     if let Err(e) = forkd_shared::log::init(&config.error_log, config.log_level, "-") {
         eprintln!("forkd: cannot open the error log: {e}");
         return fail(&mut upgrade, format!("cannot open the error log: {e}"));
     }
-    if upgrade.is_none() {
-        if let Err(e) = PidFile::check_free(&config.pid_file) {
+    if let Err(e) = forkd_shared::log::hand_to_workers(&config) {
+        forkd_shared::alert!("preparing the log files for the workers failed: {e}");
+        return fail(&mut upgrade, format!("preparing the log files failed: {e}"));
+    }
+    let mut inherited = match inherited {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("forkd: {e}");
             return fail(&mut upgrade, e.to_string());
         }
-    }
+    };
+    // Running means holding the pid file's lock. A new master (binary upgrade) takes
+    // it once it serves (see `handover.rs`): until then the old master holds its own.
+    let pid_file = match upgrade {
+        Some(_) => None,
+        None => match PidFile::lock(&config.pid_file) {
+            Ok(p) => Some(p),
+            Err(e) => return fail(&mut upgrade, e.to_string()),
+        },
+    };
     let me = std::process::id() as i32;
     let from = upgrade.as_ref().map(|u| u.from);
     // A binary upgrade shares the old master's region when the layout matches, so
     // every counter carries over; otherwise it starts a fresh one.
     let region = match from.map(|from| Region::attach(&config.shm_file, from)) {
         Some(Ok(r)) => Ok(r),
-        _ => Region::create(&config.shm_file, me, from),
+        Some(Err(e)) => {
+            forkd_shared::warn!(
+                "cannot share the previous master's stats region ({e}): starting a fresh one, totals restart"
+            );
+            Region::create(&config.shm_file, me, from)
+        }
+        None => Region::create(&config.shm_file, me, from),
     };
     let region = match region {
         Ok(r) => Rc::new(r),
@@ -47,58 +69,39 @@ pub fn run(config: Config, text: String) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(&mut upgrade, format!("signalfd failed: {e}")),
     };
-    // A new master writes the pid file once it serves (see `handover.rs`).
-    let pid_file = match upgrade {
-        Some(_) => None,
-        None => match PidFile::write(&config.pid_file) {
-            Ok(p) => Some(p),
-            Err(e) => return fail(&mut upgrade, e.to_string()),
-        },
-    };
-    let (exe, args) = own_command();
-    let mut sup = Supervisor {
-        config,
-        text: String::new(),
-        sockets,
-        slots: Vec::new(),
-        retiring: Vec::new(),
-        retire_after: None,
-        state: State::Running,
-        region,
-        generation: 0,
-        parked: false,
-        starting: None,
-        reload_pending: None,
-        upgrade: None,
-        upgrade_requested: false,
-        pid_file,
-        exe,
-        args,
-    };
-    let config = sup.config.clone();
-    if let Err(e) = sup.publish(&config, &text) {
-        return fail(
-            &mut upgrade,
-            format!("publishing the configuration failed: {e}"),
-        );
+    // The pid goes in once signals are ours: a `-s` before that would kill us.
+    if let Some(Err(e)) = pid_file.as_ref().map(PidFile::write_pid) {
+        return fail(&mut upgrade, e.to_string());
     }
-    sup.text = text;
-    sup.start_generation();
-    sup.starting = Some(match upgrade.take() {
-        Some(child) => Starting::Upgraded(child),
-        None => Starting::Fresh,
+    let (exe, args) = own_command();
+    let workers = config.workers.get();
+    let accept = config.accept;
+    let addrs = sockets
+        .addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sup = Supervisor::start(Start {
+        config,
+        text,
+        sockets,
+        region,
+        pid_file,
+        starting: match upgrade.take() {
+            Some(child) => Starting::Upgraded(child),
+            None => Starting::Fresh,
+        },
+        upgrade: Upgrade::new(exe, args),
     });
+    let sup = match sup {
+        Ok(sup) => sup,
+        // The master being upgraded from was told already.
+        Err(e) => return fail(&mut None, e),
+    };
     forkd_shared::notice!(
-        "forkd {} started: {} worker(s), accept {:?}, listening on {}{}",
+        "forkd {} started: {workers} worker(s), accept {accept:?}, listening on {addrs}{}",
         env!("CARGO_PKG_VERSION"),
-        sup.slots.len(),
-        sup.config.accept,
-        sup.sockets
-            .addrs
-            .iter()
-            .map(|a| a.to_string())
-            .collect::<Vec<_>>()
-            .join(", "),
         if inherited.source.is_empty() {
             String::new()
         } else {
@@ -106,7 +109,6 @@ pub fn run(config: Config, text: String) -> i32 {
         }
     );
     let code = sup.run(&mut signals);
-    drop(sup.pid_file.take());
     forkd_shared::notice!("forkd exited");
     code
 }

@@ -1,14 +1,19 @@
-//! The master's workers: a generation of slots, spawning, reaping with backoff, and
-//! retiring an old generation once a new one serves.
+//! The master's workers: the current generation of slots, respawning with backoff,
+//! the workers of earlier generations still draining, and retiring them once the new
+//! generation serves. Owns that state; forks through `process.rs`.
 
+use crate::daemon::PidFile;
+use crate::listeners::Sockets;
 use crate::process::{self, Ended};
-use crate::supervisor::{State, Supervisor};
+use forkd_shared::config::Config;
 use forkd_shared::exit;
-use forkd_shared::shm::layout::{bump, WorkerState};
+use forkd_shared::shm::layout::{bump, Layout, WorkerState};
 use forkd_shared::shm::master as shm_master;
+use forkd_shared::shm::Region;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::collections::VecDeque;
+use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
@@ -18,62 +23,101 @@ const CRASH_WINDOW: Duration = Duration::from_secs(10);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How long a reload waits for the new generation to serve before retiring the old.
-pub const NEW_GENERATION_WAIT: Duration = Duration::from_secs(5);
+const NEW_GENERATION_WAIT: Duration = Duration::from_secs(5);
+
+/// What forking a worker needs from the master: the configuration in force, its
+/// sockets, the stats region and the configuration generation the worker starts with.
+pub struct Spawn<'a> {
+    pub config: &'a Config,
+    pub sockets: &'a mut Sockets,
+    pub region: &'a Rc<Region>,
+    pub generation: u64,
+    /// The master's locked pid file, which a worker closes its copy of.
+    pub pid_file: &'a mut Option<PidFile>,
+}
 
 /// One place in the current generation of workers.
-pub struct Slot {
-    pub pid: Option<Pid>,
+struct Slot {
+    pid: Option<Pid>,
     /// Its row in the stats region while a worker runs in it.
-    pub region_slot: Option<usize>,
+    row: Option<usize>,
     /// Recent deaths, for backoff.
     deaths: VecDeque<Instant>,
-    pub respawn_at: Option<Instant>,
+    respawn_at: Option<Instant>,
     /// The worker failed to initialise: respawning would fail the same way.
-    pub failed: bool,
+    failed: bool,
 }
 
 /// A worker of an earlier generation.
-pub struct Retiring {
-    pub pid: Pid,
+struct Retiring {
+    pid: Pid,
     /// Its row in the stats region.
-    pub row: usize,
+    row: usize,
     /// It was told to drain (SIGUSR2).
-    pub signaled: bool,
+    signaled: bool,
 }
 
-impl Supervisor {
-    /// Spawns a full set of workers for the current configuration.
-    pub fn start_generation(&mut self) {
-        if let Some(n) = self.config.rlimit_nofile {
+/// Every worker of this master.
+#[derive(Default)]
+pub struct Workers {
+    slots: Vec<Slot>,
+    /// Workers of earlier generations, draining after a reload.
+    retiring: Vec<Retiring>,
+    /// When to retire the old generation even if the new one is not serving yet.
+    retire_after: Option<Instant>,
+    /// WINCH retired the workers; they come back on HUP.
+    parked: bool,
+}
+
+impl Workers {
+    /// Spawns a full set of workers for `spawn.config`, replacing the slots.
+    pub fn start(&mut self, spawn: &mut Spawn) {
+        if let Some(n) = spawn.config.rlimit_nofile {
             // rlimits are inherited across fork: raising ours raises every worker's.
             forkd_worker::setup::raise_nofile(n);
         }
-        self.slots = (0..self.config.workers.get())
+        self.slots = (0..spawn.config.workers.get())
             .map(|_| Slot {
                 pid: None,
-                region_slot: None,
+                row: None,
                 deaths: VecDeque::new(),
                 respawn_at: None,
                 failed: false,
             })
             .collect();
         for slot in 0..self.slots.len() {
-            self.spawn(slot);
+            self.spawn(slot, spawn);
         }
     }
 
-    fn spawn(&mut self, slot: usize) {
-        let layout = self.region.layout();
-        let Some(row) = shm_master::claim_free_slot(layout, slot, self.generation) else {
+    /// A new generation replaces the current one: the current workers move to the
+    /// retiring list and drain once the new ones serve (or `NEW_GENERATION_WAIT`).
+    pub fn replace(&mut self, spawn: &mut Spawn, now: Instant) {
+        self.demote();
+        self.start(spawn);
+        self.retire_after = Some(now + NEW_GENERATION_WAIT);
+    }
+
+    fn spawn(&mut self, slot: usize, spawn: &mut Spawn) {
+        let layout = spawn.region.layout();
+        let Some(row) = shm_master::claim_free_slot(layout, slot, spawn.generation) else {
             // Cannot happen while `workers` is at most half the region's rows.
             forkd_shared::alert!("no free stats row for worker {slot}; retrying");
             self.slots[slot].respawn_at = Some(Instant::now() + BACKOFF_MIN);
             return;
         };
-        match process::spawn_worker(slot, &self.config, &mut self.sockets, &self.region, row) {
+        let forked = process::spawn_worker(
+            slot,
+            spawn.config,
+            spawn.sockets,
+            spawn.region,
+            row,
+            spawn.pid_file,
+        );
+        match forked {
             Ok(pid) => {
                 self.slots[slot].pid = Some(pid);
-                self.slots[slot].region_slot = Some(row);
+                self.slots[slot].row = Some(row);
                 self.slots[slot].respawn_at = None;
                 forkd_shared::debug!("worker {slot} started as process {pid}");
             }
@@ -85,32 +129,30 @@ impl Supervisor {
         }
     }
 
-    pub fn on_child_ended(&mut self, pid: Pid, how: Ended) {
-        if self.upgrade_child_ended(pid, how) {
-            return;
-        }
+    /// Handles the end of `pid` if it is one of ours (returns whether it was).
+    /// `respawn`: the master is running and wants its slot filled again.
+    pub fn child_ended(&mut self, pid: Pid, how: Ended, respawn: bool, spawn: &mut Spawn) -> bool {
         if let Some(i) = self.retiring.iter().position(|r| r.pid == pid) {
             let row = self.retiring.swap_remove(i).row;
-            shm_master::fold_slot(self.region.layout(), row);
+            shm_master::fold_slot(spawn.region.layout(), row);
             forkd_shared::info!("old worker {pid} exited ({how:?})");
-            return;
+            return true;
         }
         let Some(slot) = self.slots.iter().position(|s| s.pid == Some(pid)) else {
-            // As PID 1, orphans of other processes are re-parented to us: reaped, ignored.
-            return;
+            return false;
         };
         self.slots[slot].pid = None;
-        if let Some(row) = self.slots[slot].region_slot.take() {
-            shm_master::fold_slot(self.region.layout(), row);
+        if let Some(row) = self.slots[slot].row.take() {
+            shm_master::fold_slot(spawn.region.layout(), row);
         }
-        if self.state != State::Running || self.parked {
+        if !respawn || self.parked {
             forkd_shared::info!("worker {slot} ({pid}) exited ({how:?})");
-            return;
+            return true;
         }
         if how == Ended::Exited(exit::FATAL_INIT) {
             forkd_shared::alert!("worker {slot} ({pid}) could not start; not respawning it");
             self.slots[slot].failed = true;
-            return;
+            return true;
         }
         let now = Instant::now();
         let s = &mut self.slots[slot];
@@ -118,19 +160,14 @@ impl Supervisor {
         while s.deaths.front().is_some_and(|&t| now - t > CRASH_WINDOW) {
             s.deaths.pop_front();
         }
-        let delay = if s.deaths.len() >= CRASH_LIMIT {
-            let doublings = (s.deaths.len() - CRASH_LIMIT).min(16) as u32;
-            (BACKOFF_MIN * 2u32.pow(doublings)).min(BACKOFF_MAX)
-        } else {
-            Duration::ZERO
-        };
-        let reason = format!("worker {slot} ({pid}) {}", describe(how));
-        let master = &self.region.layout().master;
+        let delay = backoff(s.deaths.len());
+        let reason = format!("worker {slot} ({pid}) {how}");
+        let master = &spawn.region.layout().master;
         bump(&master.respawns, 1);
         if delay.is_zero() {
             master.last_respawn_reason.set(&reason);
             forkd_shared::alert!("{reason}; respawning");
-            self.spawn(slot);
+            self.spawn(slot, spawn);
         } else {
             let reason = format!(
                 "{reason}, {} times in {CRASH_WINDOW:?}; respawning in {delay:?}",
@@ -140,26 +177,46 @@ impl Supervisor {
             forkd_shared::alert!("{reason}");
             s.respawn_at = Some(now + delay);
         }
+        true
     }
 
-    pub fn respawn_due(&mut self, now: Instant) {
+    /// Spawns the workers whose backoff has passed.
+    pub fn respawn_due(&mut self, now: Instant, spawn: &mut Spawn) {
         if self.parked {
             return;
         }
         for slot in 0..self.slots.len() {
-            if self.slots[slot].pid.is_none()
-                && !self.slots[slot].failed
-                && self.slots[slot].respawn_at.is_some_and(|at| at <= now)
-            {
-                self.spawn(slot);
+            let s = &self.slots[slot];
+            if s.pid.is_none() && !s.failed && s.respawn_at.is_some_and(|at| at <= now) {
+                self.spawn(slot, spawn);
             }
         }
     }
 
+    /// The earliest pending respawn.
+    pub fn next_respawn(&self) -> Option<Instant> {
+        self.slots.iter().filter_map(|s| s.respawn_at).min()
+    }
+
+    /// Whether a new generation is waiting to serve before the old one retires.
+    pub fn replacing(&self) -> bool {
+        self.retire_after.is_some()
+    }
+
+    /// Whether the generation has slots and none of them can start a worker.
+    pub fn all_failed(&self) -> bool {
+        !self.slots.is_empty() && self.slots.iter().all(|s| s.failed)
+    }
+
+    /// Workers alive, of every generation.
+    pub fn live(&self) -> usize {
+        self.slots.iter().filter(|s| s.pid.is_some()).count() + self.retiring.len()
+    }
+
     /// Moves the current workers to the retiring list (they keep serving until told).
-    pub fn demote_generation(&mut self) {
+    pub fn demote(&mut self) {
         for slot in &mut self.slots {
-            if let (Some(pid), Some(row)) = (slot.pid.take(), slot.region_slot.take()) {
+            if let (Some(pid), Some(row)) = (slot.pid.take(), slot.row.take()) {
                 self.retiring.push(Retiring {
                     pid,
                     row,
@@ -170,21 +227,34 @@ impl Supervisor {
     }
 
     /// Whether every worker of the current generation serves (or cannot start).
-    pub fn generation_serving(&self) -> bool {
-        let layout = self.region.layout();
-        self.slots.iter().all(|s| match s.region_slot {
+    pub fn serving(&self, layout: &Layout) -> bool {
+        self.slots.iter().all(|s| match s.row {
             Some(row) => layout.slots[row].state.load(Relaxed) >= WorkerState::Serving as u32,
             None => s.failed,
         })
     }
 
+    /// Whether every worker of the current generation serves configuration
+    /// `generation` and no old generation is waiting to be retired.
+    pub fn in_force(&self, layout: &Layout, generation: u64) -> bool {
+        self.retire_after.is_none()
+            && self.slots.iter().all(|s| match s.row {
+                Some(row) => {
+                    let slot = &layout.slots[row];
+                    slot.state.load(Relaxed) == WorkerState::Serving as u32
+                        && slot.generation.load(Relaxed) == generation
+                }
+                None => s.failed || s.pid.is_none(),
+            })
+    }
+
     /// Tells the old generation to drain once every new worker serves (or has had
     /// `NEW_GENERATION_WAIT` to get there).
-    pub fn retire_old_generation(&mut self, now: Instant) {
+    pub fn retire_old_generation(&mut self, now: Instant, layout: &Layout) {
         let Some(deadline) = self.retire_after else {
             return;
         };
-        if !self.generation_serving() && now < deadline {
+        if !self.serving(layout) && now < deadline {
             return;
         }
         self.retire_after = None;
@@ -201,28 +271,63 @@ impl Supervisor {
         }
     }
 
-    /// WINCH: the workers drain and are not replaced; the master stays (nginx's manual
-    /// upgrade flow). HUP brings them back.
-    pub fn park(&mut self) {
-        if self.state != State::Running || self.parked {
-            return;
-        }
-        forkd_shared::notice!("WINCH: retiring the workers; HUP brings them back");
-        self.parked = true;
-        self.demote_generation();
+    /// Every worker hands over: the current ones join the retiring and all drain.
+    pub fn retire_all(&mut self) {
+        self.demote();
         self.signal_retiring();
     }
 
-    pub fn unpark(&mut self) {
+    pub fn parked(&self) -> bool {
+        self.parked
+    }
+
+    /// WINCH: the workers drain and are not replaced; the master stays (nginx's manual
+    /// upgrade flow). HUP brings them back.
+    pub fn park(&mut self) {
+        forkd_shared::notice!("WINCH: retiring the workers; HUP brings them back");
+        self.parked = true;
+        self.retire_all();
+    }
+
+    pub fn unpark(&mut self, spawn: &mut Spawn) {
         forkd_shared::notice!("HUP after WINCH: starting workers again");
         self.parked = false;
-        self.start_generation();
+        self.start(spawn);
+    }
+
+    /// Sends `signal` to every live worker, of every generation.
+    pub fn signal_all(&self, signal: Signal) {
+        let pids = self
+            .slots
+            .iter()
+            .filter_map(|s| s.pid)
+            .chain(self.retiring.iter().map(|r| r.pid));
+        for pid in pids {
+            if let Err(e) = kill(pid, signal) {
+                forkd_shared::warn!("kill({pid}, {signal}) failed: {e}");
+            }
+        }
     }
 }
 
-pub fn describe(how: Ended) -> String {
-    match how {
-        Ended::Exited(code) => format!("exited with code {code}"),
-        Ended::Signaled(sig) => format!("was killed by {sig}"),
+/// The respawn delay after `deaths` deaths within `CRASH_WINDOW`.
+fn backoff(deaths: usize) -> Duration {
+    if deaths < CRASH_LIMIT {
+        return Duration::ZERO;
+    }
+    let doublings = (deaths - CRASH_LIMIT).min(16) as u32;
+    (BACKOFF_MIN * 2u32.pow(doublings)).min(BACKOFF_MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_starts_at_the_crash_limit_doubles_and_is_capped() {
+        assert_eq!(backoff(CRASH_LIMIT - 1), Duration::ZERO);
+        assert_eq!(backoff(CRASH_LIMIT), BACKOFF_MIN);
+        assert_eq!(backoff(CRASH_LIMIT + 1), BACKOFF_MIN * 2);
+        assert_eq!(backoff(CRASH_LIMIT + 100), BACKOFF_MAX);
     }
 }

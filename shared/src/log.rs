@@ -6,9 +6,10 @@
 //! every module may need to report, and processes are single-threaded: the mutex is
 //! never contended, it only makes the global safe.
 
-use crate::config::{LogLevel, LogTarget};
+use crate::config::{Config, LogLevel, LogTarget};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -34,7 +35,50 @@ pub fn open_append(path: &Path) -> io::Result<File> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    OpenOptions::new().create(true).append(true).open(path)
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o640)
+        .open(path)
+}
+
+/// When workers switch to `user`, makes every log file of `config` (error log and
+/// access logs) exist and belong to that user and `group`: a worker re-opens its
+/// logs after `-s reopen` or a reload, long after it gave up root, and may then only
+/// open files it owns. The master calls this before forking, before publishing a
+/// reloaded configuration and before forwarding `USR1`, as nginx's master does.
+/// Nothing else is handed over: the stats region stays the master's (0640), written by
+/// workers only through the mapping they inherit.
+pub fn hand_to_workers(config: &Config) -> io::Result<()> {
+    let files = std::iter::once(&config.error_log)
+        .chain(config.servers.iter().filter_map(|s| s.access_log.as_ref()))
+        .filter_map(|t| match t {
+            LogTarget::File(path) => Some(path.as_path()),
+            _ => None,
+        });
+    let Some(name) = &config.user else {
+        // Workers keep the master's credentials and open what the master could.
+        return Ok(());
+    };
+    let user = nix::unistd::User::from_name(name)
+        .map_err(io::Error::from)?
+        .ok_or_else(|| io::Error::other(format!("no user named `{name}`")))?;
+    let gid = match &config.group {
+        None => user.gid,
+        Some(g) => {
+            nix::unistd::Group::from_name(g)
+                .map_err(io::Error::from)?
+                .ok_or_else(|| io::Error::other(format!("no group named `{g}`")))?
+                .gid
+        }
+    };
+    for path in files {
+        let file = open_append(path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        std::os::unix::fs::fchown(&file, Some(user.uid.as_raw()), Some(gid.as_raw()))
+            .map_err(|e| io::Error::new(e.kind(), format!("chown {}: {e}", path.display())))?;
+    }
+    Ok(())
 }
 
 fn open_sink(target: &LogTarget) -> io::Result<Sink> {

@@ -1,14 +1,18 @@
-//! The worker's mio loop: accept connections, dispatch readiness to them, expire
-//! deadlines, react to signals, and drain when told to stop.
+//! The worker's mio loop: accept connections, dispatch readiness to them, drive again
+//! those that stopped on their per-turn budget (the ready list), expire deadlines,
+//! react to signals, and drain when told to stop.
 
 use crate::access_log::AccessLogs;
+use crate::busy::BusyPool;
 use crate::clock::Clock;
-use crate::conn::{Activity, Busy, Conn, Verdict};
+use crate::conn::{Activity, Conn, Verdict};
 use crate::file_cache::FileCache;
+use crate::init::WorkerInit;
+use crate::services::{max_header_bytes, routing, Services};
 use crate::setup::InitError;
 use crate::stats::Stats;
 use crate::timers::Timers;
-use crate::WorkerInit;
+use crate::upstreams::{upstream_key, Owner, Upstreams};
 use forkd_shared::config::Config;
 use forkd_shared::exit;
 use forkd_shared::shm::layout::WorkerState;
@@ -33,89 +37,6 @@ const LISTENER_BASE: usize = usize::MAX - 1;
 const REARM_EVERY: u32 = 16;
 /// After EMFILE/ENFILE, wait this long before accepting again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-
-/// Which servers a listener's connections may be routed to.
-pub struct Routing {
-    pub servers: Vec<usize>,
-    /// The first server on the address: used when no name matches.
-    pub default: usize,
-}
-
-/// For each listener, the servers on its address (a validated config has at least one).
-fn routing(config: &Config) -> Vec<Routing> {
-    config
-        .listeners
-        .iter()
-        .map(|l| {
-            let servers: Vec<usize> = (0..config.servers.len())
-                .filter(|&s| config.servers[s].listen.contains(&l.addr))
-                .collect();
-            Routing {
-                default: servers[0],
-                servers,
-            }
-        })
-        .collect()
-}
-
-/// The input buffer size: room for the largest head any server accepts.
-fn max_header_bytes(config: &Config) -> usize {
-    config
-        .servers
-        .iter()
-        .map(|s| s.max_header_bytes)
-        .max()
-        .unwrap_or(16384)
-}
-
-/// Per-worker state every connection uses.
-pub struct Services {
-    pub config: Config,
-    pub routing: Vec<Routing>,
-    pub cache: FileCache,
-    /// Connection buffers not in use (see `conn::Busy`). Boxed because a connection
-    /// holds them as `Option<Box<Busy>>`: handing one over moves a pointer.
-    #[allow(clippy::vec_box)]
-    busy_pool: Vec<Box<Busy>>,
-    /// Input buffer size: room for the largest head any server accepts.
-    in_capacity: usize,
-    pub logs: AccessLogs,
-    pub clock: Clock,
-    pub timers: Timers,
-    pub stats: Stats,
-    /// Readiness answers 503 (a stop was requested).
-    pub not_ready: bool,
-    /// Responses carry `Connection: close`; idle connections are closed.
-    pub draining: bool,
-}
-
-/// Spare connection buffers kept for reuse.
-const BUSY_POOL_MAX: usize = 64;
-
-impl Services {
-    /// Buffers for a connection that has work.
-    pub fn take_busy(&mut self) -> Box<Busy> {
-        self.busy_pool
-            .pop()
-            .unwrap_or_else(|| Busy::new(self.in_capacity))
-    }
-
-    /// Buffers back from a connection that is idle or closed.
-    pub fn give_busy(&mut self, mut busy: Box<Busy>) {
-        if self.busy_pool.len() < BUSY_POOL_MAX && busy.in_capacity() == self.in_capacity {
-            busy.reset();
-            self.busy_pool.push(busy);
-        }
-    }
-
-    /// Server `index`, or the first one if a configuration change removed it.
-    pub fn server(&self, index: usize) -> &forkd_shared::config::Server {
-        self.config
-            .servers
-            .get(index)
-            .unwrap_or(&self.config.servers[0])
-    }
-}
 
 struct ListenerSlot {
     sock: TcpListener,
@@ -159,6 +80,12 @@ pub struct EventLoop {
     svc: Services,
     run: Run,
     expired: Vec<usize>,
+    /// Connections that stopped on their per-turn budget with work left (see
+    /// `Conn::yielded`): driven again next turn, without waiting for an event, which
+    /// edge-triggered readiness would never send.
+    ready: Vec<usize>,
+    /// The list being worked through this turn (kept to reuse its allocation).
+    ready_now: Vec<usize>,
     /// The configuration generation this worker serves.
     generation: u64,
     /// A generation this worker must not adopt (it needs new workers; ours retire).
@@ -199,6 +126,8 @@ impl EventLoop {
         let max_header = max_header_bytes(&config);
         let logs = AccessLogs::open(&config.servers).map_err(InitError::AccessLog)?;
         let capacity = config.worker_connections.get();
+        let registry = poll.registry().try_clone().map_err(InitError::Poll)?;
+        let upstreams = Upstreams::new(registry, &config.upstreams);
         let mut event_loop = EventLoop {
             poll,
             events: Events::with_capacity(1024),
@@ -212,17 +141,19 @@ impl EventLoop {
                 config,
                 routing,
                 cache: FileCache::default(),
-                busy_pool: Vec::new(),
-                in_capacity: max_header,
+                pool: BusyPool::new(max_header),
                 logs,
                 clock: Clock::new(),
                 timers: Timers::default(),
                 stats: Stats::new(init.region, init.region_slot),
+                upstreams,
                 not_ready: false,
                 draining: false,
             },
             run: Run::Serving,
             expired: Vec::new(),
+            ready: Vec::new(),
+            ready_now: Vec::new(),
             generation: 0,
             declined: 0,
             master: init.master.as_raw(),
@@ -253,8 +184,10 @@ impl EventLoop {
             let timeout = self.poll_timeout();
             if let Err(e) = self.poll.poll(&mut self.events, Some(timeout)) {
                 if e.kind() != io::ErrorKind::Interrupted {
+                    // A run-time failure, not an init failure: exit so the master
+                    // respawns the slot (FATAL_INIT would leave it empty).
                     forkd_shared::alert!("epoll_wait failed: {e}");
-                    return exit::FATAL_INIT;
+                    return exit::CRASH;
                 }
             }
             if self.svc.clock.tick() {
@@ -271,6 +204,26 @@ impl EventLoop {
                     Token(t) if t > LISTENER_BASE - self.listeners.len() && t <= LISTENER_BASE => {
                         self.accept_on(LISTENER_BASE - t);
                     }
+                    Token(t) if upstream_key(t).is_some() => {
+                        let key = t & !crate::upstreams::UPSTREAM_BIT;
+                        match self.svc.upstreams.owner(key) {
+                            Some(Owner::Client(client)) => {
+                                let Some(conn) = self.conns.get_mut(client) else {
+                                    continue;
+                                };
+                                let verdict = conn.drive(client, &mut self.svc);
+                                self.settle(client, verdict);
+                            }
+                            Some(Owner::Pooled)
+                                if event.is_readable()
+                                    || event.is_read_closed()
+                                    || event.is_error() =>
+                            {
+                                self.svc.upstreams.evict(key);
+                            }
+                            _ => {}
+                        }
+                    }
                     Token(key) => {
                         let Some(conn) = self.conns.get_mut(key) else {
                             continue;
@@ -284,6 +237,7 @@ impl EventLoop {
                 }
             }
             self.events = events;
+            self.drive_ready();
             self.accept_more();
             if fast_exit {
                 return exit::OK;
@@ -340,6 +294,9 @@ impl EventLoop {
         if let Some(due) = self.svc.timers.next_due() {
             until = until.min(self.svc.clock.instant(due));
         }
+        if let Some(due) = self.svc.upstreams.next_expiry() {
+            until = until.min(self.svc.clock.instant(due));
+        }
         match self.run {
             Run::Stopping { drain_at } => until = until.min(drain_at),
             Run::Draining { deadline, .. } if !self.listeners.is_empty() => {
@@ -354,6 +311,9 @@ impl EventLoop {
         }
         if self.accepting && self.listeners.iter().any(|l| l.more) {
             return Duration::ZERO; // connections are waiting in the accept queue
+        }
+        if !self.ready.is_empty() {
+            return Duration::ZERO; // connections have work left from the last turn
         }
         // Round up to the next millisecond so a deadline is never polled for as 0 ms early.
         until.saturating_duration_since(now) + Duration::from_micros(500)
@@ -417,6 +377,7 @@ impl EventLoop {
             queue_until: now + QUEUE_DRAIN_MAX,
         };
         self.svc.draining = true;
+        self.svc.upstreams.drain();
         self.svc.stats.set_state(WorkerState::Draining);
         // Idle keep-alive connections get a short grace: a client about to send its next
         // request gets an answer with `Connection: close` instead of a reset.
@@ -525,12 +486,10 @@ impl EventLoop {
             }
         }
         let max_header = max_header_bytes(&config);
-        if max_header != self.svc.in_capacity {
-            self.svc.in_capacity = max_header;
-            self.svc.busy_pool.clear();
-        }
+        self.svc.pool.resize(max_header);
         self.svc.routing = routing(&config);
         self.svc.cache = FileCache::default();
+        self.svc.upstreams.reconfigure(&config.upstreams);
         self.svc.config = config;
         self.generation = published;
         self.svc.stats.slot().generation.store(published, Relaxed);
@@ -584,7 +543,8 @@ impl EventLoop {
             }
             let entry = self.conns.vacant_entry();
             let key = entry.key();
-            let mut conn = Conn::new(stream, peer.ip(), index, self.svc.clock.now_us);
+            let server = self.svc.default_server(index);
+            let mut conn = Conn::new(stream, peer.ip(), index, server, self.svc.clock.now_us);
             // The request usually arrives with the connection (TCP_DEFER_ACCEPT): answer
             // it before paying for registration, which a one-request connection skips.
             match conn.drive(key, &mut self.svc) {
@@ -631,6 +591,28 @@ impl EventLoop {
         }
     }
 
+    /// Drives, once each, the connections that stopped on their budget last turn.
+    /// Those that stop on it again wait for the next turn, after the events.
+    fn drive_ready(&mut self) {
+        if self.ready.is_empty() {
+            return;
+        }
+        std::mem::swap(&mut self.ready, &mut self.ready_now);
+        let mut now = std::mem::take(&mut self.ready_now);
+        for key in now.drain(..) {
+            let Some(conn) = self.conns.get_mut(key) else {
+                continue;
+            };
+            if !conn.queued {
+                continue; // closed, and the key given to a new connection
+            }
+            conn.queued = false;
+            let verdict = conn.drive(key, &mut self.svc);
+            self.settle(key, verdict);
+        }
+        self.ready_now = now;
+    }
+
     /// After a drive: close, or make sure the poll reports what the connection waits for.
     fn settle(&mut self, key: usize, verdict: Verdict) {
         if verdict == Verdict::Close {
@@ -638,6 +620,10 @@ impl EventLoop {
             return;
         }
         let conn = &mut self.conns[key];
+        if conn.yielded() && !conn.queued {
+            conn.queued = true;
+            self.ready.push(key);
+        }
         let want_write = conn.wants_write();
         if !conn.registered {
             let interest = if want_write {
@@ -686,6 +672,7 @@ impl EventLoop {
 
     fn expire_deadlines(&mut self) {
         let now = self.svc.clock.now_us;
+        self.svc.upstreams.expire(now);
         while let Some(entry) = self.svc.timers.pop_due(now) {
             let key = entry.1;
             let Some(conn) = self.conns.get_mut(key) else {

@@ -1,7 +1,8 @@
 //! A per-worker cache of open files and their prebuilt response headers.
 //!
-//! Keyed by route and raw request path, so a hit costs one hash lookup: no path
-//! decoding, no `open`/`fstat`/`close`. Small files keep their bytes in memory and are
+//! Keyed by route and normalised request path (the router normalises it before
+//! choosing the route, without allocating when the path is already normal), so a hit
+//! costs one hash lookup: no `open`/`fstat`/`close`. Small files keep their bytes in memory and are
 //! answered with one `write`; larger ones are sent with `sendfile` from the cached
 //! descriptor. An entry is revalidated with one `stat` at most once a second, so an
 //! edited or replaced file is served fresh within a second.
@@ -115,11 +116,10 @@ impl CachedFile {
     }
 }
 
-/// The cache: one map per route, from raw request path to file. Keys are hashed with
-/// FxHash rather than SipHash, since a lookup is on every request. Only paths that
-/// resolve to an existing file become keys and the cache holds at most `MAX_ENTRIES`,
-/// so crafted colliding spellings (`//a`, `/./a`, `/%61`) can slow lookups by a bounded
-/// amount at worst.
+/// The cache: one map per route, from normalised request path to file. Keys are
+/// hashed with FxHash rather than SipHash, since a lookup is on every request. Every
+/// spelling of a path (`//a`, `/./a`, `/%61`) is one key. Only paths that resolve to
+/// an existing file become keys and the cache holds at most `MAX_ENTRIES`.
 #[derive(Default)]
 pub struct FileCache {
     maps: FxHashMap<usize, FxHashMap<Box<[u8]>, std::rc::Rc<CachedFile>>>,
@@ -128,16 +128,16 @@ pub struct FileCache {
 }
 
 impl FileCache {
-    /// The cached file for `route`/`raw_path`, if it is still current. Checks the file
+    /// The cached file for `route`/`path`, if it is still current. Checks the file
     /// system at most once a second per entry; a stale entry is dropped.
     pub fn get(
         &mut self,
         route: usize,
-        raw_path: &[u8],
+        path: &[u8],
         now_secs: u64,
     ) -> Option<std::rc::Rc<CachedFile>> {
         let map = self.maps.get_mut(&route)?;
-        let entry = map.get_mut(raw_path)?;
+        let entry = map.get_mut(path)?;
         if entry.checked.get() == now_secs {
             return Some(entry.clone());
         }
@@ -146,14 +146,14 @@ impl FileCache {
             return Some(entry.clone());
         }
         // Changed or gone: drop it and let the caller open the file afresh.
-        let removed = map.remove(raw_path)?;
+        let removed = map.remove(path)?;
         self.entries -= 1;
         self.memory -= removed.memory();
         None
     }
 
     /// Adds an entry, clearing the cache first when it is full.
-    pub fn insert(&mut self, route: usize, raw_path: &[u8], file: std::rc::Rc<CachedFile>) {
+    pub fn insert(&mut self, route: usize, path: &[u8], file: std::rc::Rc<CachedFile>) {
         if self.entries >= MAX_ENTRIES || self.memory + file.memory() > MAX_MEMORY {
             self.maps.clear();
             self.entries = 0;
@@ -165,7 +165,7 @@ impl FileCache {
             .maps
             .entry(route)
             .or_default()
-            .insert(raw_path.into(), file)
+            .insert(path.into(), file)
         {
             self.entries -= 1;
             self.memory -= old.memory();

@@ -2,46 +2,37 @@
 //!
 //! - `setup`: signals, parent-death signal, CPU pinning, fd limit.
 //! - `event_loop`: the mio loop: accepting, dispatching events, deadlines, drain.
-//! - `conn`: a connection's state machine and I/O.
+//! - `conn`: a connection: its state machine and socket I/O (`conn/io.rs`), and
+//!   dispatching a request to its handler (`conn/dispatch.rs`).
+//! - `services`: what every connection uses (config, routing, pools, logs, stats),
+//!   owned by the event loop.
 //! - `http`: sans-io HTTP/1.x parsing and response writing.
 //! - `handlers`: what routes do (static files, health probes).
 //! - `proxy`: the reverse proxy's sans-io parts (heads, bodies, pools, retries).
-//! - [`file_cache`], [`out`], [`timers`], [`clock`], [`access_log`]:
+//! - [`busy`], [`file_cache`], [`out`], [`timers`], [`clock`], [`access_log`]:
 //!   the per-worker machinery those use.
 #![forbid(unsafe_code)]
 
 pub mod access_log;
+pub mod busy;
 pub mod clock;
 pub mod conn;
 pub mod event_loop;
 pub mod file_cache;
 pub mod handlers;
 pub mod http;
+mod init;
 pub mod out;
 pub mod proxy;
+pub mod services;
 pub mod setup;
 pub mod stats;
 pub mod timers;
+pub mod upstreams;
 
-use forkd_shared::config::Config;
 use forkd_shared::exit;
-use std::net::TcpListener;
 
-/// Everything a worker gets from its master.
-pub struct WorkerInit {
-    /// The worker's slot: its CPU, its reuseport sockets, its name in the logs.
-    pub slot: usize,
-    pub config: Config,
-    /// One listening socket per entry of `config.listeners`, in that order: the shared
-    /// sockets, or this slot's reuseport sockets.
-    pub listeners: Vec<TcpListener>,
-    /// Register listeners with `EPOLLEXCLUSIVE` (shared accept queue).
-    pub exclusive: bool,
-    pub master: nix::unistd::Pid,
-    /// The stats region (mapped by the master before forking) and this worker's slot in it.
-    pub region: std::rc::Rc<forkd_shared::shm::Region>,
-    pub region_slot: usize,
-}
+pub use init::WorkerInit;
 
 /// Runs the worker until it is told to stop. Returns the process exit code.
 pub fn run(init: WorkerInit) -> i32 {
@@ -50,10 +41,12 @@ pub fn run(init: WorkerInit) -> i32 {
         setup::follow_master(init.master)?;
         setup::pin(init.slot, &init.config.cpus)?;
         let user = init.config.user.clone();
+        let group = init.config.group.clone();
         let event_loop = event_loop::EventLoop::new(init, signals)?;
         if let Some(user) = user {
-            setup::drop_privileges(&user)?;
+            setup::drop_privileges(&user, group.as_deref())?;
         }
+        setup::forbid_new_privileges()?;
         Ok(event_loop)
     });
     match prepared {

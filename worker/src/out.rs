@@ -8,8 +8,8 @@ use std::io::{self, Write};
 use std::os::fd::AsFd;
 use std::rc::Rc;
 
-/// The most one `sendfile` call is asked for: about a socket buffer's worth, so a large
-/// file does not monopolise the loop (and the kernel would not take more anyway).
+/// The most one `sendfile` call is asked for: about a socket buffer's worth (the
+/// kernel would not take more anyway). The caller's budget may cap it lower.
 const SENDFILE_CHUNK: usize = 512 * 1024;
 
 enum Segment {
@@ -40,6 +40,9 @@ pub enum Flush {
     Done,
     /// The socket is full; wait for it to become writable.
     Blocked,
+    /// The byte budget is spent and output is left: the socket may take more (no
+    /// readiness event will say so), but other connections go first.
+    Budget,
 }
 
 impl OutQueue {
@@ -124,10 +127,21 @@ impl OutQueue {
         }
     }
 
-    /// Writes as much as the socket takes. Returns bytes written in `sent`.
-    pub fn flush<S: Write + AsFd>(&mut self, sock: &mut S, sent: &mut u64) -> io::Result<Flush> {
+    /// Writes as much as the socket takes, up to about `budget` bytes (a write is cut
+    /// short at the budget, or a `sendfile` call; a write from memory is not). Adds
+    /// the bytes written to `sent`.
+    pub fn flush<S: Write + AsFd>(
+        &mut self,
+        sock: &mut S,
+        sent: &mut u64,
+        budget: u64,
+    ) -> io::Result<Flush> {
         self.seal();
+        let start = *sent;
         while let Some(front) = self.segments.front_mut() {
+            if *sent - start >= budget {
+                return Ok(Flush::Budget);
+            }
             match front {
                 Segment::Mem { end } => {
                     let end = *end;
@@ -152,8 +166,12 @@ impl OutQueue {
                     remaining,
                 } => {
                     while *remaining > 0 {
+                        let left = budget.saturating_sub(*sent - start);
+                        if left == 0 {
+                            return Ok(Flush::Budget);
+                        }
                         let mut off = *offset as i64;
-                        let count = (*remaining).min(SENDFILE_CHUNK as u64) as usize;
+                        let count = (*remaining).min(SENDFILE_CHUNK as u64).min(left) as usize;
                         match nix::sys::sendfile::sendfile(
                             sock.as_fd(),
                             file.file.as_fd(),
@@ -185,5 +203,55 @@ impl OutQueue {
         self.written = 0;
         self.sealed = 0;
         Ok(Flush::Done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::File;
+
+    fn cached(len: u64) -> Rc<CachedFile> {
+        let dir = std::env::temp_dir().join(format!("forkd-out-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("big.bin");
+        File::create(&path).unwrap().set_len(len).unwrap();
+        let file = File::open(&path).unwrap();
+        let meta = file.metadata().unwrap();
+        Rc::new(CachedFile::open(path, file, &meta, 0).unwrap())
+    }
+
+    /// A sink that never blocks: only the budget can stop a flush before the end.
+    fn sink() -> File {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .unwrap()
+    }
+
+    #[test]
+    fn a_flush_stops_at_its_budget_and_resumes_where_it_stopped() {
+        let mut q = OutQueue::default();
+        q.attach(Vec::with_capacity(64));
+        q.bytes().extend_from_slice(b"head\r\n\r\n");
+        q.push_file(cached(4 << 20), 0, 4 << 20);
+        let mut out = sink();
+        let budget = 256 * 1024;
+        let (mut total, mut calls) = (0, 0);
+        loop {
+            let mut sent = 0;
+            let result = q.flush(&mut out, &mut sent, budget).unwrap();
+            calls += 1;
+            assert!(sent <= budget, "wrote {sent} bytes on a budget of {budget}");
+            total += sent;
+            match result {
+                Flush::Budget => assert!(!q.is_empty()),
+                Flush::Done => break,
+                Flush::Blocked => panic!("/dev/null blocked"),
+            }
+        }
+        assert_eq!(total, 8 + (4 << 20));
+        assert_eq!(calls, (total as usize).div_ceil(budget as usize));
+        assert!(q.is_empty());
     }
 }

@@ -29,6 +29,7 @@ pub enum InitError {
         name: String,
         why: String,
     },
+    NoNewPrivs(nix::Error),
 }
 
 impl fmt::Display for InitError {
@@ -44,6 +45,7 @@ impl fmt::Display for InitError {
             InitError::Register { what, source } => write!(f, "epoll_ctl({what}) failed: {source}"),
             InitError::AccessLog(e) => write!(f, "opening the access log failed: {e}"),
             InitError::User { name, why } => write!(f, "switching to user `{name}` failed: {why}"),
+            InitError::NoNewPrivs(e) => write!(f, "prctl(PR_SET_NO_NEW_PRIVS) failed: {e}"),
         }
     }
 }
@@ -117,9 +119,10 @@ pub fn raise_nofile(want: u64) {
     }
 }
 
-/// Switches to `name`'s uid and primary gid, dropping supplementary groups. Runs after
-/// the worker opened what it needs (log files, the region mapping is inherited).
-pub fn drop_privileges(name: &str) -> Result<(), InitError> {
+/// Switches to `name`'s uid and to `group` (default: the user's primary group),
+/// dropping supplementary groups. Runs after the worker opened what it needs (log
+/// files; the region mapping is inherited).
+pub fn drop_privileges(name: &str, group: Option<&str>) -> Result<(), InitError> {
     let err = |why: String| InitError::User {
         name: name.to_string(),
         why,
@@ -127,14 +130,29 @@ pub fn drop_privileges(name: &str) -> Result<(), InitError> {
     let user = nix::unistd::User::from_name(name)
         .map_err(|e| err(format!("getpwnam: {e}")))?
         .ok_or_else(|| err("no such user".into()))?;
-    if nix::unistd::geteuid() == user.uid {
+    let gid = match group {
+        None => user.gid,
+        Some(g) => {
+            nix::unistd::Group::from_name(g)
+                .map_err(|e| err(format!("getgrnam({g}): {e}")))?
+                .ok_or_else(|| err(format!("no group named `{g}`")))?
+                .gid
+        }
+    };
+    if nix::unistd::geteuid() == user.uid && nix::unistd::getegid() == gid {
         return Ok(());
     }
-    nix::unistd::setgroups(&[user.gid]).map_err(|e| err(format!("setgroups: {e}")))?;
-    nix::unistd::setgid(user.gid).map_err(|e| err(format!("setgid({}): {e}", user.gid)))?;
+    nix::unistd::setgroups(&[gid]).map_err(|e| err(format!("setgroups: {e}")))?;
+    nix::unistd::setgid(gid).map_err(|e| err(format!("setgid({gid}): {e}")))?;
     nix::unistd::setuid(user.uid).map_err(|e| err(format!("setuid({}): {e}", user.uid)))?;
     // prctl(PR_SET_PDEATHSIG) is cleared by a credential change: set it again.
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGQUIT)
         .map_err(|e| err(format!("prctl(PR_SET_PDEATHSIG): {e}")))?;
     Ok(())
+}
+
+/// `PR_SET_NO_NEW_PRIVS`: nothing this worker executes can gain privileges (set-uid
+/// binaries, file capabilities). A worker never execs, so this only closes doors.
+pub fn forbid_new_privileges() -> Result<(), InitError> {
+    nix::sys::prctl::set_no_new_privs().map_err(InitError::NoNewPrivs)
 }

@@ -4,7 +4,8 @@
 //! the slot's only writer, so no locked instruction is needed). Gauges that would cost
 //! work per event — connections by state, open fds, RSS — are sampled once a second.
 
-use forkd_shared::shm::layout::{bump, WorkerSlot, WorkerState};
+use forkd_shared::shm::counters::{self, Counter};
+use forkd_shared::shm::layout::{WorkerSlot, WorkerState};
 use forkd_shared::shm::Region;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::{Relaxed, Release};
@@ -52,50 +53,59 @@ impl Stats {
         self.slot().heartbeat_ms.store(ms, Relaxed);
     }
 
+    /// Adds `n` to counter `c` of this worker's row: the increment of a counter
+    /// declared in `forkd_shared::shm::counters` (the named methods below are these).
+    #[inline]
+    pub fn bump(&self, c: Counter, n: u64) {
+        self.slot().counters.bump(c, n);
+    }
+
     /// A response was queued: `status`, after `latency_us` since its request began.
     /// Interim (1xx) responses count by class but not as requests.
     #[inline]
     pub fn response(&self, status: u16, latency_us: Option<u64>) {
-        let c = &self.slot().counters;
-        let class = (status / 100).clamp(1, 5) as usize - 1;
-        bump(&c.responses[class], 1);
+        self.bump(counters::response_class(status / 100), 1);
         if status >= 200 {
-            bump(&c.requests, 1);
+            self.bump(counters::REQUESTS, 1);
         }
         if let Some(us) = latency_us {
-            c.latency.record(us);
+            self.slot().counters.latency.record(us);
         }
     }
 
     #[inline]
     pub fn bytes_in(&self, n: u64) {
-        bump(&self.slot().counters.bytes_in, n);
+        self.bump(counters::BYTES_IN, n);
     }
 
     #[inline]
     pub fn bytes_out(&self, n: u64) {
-        bump(&self.slot().counters.bytes_out, n);
+        self.bump(counters::BYTES_OUT, n);
     }
 
     pub fn accepted(&self) {
-        bump(&self.slot().counters.connections_accepted, 1);
+        self.bump(counters::CONNECTIONS_ACCEPTED, 1);
     }
 
     /// A connection closed; `abandoned`: its client left while a request was under way.
     pub fn closed(&self, abandoned: bool) {
-        let c = &self.slot().counters;
-        bump(&c.connections_handled, 1);
+        self.bump(counters::CONNECTIONS_HANDLED, 1);
         if abandoned {
-            bump(&c.responses_499, 1);
+            self.bump(counters::RESPONSES_499, 1);
         }
     }
 
     pub fn empty_wakeup(&self) {
-        bump(&self.slot().counters.accept_empty_wakeups, 1);
+        self.bump(counters::ACCEPT_EMPTY_WAKEUPS, 1);
+    }
+
+    /// A connection was closed for a transfer below its server's minimum rate.
+    pub fn slow_client(&self) {
+        self.bump(counters::SLOW_CLIENTS_CLOSED, 1);
     }
 
     pub fn limit_hit(&self) {
-        bump(&self.slot().counters.connection_limit_hits, 1);
+        self.bump(counters::CONNECTION_LIMIT_HITS, 1);
     }
 
     /// Once a second: connection gauges, open fds and RSS.

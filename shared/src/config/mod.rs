@@ -10,6 +10,7 @@
 //! The master loads it before forking; workers inherit the validated value.
 
 mod error;
+mod locate;
 pub mod raw;
 pub mod units;
 mod upstream;
@@ -40,8 +41,10 @@ pub struct Config {
     pub worker_connections: NonZeroUsize,
     pub multi_accept: NonZeroUsize,
     pub rlimit_nofile: Option<u64>,
-    /// Workers switch to this user (and its group) after starting; None: stay as is.
+    /// Workers switch to this user after starting; None: stay as is.
     pub user: Option<String>,
+    /// Workers switch to this group (default: `user`'s primary group).
+    pub group: Option<String>,
     pub pid_file: PathBuf,
     pub shm_file: PathBuf,
     pub error_log: LogTarget,
@@ -84,6 +87,13 @@ pub struct Server {
     pub send_timeout: Duration,
     pub max_header_bytes: usize,
     pub max_body_bytes: u64,
+    /// Bytes per second a request body must arrive at, measured over each
+    /// `min_rate_grace` (0: no minimum).
+    pub min_body_rate: u64,
+    /// Bytes per second a response must be taken at, likewise (0: no minimum).
+    pub min_send_rate: u64,
+    /// The period both rates are measured over: a transfer is first checked after it.
+    pub min_rate_grace: Duration,
     /// Sorted longest prefix first, so the first match is the longest.
     pub routes: Vec<Route>,
 }
@@ -149,6 +159,8 @@ impl Config {
             Some("rlimit_nofile changed")
         } else if self.user != new.user {
             Some("user changed")
+        } else if self.group != new.group {
+            Some("group changed")
         } else {
             None
         }

@@ -30,6 +30,8 @@ pub struct RawConfig {
     pub rlimit_nofile: Option<u64>,
     #[serde(default)]
     pub user: Option<String>,
+    #[serde(default)]
+    pub group: Option<String>,
     #[serde(default = "default_pid_file")]
     pub pid_file: String,
     #[serde(default = "default_shm_file")]
@@ -74,7 +76,46 @@ pub struct RawServer {
     pub max_header_bytes: ConfSize,
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: ConfSize,
+    #[serde(default = "default_min_rate")]
+    pub min_body_rate: ConfRate,
+    #[serde(default = "default_min_rate")]
+    pub min_send_rate: ConfRate,
+    #[serde(default = "default_min_rate_grace")]
+    pub min_rate_grace: ConfDuration,
     pub routes: Vec<RawRoute>,
+}
+
+/// A transfer rate in bytes per second: a size per second, `"1KiB/s"`; `0` is off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConfRate(pub u64);
+
+impl<'de> Deserialize<'de> for ConfRate {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct RateVisitor;
+        impl de::Visitor<'_> for RateVisitor {
+            type Value = ConfRate;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a rate such as \"1KiB/s\", or 0 for none")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ConfRate, E> {
+                match v {
+                    0 => Ok(ConfRate(0)),
+                    _ => Err(E::custom(format!(
+                        "rate {v}: write it with a unit, such as \"{v}B/s\""
+                    ))),
+                }
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ConfRate, E> {
+                let size = v.trim().strip_suffix("/s").ok_or_else(|| {
+                    E::custom(format!("rate `{v}` must end in /s, such as \"1KiB/s\""))
+                })?;
+                super::units::parse_size(size)
+                    .map(ConfRate)
+                    .map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_any(RateVisitor)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -365,6 +406,12 @@ fn default_upstream_read_timeout() -> ConfDuration {
 }
 fn default_upstream_retries() -> u32 {
     1
+}
+fn default_min_rate() -> ConfRate {
+    ConfRate(1024)
+}
+fn default_min_rate_grace() -> ConfDuration {
+    ConfDuration(std::time::Duration::from_secs(10))
 }
 fn default_index() -> Vec<String> {
     vec!["index.html".into()]

@@ -5,6 +5,7 @@
 //! is about in the source text (the n-th occurrence of the key or literal).
 
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors};
+use super::locate::locate;
 use super::raw::{self, RawConfig, RawHandler, RawLogTarget, Workers};
 use super::upstream::{validate_upstream, UpstreamProblem};
 use super::{Config, Handler, Listener, LogTarget, Route, Server, Upstream};
@@ -22,9 +23,15 @@ struct Checker<'a> {
 }
 
 impl Checker<'_> {
-    /// Records an error located at the `nth` (0-based) occurrence of `needle`.
+    /// Records an error located at the `nth` (0-based) occurrence of `needle`; if the
+    /// file does not spell it that way (a literal written with escapes), at the first
+    /// occurrence of the field's key; at 1:1 if neither is there.
     fn error(&mut self, needle: &str, nth: usize, field: String, message: String) {
-        let (line, col) = locate(self.text, needle, nth);
+        let key = field.rsplit('.').next().unwrap_or(&field);
+        let key = key.split('[').next().unwrap_or(key);
+        let (line, col) = locate(self.text, needle, nth)
+            .or_else(|| locate(self.text, key, 0))
+            .unwrap_or((1, 1));
         self.errors.push(ConfigError {
             file: self.file.to_path_buf(),
             line,
@@ -64,20 +71,6 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let line = before.matches('\n').count() + 1;
     let col = before.rfind('\n').map_or(offset, |nl| offset - nl - 1) + 1;
     (line, col)
-}
-
-/// 1-based line and column of the `nth` occurrence of `needle` in `text`, or of the
-/// last occurrence when there are fewer; 1:1 when there is none.
-fn locate(text: &str, needle: &str, nth: usize) -> (usize, usize) {
-    let mut found = None;
-    for (i, (offset, _)) in text.match_indices(needle).enumerate() {
-        found = Some(offset);
-        if i == nth {
-            break;
-        }
-    }
-    let Some(offset) = found else { return (1, 1) };
-    line_col(text, offset)
 }
 
 fn resolve(base: &Path, path: &str) -> PathBuf {
@@ -160,6 +153,31 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                 "user".into(),
                 format!("looking up user `{user}` failed: {e}"),
             ),
+        }
+    }
+    if let Some(group) = &raw.group {
+        match nix::unistd::Group::from_name(group) {
+            Ok(Some(_)) => {}
+            Ok(None) => check.error(
+                &format!("\"{group}\""),
+                0,
+                "group".into(),
+                format!("no group named `{group}` on this system"),
+            ),
+            Err(e) => check.error(
+                &format!("\"{group}\""),
+                0,
+                "group".into(),
+                format!("looking up group `{group}` failed: {e}"),
+            ),
+        }
+        if raw.user.is_none() {
+            check.error(
+                "group:",
+                0,
+                "group".into(),
+                "`group` needs `user`: workers only switch credentials when `user` is set".into(),
+            );
         }
     }
     if raw.servers.is_empty() {
@@ -250,6 +268,20 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                 si,
                 field("max_header_bytes"),
                 format!("{max_header} bytes is out of range 1KiB..=1MiB"),
+            );
+        }
+        let rated = s.min_body_rate.0 > 0 || s.min_send_rate.0 > 0;
+        if rated && s.min_rate_grace.0 < std::time::Duration::from_secs(1) {
+            // A rate measured over less than a second would close clients for a TCP
+            // hiccup (and a zero period would never end).
+            check.error(
+                "min_rate_grace",
+                si,
+                field("min_rate_grace"),
+                format!(
+                    "{:?} is too short: a minimum rate is measured over at least 1s",
+                    s.min_rate_grace.0
+                ),
             );
         }
         let names: Vec<String> = s.names.iter().map(|n| n.to_ascii_lowercase()).collect();
@@ -374,6 +406,9 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
             send_timeout: s.send_timeout.0,
             max_header_bytes: max_header as usize,
             max_body_bytes: s.max_body_bytes.0,
+            min_body_rate: s.min_body_rate.0,
+            min_send_rate: s.min_send_rate.0,
+            min_rate_grace: s.min_rate_grace.0,
             routes,
         });
     }
@@ -393,6 +428,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
         multi_accept: raw.multi_accept,
         rlimit_nofile: raw.rlimit_nofile,
         user: raw.user,
+        group: raw.group,
         pid_file: resolve(&base, &raw.pid_file),
         shm_file: resolve(&base, &raw.shm_file),
         error_log: resolve_log(&base, &raw.error_log),
@@ -460,6 +496,8 @@ mod tests {
         assert_eq!(s.max_header_bytes, 16384);
         assert_eq!(s.max_body_bytes, 1 << 20);
         assert_eq!(s.keepalive_timeout.as_secs(), 15);
+        assert_eq!((s.min_body_rate, s.min_send_rate), (1024, 1024));
+        assert_eq!(s.min_rate_grace.as_secs(), 10);
         assert_eq!(
             s.routes[0].handler,
             Handler::Static {
@@ -644,6 +682,35 @@ mod tests {
             assert!(err.contains(bad), "{bad}: {err}");
         }
     }
+    #[test]
+    fn rates_take_a_size_per_second_or_zero() {
+        let d = site();
+        let with = |rate: &str| {
+            let text = format!(
+                r#"(servers: [(listen: ["127.0.0.1:8080"], min_body_rate: {rate}, routes: [(prefix: "/", handler: Liveness)])])"#
+            );
+            parse(&d.0, &text).map(|c| c.servers[0].min_body_rate)
+        };
+        assert_eq!(with(r#""1KiB/s""#), Ok(1024));
+        assert_eq!(with(r#""512B/s""#), Ok(512));
+        assert_eq!(with("0"), Ok(0));
+        for bad in [r#""1KiB""#, "100", r#""1KB/s""#, r#""fast/s""#] {
+            let err = with(bad).unwrap_err();
+            assert!(err.contains(":1:"), "{bad}: {err}");
+        }
+        let text = r#"(servers: [(listen: ["127.0.0.1:8080"], min_rate_grace: "0s", routes: [(prefix: "/", handler: Liveness)])])"#;
+        let err = parse(&d.0, text).unwrap_err();
+        assert!(
+            err.contains("min_rate_grace") && err.contains(":1:"),
+            "{err}"
+        );
+        let text = text.replace(
+            "min_rate_grace",
+            r#"min_body_rate: 0, min_send_rate: 0, min_rate_grace"#,
+        );
+        assert!(parse(&d.0, &text).is_ok(), "no rate, no period needed");
+    }
+
     #[test]
     fn unreadable_file_is_an_error() {
         let err = Config::load(Path::new("/nonexistent/forkd.ron")).unwrap_err();

@@ -18,10 +18,11 @@
 //! or the master for the master's and retired fields), so a read-modify-write needs no
 //! locked instruction.
 
+use super::counters::{Counter, COUNTER_CELLS, NAME_BYTES};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FORKDSHM");
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Worker slots in the region: live workers of every generation share them.
 pub const MAX_SLOTS: usize = 256;
 pub const MAX_LISTENERS: usize = 32;
@@ -78,23 +79,49 @@ impl Histogram {
     }
 }
 
-/// Counters that only grow (per worker, and retired).
+/// Counters that only grow (per worker, and retired): one cell per counter of the
+/// table in `counters` (its id is the cell number), spare cells for counters later
+/// builds add, and the latency histogram.
 #[repr(C)]
 pub struct Counters {
-    pub connections_accepted: AtomicU64,
-    pub connections_handled: AtomicU64,
-    pub requests: AtomicU64,
-    /// Final and interim responses by class: `[1xx, 2xx, 3xx, 4xx, 5xx]`.
-    pub responses: [AtomicU64; 5],
-    /// Requests whose client went away before the response was sent.
-    pub responses_499: AtomicU64,
-    pub bytes_in: AtomicU64,
-    pub bytes_out: AtomicU64,
-    /// Accept wake-ups that found the queue empty (thundering-herd waste).
-    pub accept_empty_wakeups: AtomicU64,
-    /// Times the worker reached `worker_connections` and stopped accepting.
-    pub connection_limit_hits: AtomicU64,
+    pub cells: [AtomicU64; COUNTER_CELLS],
     pub latency: Histogram,
+}
+
+/// Every 64-bit word of a [`Counters`] block, numbered `0..WORDS` in a fixed order:
+/// the cells, the histogram's buckets, its sum and its count. Folding and zeroing go
+/// word by word in this order (the fold's journal records a word number).
+pub const WORDS: usize = COUNTER_CELLS + BUCKETS + 2;
+
+impl Counters {
+    #[inline]
+    pub fn get(&self, c: Counter) -> &AtomicU64 {
+        &self.cells[c.cell()]
+    }
+
+    /// Adds `n` to counter `c` (this process being the row's only writer).
+    #[inline]
+    pub fn bump(&self, c: Counter, n: u64) {
+        bump(self.get(c), n);
+    }
+
+    /// Word `i` of the block (see [`WORDS`]).
+    pub fn word(&self, i: usize) -> &AtomicU64 {
+        if i < COUNTER_CELLS {
+            &self.cells[i]
+        } else if i < COUNTER_CELLS + BUCKETS {
+            &self.latency.buckets[i - COUNTER_CELLS]
+        } else if i == COUNTER_CELLS + BUCKETS {
+            &self.latency.sum_us
+        } else {
+            &self.latency.count
+        }
+    }
+
+    /// Every word, in [`WORDS`] order.
+    pub fn words(&self) -> impl Iterator<Item = &AtomicU64> {
+        (0..WORDS).map(|i| self.word(i))
+    }
 }
 
 /// Worker states in a slot.
@@ -166,14 +193,19 @@ impl<const N: usize> Text<N> {
         while !text.is_char_boundary(end) {
             end -= 1;
         }
-        self.seq.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        // Odd while writing; already odd only if a writer died mid-write.
+        let seq = self.seq.load(Relaxed) | 1;
+        self.seq.store(seq, Relaxed);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
         for (slot, b) in self.bytes.iter().zip(&text.as_bytes()[..end]) {
             slot.store(*b, Relaxed);
         }
         self.len.store(end as u32, Relaxed);
-        self.seq.fetch_add(1, std::sync::atomic::Ordering::Release);
+        self.seq
+            .store(seq + 1, std::sync::atomic::Ordering::Release);
     }
 
+    /// The text; empty if it stayed mid-write for a bounded number of readings.
     pub fn get(&self) -> String {
         for _ in 0..1000 {
             let before = self.seq.load(std::sync::atomic::Ordering::Acquire);
@@ -199,20 +231,64 @@ pub struct Header {
     pub slot_count: AtomicU32,
     pub region_size: AtomicU64,
     pub master_pid: AtomicI32,
-    _pad: AtomicU32,
+    /// Cells of `counter_names` that carry a name: the highest named id plus one.
+    pub counter_count: AtomicU32,
     /// Wall-clock start of the master, ms since the epoch.
     pub start_time_ms: AtomicU64,
     pub config_generation: AtomicU64,
     /// Odd while a master moves an exited worker's counters into `retired`.
     pub fold_seq: AtomicU64,
-    /// Held (non-zero) by a master folding: during a binary upgrade two masters share
-    /// the region.
+    /// The pid of the master folding, or 0: during a binary upgrade two masters share
+    /// the region. A master that finds it held by a dead process takes it over.
     pub fold_lock: AtomicU32,
+    /// The fold's journal, so a fold cut short by a dying master is finished exactly
+    /// (see `master::fold_slot`): the row being folded plus one (0: none),
+    pub fold_row: AtomicU32,
+    /// the word of the row being moved ([`NO_WORD`] before the first),
+    pub fold_word: AtomicU64,
+    /// and the retired value of that word before it was added to.
+    pub fold_base: AtomicU64,
+    /// The name of the counter in each cell, as the builds that used the region
+    /// declared it: a build checks that its ids mean the same counters before sharing
+    /// the region, and adds the names of its new ones.
+    pub counter_names: [CounterName; COUNTER_CELLS],
+}
+
+/// `fold_word` before the first word of a fold is moved.
+pub const NO_WORD: u64 = u64::MAX;
+
+/// A counter's name in the region's name table, NUL-padded. Written by a master before
+/// it forks workers, read when a master attaches.
+#[repr(C)]
+pub struct CounterName([AtomicU8; NAME_BYTES]);
+
+impl CounterName {
+    pub fn get(&self) -> String {
+        let bytes: Vec<u8> = self
+            .0
+            .iter()
+            .map(|b| b.load(Relaxed))
+            .take_while(|&b| b != 0)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Writes `name` (the table checks names fit when compiling).
+    pub fn set(&self, name: &str) {
+        let bytes = name.as_bytes();
+        for (i, cell) in self.0.iter().enumerate() {
+            cell.store(bytes.get(i).copied().unwrap_or(0), Relaxed);
+        }
+    }
 }
 
 #[repr(C, align(64))]
 pub struct MasterStats {
     pub respawns: AtomicU64,
+    /// The configuration generation every worker of the master serves, once they all
+    /// do (after start-up, a reload in place, or a new generation replacing the old):
+    /// `forkd -s reload` waits for the master's verdict rather than judging the rows.
+    pub generation_in_force: AtomicU64,
     pub reloads_ok: AtomicU64,
     pub reloads_failed: AtomicU64,
     pub upgrades_ok: AtomicU64,
@@ -315,6 +391,11 @@ mod tests {
     }
 
     #[test]
+    fn words_cover_the_counters_block() {
+        assert_eq!(std::mem::size_of::<Counters>(), WORDS * 8);
+    }
+
+    #[test]
     fn slots_are_cache_line_aligned() {
         assert_eq!(std::mem::align_of::<WorkerSlot>(), 64);
         assert_eq!(std::mem::size_of::<WorkerSlot>() % 64, 0);
@@ -325,6 +406,18 @@ mod tests {
         let t: Text<8> = unsafe_free_zeroed();
         t.set("héllo wörld");
         assert_eq!(t.get(), "héllo w");
+    }
+
+    #[test]
+    fn a_text_left_mid_write_reads_empty_and_the_next_set_repairs_it() {
+        let t: Text<8> = unsafe_free_zeroed();
+        t.set("first");
+        // A writer killed mid-write leaves the count odd.
+        t.seq.store(t.seq.load(Relaxed) + 1, Relaxed);
+        assert_eq!(t.get(), "");
+        t.set("second");
+        assert_eq!(t.seq.load(Relaxed) % 2, 0);
+        assert_eq!(t.get(), "second");
     }
 
     /// A zeroed Text built from atomics' constructors (no unsafe needed).

@@ -1,20 +1,28 @@
 //! The shared-memory stats region: written by the master and its workers, read by
 //! `forkd stats`, the `Status` and `Metrics` handlers, and anything else that maps it.
 //!
+//! - `counters`: the table of counters, declared once.
 //! - `layout`: what is where (all atomics), the latency histogram's buckets.
 //! - `mapping`: creating and mapping the file (the only `unsafe`).
-//! - `master`: what the master writes: slots of new workers, folding exited workers
-//!   into the retired totals, system counters.
+//! - `master`: what the master writes: slots of new workers, the counter names,
+//!   system counters.
+//! - `fold`: moving an exited worker's counters into the retired totals, crash-safe.
 //! - `snapshot`: the configuration the master publishes for workers to adopt.
+//! - `values`: counter values read out of the region, and their JSON.
 //! - `report`: a consistent reading of the region, as JSON, a table or Prometheus text.
 
+pub mod counters;
+pub mod fold;
 pub mod layout;
 pub mod mapping;
 pub mod master;
 pub mod report;
 pub mod snapshot;
+#[cfg(test)]
+mod testing;
+pub mod values;
 
-pub use mapping::{Region, ShmError};
+pub use mapping::{Region, RegionReader, ShmError};
 
 /// Wall-clock milliseconds since the epoch.
 pub fn now_ms() -> u64 {
@@ -29,4 +37,26 @@ pub fn monotonic_ms() -> u64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
         t.tv_sec() as u64 * 1000 + t.tv_nsec() as u64 / 1_000_000
     })
+}
+
+/// Whether `pid` names a running process (a zombie has stopped running: it holds no
+/// lock any more, it only waits to be reaped).
+pub fn process_alive(pid: i32) -> bool {
+    use nix::errno::Errno;
+    if pid <= 0 {
+        return false;
+    }
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(()) | Err(Errno::EPERM) => {}
+        Err(_) => return false,
+    }
+    // `/proc/PID/stat`: "pid (comm) S ...", the state after the last ')'.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z' | 'X')
+        ),
+        Err(_) => true,
+    }
 }

@@ -2,110 +2,26 @@
 //! --json`, the `Status` handler), a table (`forkd stats`) and Prometheus text (the
 //! `Metrics` handler). One reading, three formats, so they always agree.
 
-use super::layout::{bucket_bounds, Counters, Layout, WorkerState, BUCKETS};
+use super::counters::{
+    CounterDef, BYTES_IN, BYTES_OUT, CONNECTIONS_ACCEPTED, COUNTERS, REQUESTS, RESPONSES_1XX,
+    RESPONSES_2XX, RESPONSES_3XX, RESPONSES_499, RESPONSES_4XX, RESPONSES_5XX,
+};
+use super::layout::{Layout, WorkerState};
+pub use super::values::CounterValues;
+use serde::Serialize;
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::time::{Duration, Instant};
 
-/// Counter values read from a [`Counters`] block.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CounterValues {
-    pub connections_accepted: u64,
-    pub connections_handled: u64,
-    pub requests: u64,
-    pub responses: [u64; 5],
-    pub responses_499: u64,
-    pub bytes_in: u64,
-    pub bytes_out: u64,
-    pub accept_empty_wakeups: u64,
-    pub connection_limit_hits: u64,
-    pub latency_buckets: Vec<u64>,
-    pub latency_sum_us: u64,
-    pub latency_count: u64,
-}
-
-impl Default for CounterValues {
-    fn default() -> Self {
-        CounterValues {
-            connections_accepted: 0,
-            connections_handled: 0,
-            requests: 0,
-            responses: [0; 5],
-            responses_499: 0,
-            bytes_in: 0,
-            bytes_out: 0,
-            accept_empty_wakeups: 0,
-            connection_limit_hits: 0,
-            latency_buckets: vec![0; BUCKETS],
-            latency_sum_us: 0,
-            latency_count: 0,
-        }
-    }
-}
-
-impl CounterValues {
-    fn read(c: &Counters) -> CounterValues {
-        CounterValues {
-            connections_accepted: c.connections_accepted.load(Relaxed),
-            connections_handled: c.connections_handled.load(Relaxed),
-            requests: c.requests.load(Relaxed),
-            responses: std::array::from_fn(|i| c.responses[i].load(Relaxed)),
-            responses_499: c.responses_499.load(Relaxed),
-            bytes_in: c.bytes_in.load(Relaxed),
-            bytes_out: c.bytes_out.load(Relaxed),
-            accept_empty_wakeups: c.accept_empty_wakeups.load(Relaxed),
-            connection_limit_hits: c.connection_limit_hits.load(Relaxed),
-            latency_buckets: c.latency.buckets.iter().map(|b| b.load(Relaxed)).collect(),
-            latency_sum_us: c.latency.sum_us.load(Relaxed),
-            latency_count: c.latency.count.load(Relaxed),
-        }
-    }
-
-    fn add(&mut self, o: &CounterValues) {
-        self.connections_accepted += o.connections_accepted;
-        self.connections_handled += o.connections_handled;
-        self.requests += o.requests;
-        for i in 0..5 {
-            self.responses[i] += o.responses[i];
-        }
-        self.responses_499 += o.responses_499;
-        self.bytes_in += o.bytes_in;
-        self.bytes_out += o.bytes_out;
-        self.accept_empty_wakeups += o.accept_empty_wakeups;
-        self.connection_limit_hits += o.connection_limit_hits;
-        for (a, b) in self.latency_buckets.iter_mut().zip(&o.latency_buckets) {
-            *a += b;
-        }
-        self.latency_sum_us += o.latency_sum_us;
-        self.latency_count += o.latency_count;
-    }
-
-    /// The `q` quantile (0..=1) of request latency in µs: the midpoint of the bucket
-    /// holding it (within 3.1% of the true value). None without requests.
-    pub fn percentile(&self, q: f64) -> Option<u64> {
-        let total: u64 = self.latency_buckets.iter().sum();
-        if total == 0 {
-            return None;
-        }
-        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
-        let mut seen = 0;
-        for (i, &n) in self.latency_buckets.iter().enumerate() {
-            seen += n;
-            if seen >= rank {
-                let (lo, hi) = bucket_bounds(i);
-                return Some(if hi - lo == 1 { lo } else { (lo + hi) / 2 });
-            }
-        }
-        None
-    }
-}
-
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct WorkerReport {
     /// Index of the region slot.
+    #[serde(rename = "id")]
     pub index: usize,
     /// The worker's slot number (CPU, reuseport queue).
     pub worker: u32,
     pub pid: i32,
+    #[serde(serialize_with = "state_name")]
     pub state: WorkerState,
     pub generation: u64,
     pub started_ms: u64,
@@ -119,7 +35,7 @@ pub struct WorkerReport {
     pub counters: CounterValues,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ListenerReport {
     pub addr: String,
     pub queue_depth: u32,
@@ -134,11 +50,16 @@ pub struct Report {
     pub master_alive: bool,
     pub start_time_ms: u64,
     pub config_generation: u64,
+    /// The generation every worker of the master serves (see `MasterStats`).
+    pub generation_in_force: u64,
     pub respawns: u64,
     pub last_respawn_reason: String,
     pub reloads_ok: u64,
     pub reloads_failed: u64,
     pub last_reload_error: String,
+    pub upgrades_ok: u64,
+    pub upgrades_failed: u64,
+    pub last_upgrade_error: String,
     pub listen_overflows: u64,
     pub listeners: Vec<ListenerReport>,
     pub workers: Vec<WorkerReport>,
@@ -147,18 +68,79 @@ pub struct Report {
     pub totals: CounterValues,
 }
 
-/// Reads the region consistently: retried while the master is folding a worker.
-pub fn read(layout: &Layout) -> Report {
+/// How long a reader waits for a fold to end before it gives up on the reading. A fold
+/// takes microseconds; a count that stays odd this long belongs to a master that was
+/// stopped or killed mid-fold (the next fold, by any master, finishes it).
+pub const PATIENCE: Duration = Duration::from_millis(200);
+
+/// A reading that could not be made consistent within [`PATIENCE`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inconsistent {
+    /// The fold count, odd (a fold under way) or changing under the reader.
+    pub fold_seq: u64,
+    /// The process holding the fold lock (0: none), and whether it still runs.
+    pub holder: i32,
+    pub holder_alive: bool,
+}
+
+impl std::fmt::Display for Inconsistent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the stats region is inconsistent (a fold of a worker's counters is under way: \
+             fold_seq {}, ",
+            self.fold_seq
+        )?;
+        match (self.holder, self.holder_alive) {
+            (0, _) => write!(f, "no master holds the fold lock")?,
+            (pid, true) => write!(f, "held by master {pid}")?,
+            (pid, false) => write!(f, "held by process {pid}, which is gone")?,
+        }
+        write!(f, ") for {PATIENCE:?}")
+    }
+}
+
+impl std::error::Error for Inconsistent {}
+
+impl Inconsistent {
+    /// `{"error": "...", "retry": true}` and a newline: what the `Status` route answers
+    /// instead.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{}\n",
+            serde_json::json!({ "error": self.to_string(), "retry": true })
+        )
+    }
+}
+
+/// Reads the region consistently: retried while a master is folding a worker, for at
+/// most [`PATIENCE`] (the caller decides what to do then: a handler answers 503, the
+/// CLI says so and tries again).
+pub fn read(layout: &Layout) -> Result<Report, Inconsistent> {
+    let started = Instant::now();
+    let mut tries = 0u32;
     loop {
         let before = layout.header.fold_seq.load(Acquire);
-        if before % 2 == 1 {
-            std::thread::yield_now();
-            continue;
+        if before & 1 == 0 {
+            let report = read_once(layout);
+            std::sync::atomic::fence(Acquire);
+            if layout.header.fold_seq.load(Relaxed) == before {
+                return Ok(report);
+            }
         }
-        let report = read_once(layout);
-        std::sync::atomic::fence(Acquire);
-        if layout.header.fold_seq.load(Relaxed) == before {
-            return report;
+        if started.elapsed() >= PATIENCE {
+            let holder = layout.header.fold_lock.load(Relaxed) as i32;
+            return Err(Inconsistent {
+                fold_seq: before,
+                holder,
+                holder_alive: holder > 0 && super::process_alive(holder),
+            });
+        }
+        tries += 1;
+        if tries < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }
@@ -212,15 +194,18 @@ fn read_once(layout: &Layout) -> Report {
     Report {
         layout_version: h.layout_version.load(Relaxed),
         master_pid,
-        master_alive: master_pid > 0
-            && nix::sys::signal::kill(nix::unistd::Pid::from_raw(master_pid), None).is_ok(),
+        master_alive: super::process_alive(master_pid),
         start_time_ms: h.start_time_ms.load(Relaxed),
         config_generation: h.config_generation.load(Relaxed),
+        generation_in_force: layout.master.generation_in_force.load(Relaxed),
         respawns: layout.master.respawns.load(Relaxed),
         last_respawn_reason: layout.master.last_respawn_reason.get(),
         reloads_ok: layout.master.reloads_ok.load(Relaxed),
         reloads_failed: layout.master.reloads_failed.load(Relaxed),
         last_reload_error: layout.master.last_reload_error.get(),
+        upgrades_ok: layout.master.upgrades_ok.load(Relaxed),
+        upgrades_failed: layout.master.upgrades_failed.load(Relaxed),
+        last_upgrade_error: layout.master.last_upgrade_error.get(),
         listen_overflows: sys.listen_overflows.load(Relaxed),
         listeners,
         workers,
@@ -229,144 +214,76 @@ fn read_once(layout: &Layout) -> Report {
     }
 }
 
-fn json_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+fn state_name<S: serde::Serializer>(state: &WorkerState, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(state.name())
 }
 
-fn json_opt(v: Option<u64>) -> String {
-    v.map_or_else(|| "null".into(), |v| v.to_string())
+/// The JSON document: `Report` regrouped, borrowing its parts.
+#[derive(Serialize)]
+struct Json<'a> {
+    layout_version: u32,
+    master: JsonMaster<'a>,
+    system: JsonSystem<'a>,
+    workers: &'a [WorkerReport],
+    retired: &'a CounterValues,
+    totals: &'a CounterValues,
 }
 
-fn json_counters(out: &mut String, c: &CounterValues) {
-    let _ = write!(
-        out,
-        "{{\"connections_accepted\":{},\"connections_handled\":{},\"requests\":{},\
-         \"responses_1xx\":{},\"responses_2xx\":{},\"responses_3xx\":{},\"responses_4xx\":{},\
-         \"responses_5xx\":{},\"responses_499\":{},\"bytes_in\":{},\"bytes_out\":{},\
-         \"accept_empty_wakeups\":{},\"connection_limit_hits\":{},\
-         \"latency\":{{\"count\":{},\"sum_us\":{},\"p50_us\":{},\"p90_us\":{},\"p99_us\":{},\"p999_us\":{},\"buckets\":[",
-        c.connections_accepted,
-        c.connections_handled,
-        c.requests,
-        c.responses[0],
-        c.responses[1],
-        c.responses[2],
-        c.responses[3],
-        c.responses[4],
-        c.responses_499,
-        c.bytes_in,
-        c.bytes_out,
-        c.accept_empty_wakeups,
-        c.connection_limit_hits,
-        c.latency_count,
-        c.latency_sum_us,
-        json_opt(c.percentile(0.5)),
-        json_opt(c.percentile(0.9)),
-        json_opt(c.percentile(0.99)),
-        json_opt(c.percentile(0.999)),
-    );
-    // Only non-empty buckets, as [low_us, high_us, count].
-    let mut first = true;
-    for (i, &n) in c.latency_buckets.iter().enumerate() {
-        if n == 0 {
-            continue;
-        }
-        let (lo, hi) = bucket_bounds(i);
-        if !first {
-            out.push(',');
-        }
-        first = false;
-        let _ = write!(out, "[{lo},{hi},{n}]");
-    }
-    out.push_str("]}}");
+#[derive(Serialize)]
+struct JsonMaster<'a> {
+    pid: i32,
+    alive: bool,
+    start_time_ms: u64,
+    config_generation: u64,
+    generation_in_force: u64,
+    respawns: u64,
+    last_respawn_reason: &'a str,
+    reloads_ok: u64,
+    reloads_failed: u64,
+    last_reload_error: &'a str,
+    upgrades_ok: u64,
+    upgrades_failed: u64,
+    last_upgrade_error: &'a str,
+}
+
+#[derive(Serialize)]
+struct JsonSystem<'a> {
+    listen_overflows: u64,
+    listeners: &'a [ListenerReport],
 }
 
 impl Report {
-    /// Every counter, as one JSON object.
+    /// Every counter, as one JSON object (and a newline).
     pub fn to_json(&self) -> String {
-        let mut o = String::with_capacity(4096);
-        let _ = write!(
-            o,
-            "{{\"layout_version\":{},\"master\":{{\"pid\":{},\"alive\":{},\"start_time_ms\":{},\
-             \"config_generation\":{},\"respawns\":{},\"last_respawn_reason\":",
-            self.layout_version,
-            self.master_pid,
-            self.master_alive,
-            self.start_time_ms,
-            self.config_generation,
-            self.respawns
-        );
-        json_string(&mut o, &self.last_respawn_reason);
-        let _ = write!(
-            o,
-            ",\"reloads_ok\":{},\"reloads_failed\":{},\"last_reload_error\":",
-            self.reloads_ok, self.reloads_failed
-        );
-        json_string(&mut o, &self.last_reload_error);
-        let _ = write!(
-            o,
-            "}},\"system\":{{\"listen_overflows\":{},\"listeners\":[",
-            self.listen_overflows
-        );
-        for (i, l) in self.listeners.iter().enumerate() {
-            if i > 0 {
-                o.push(',');
-            }
-            o.push_str("{\"addr\":");
-            json_string(&mut o, &l.addr);
-            let _ = write!(
-                o,
-                ",\"queue_depth\":{},\"queue_max\":{}}}",
-                l.queue_depth, l.queue_max
-            );
-        }
-        o.push_str("]},\"workers\":[");
-        for (i, w) in self.workers.iter().enumerate() {
-            if i > 0 {
-                o.push(',');
-            }
-            let _ = write!(
-                o,
-                "{{\"id\":{},\"worker\":{},\"pid\":{},\"state\":\"{}\",\"generation\":{},\"started_ms\":{},\
-                 \"heartbeat_age_ms\":{},\"connections_active\":{},\"connections_reading\":{},\
-                 \"connections_writing\":{},\"connections_idle\":{},\"open_fds\":{},\"rss_bytes\":{},\"counters\":",
-                w.index,
-                w.worker,
-                w.pid,
-                w.state.name(),
-                w.generation,
-                w.started_ms,
-                w.heartbeat_age_ms,
-                w.connections_active,
-                w.connections_reading,
-                w.connections_writing,
-                w.connections_idle,
-                w.open_fds,
-                w.rss_bytes
-            );
-            json_counters(&mut o, &w.counters);
-            o.push('}');
-        }
-        o.push_str("],\"retired\":");
-        json_counters(&mut o, &self.retired);
-        o.push_str(",\"totals\":");
-        json_counters(&mut o, &self.totals);
-        o.push_str("}\n");
-        o
+        let doc = Json {
+            layout_version: self.layout_version,
+            master: JsonMaster {
+                pid: self.master_pid,
+                alive: self.master_alive,
+                start_time_ms: self.start_time_ms,
+                config_generation: self.config_generation,
+                generation_in_force: self.generation_in_force,
+                respawns: self.respawns,
+                last_respawn_reason: &self.last_respawn_reason,
+                reloads_ok: self.reloads_ok,
+                reloads_failed: self.reloads_failed,
+                last_reload_error: &self.last_reload_error,
+                upgrades_ok: self.upgrades_ok,
+                upgrades_failed: self.upgrades_failed,
+                last_upgrade_error: &self.last_upgrade_error,
+            },
+            system: JsonSystem {
+                listen_overflows: self.listen_overflows,
+                listeners: &self.listeners,
+            },
+            workers: &self.workers,
+            retired: &self.retired,
+            totals: &self.totals,
+        };
+        // Serialising plain structs, maps of string keys and numbers cannot fail.
+        let mut out = serde_json::to_string(&doc).expect("stats serialise to JSON");
+        out.push('\n');
+        out
     }
 
     /// A compact table: one row per worker and a totals row. Rates come from the
@@ -412,7 +329,7 @@ impl Report {
         let total_accepted: u64 = self
             .workers
             .iter()
-            .map(|w| w.counters.connections_accepted)
+            .map(|w| w.counters[CONNECTIONS_ACCEPTED])
             .sum();
         let rate = |now: u64, before: Option<u64>| -> String {
             match before {
@@ -433,12 +350,12 @@ impl Report {
                 p.workers
                     .iter()
                     .find(|pw| pw.index == w.index && pw.pid == w.pid)
-                    .map(|pw| pw.counters.requests)
+                    .map(|pw| pw.counters[REQUESTS])
             });
             let share = if total_accepted > 0 {
                 format!(
                     "{:.1}%",
-                    100.0 * w.counters.connections_accepted as f64 / total_accepted as f64
+                    100.0 * w.counters[CONNECTIONS_ACCEPTED] as f64 / total_accepted as f64
                 )
             } else {
                 "-".into()
@@ -452,11 +369,11 @@ impl Report {
                 w.state.name(),
                 w.generation,
                 format!("{:.1}s", w.heartbeat_age_ms as f64 / 1000.0),
-                rate(w.counters.requests, before),
+                rate(w.counters[REQUESTS], before),
                 w.connections_active,
                 human_us(w.counters.percentile(0.5)),
                 human_us(w.counters.percentile(0.99)),
-                w.counters.connections_accepted,
+                w.counters[CONNECTIONS_ACCEPTED],
                 share
             );
         }
@@ -470,26 +387,26 @@ impl Report {
             "",
             "",
             "",
-            rate(self.totals.requests, previous.map(|p| p.totals.requests)),
+            rate(self.totals[REQUESTS], previous.map(|p| p.totals[REQUESTS])),
             active,
             human_us(self.totals.percentile(0.5)),
             human_us(self.totals.percentile(0.99)),
-            self.totals.connections_accepted,
+            self.totals[CONNECTIONS_ACCEPTED],
             ""
         );
         let t = &self.totals;
         let _ = writeln!(
             o,
             "requests {}  1xx {} 2xx {} 3xx {} 4xx {} 5xx {} 499 {}  in {} B  out {} B",
-            t.requests,
-            t.responses[0],
-            t.responses[1],
-            t.responses[2],
-            t.responses[3],
-            t.responses[4],
-            t.responses_499,
-            t.bytes_in,
-            t.bytes_out
+            t[REQUESTS],
+            t[RESPONSES_1XX],
+            t[RESPONSES_2XX],
+            t[RESPONSES_3XX],
+            t[RESPONSES_4XX],
+            t[RESPONSES_5XX],
+            t[RESPONSES_499],
+            t[BYTES_IN],
+            t[BYTES_OUT]
         );
         o
     }
@@ -508,63 +425,33 @@ impl Report {
             .map(|w| (w.index.to_string(), &w.counters))
             .chain(std::iter::once(("retired".to_string(), &self.retired)))
             .collect();
-        type Get = fn(&CounterValues) -> u64;
-        let counters: [(&str, &str, Get); 10] = [
-            (
-                "forkd_connections_accepted_total",
-                "Connections accepted.",
-                |c| c.connections_accepted,
-            ),
-            (
-                "forkd_connections_handled_total",
-                "Connections closed after being served.",
-                |c| c.connections_handled,
-            ),
-            ("forkd_requests_total", "Requests answered.", |c| c.requests),
-            (
-                "forkd_client_closed_requests_total",
-                "Requests whose client went away before the response (499).",
-                |c| c.responses_499,
-            ),
-            (
-                "forkd_received_bytes_total",
-                "Bytes read from clients.",
-                |c| c.bytes_in,
-            ),
-            ("forkd_sent_bytes_total", "Bytes written to clients.", |c| {
-                c.bytes_out
-            }),
-            (
-                "forkd_accept_empty_wakeups_total",
-                "Accept wake-ups that found no connection.",
-                |c| c.accept_empty_wakeups,
-            ),
-            (
-                "forkd_connection_limit_hits_total",
-                "Times a worker reached worker_connections.",
-                |c| c.connection_limit_hits,
-            ),
-            ("forkd_request_duration_seconds_sum", "", |c| {
-                c.latency_sum_us
-            }),
-            ("forkd_request_duration_seconds_count", "", |c| {
-                c.latency_count
-            }),
-        ];
-        for (name, help, get) in &counters[..8] {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
-            for (label, c) in &live {
-                let _ = writeln!(o, "{name}{{worker=\"{label}\"}} {}", get(c));
+        // One family per distinct name of the counter table, in table order; a family
+        // of several counters (responses by class) tells them apart by their label.
+        let mut families: Vec<&str> = Vec::new();
+        for def in COUNTERS {
+            if !families.contains(&def.prometheus) {
+                families.push(def.prometheus);
             }
         }
-        let _ = writeln!(o, "# HELP forkd_responses_total Responses by status class.\n# TYPE forkd_responses_total counter");
-        for (label, c) in &live {
-            for (i, n) in c.responses.iter().enumerate() {
-                let _ = writeln!(
-                    o,
-                    "forkd_responses_total{{worker=\"{label}\",class=\"{}xx\"}} {n}",
-                    i + 1
-                );
+        for family in families {
+            let members: Vec<&CounterDef> =
+                COUNTERS.iter().filter(|d| d.prometheus == family).collect();
+            let _ = writeln!(
+                o,
+                "# HELP {family} {}\n# TYPE {family} counter",
+                members[0].help
+            );
+            for (label, c) in &live {
+                for def in &members {
+                    let extra = def
+                        .label
+                        .map_or_else(String::new, |(k, v)| format!(",{k}=\"{v}\""));
+                    let _ = writeln!(
+                        o,
+                        "{family}{{worker=\"{label}\"{extra}}} {}",
+                        c[def.counter]
+                    );
+                }
             }
         }
         let _ = writeln!(
@@ -580,7 +467,7 @@ impl Report {
             for k in 4..=25u32 {
                 let edge_index = 16 + (k as usize - 4) * 16;
                 while next < edge_index {
-                    cumulative += c.latency_buckets[next];
+                    cumulative += c.latency.buckets[next];
                     next += 1;
                 }
                 let _ = writeln!(
@@ -592,17 +479,17 @@ impl Report {
             let _ = writeln!(
                 o,
                 "forkd_request_duration_seconds_bucket{{worker=\"{label}\",le=\"+Inf\"}} {}",
-                c.latency_count
+                c.latency.count
             );
             let _ = writeln!(
                 o,
                 "forkd_request_duration_seconds_sum{{worker=\"{label}\"}} {}",
-                seconds(c.latency_sum_us as f64)
+                seconds(c.latency.sum_us as f64)
             );
             let _ = writeln!(
                 o,
                 "forkd_request_duration_seconds_count{{worker=\"{label}\"}} {}",
-                c.latency_count
+                c.latency.count
             );
         }
         type Gauge = fn(&WorkerReport) -> String;
@@ -721,7 +608,7 @@ mod tests {
         let mut c = CounterValues::default();
         let values: Vec<u64> = (1..=10_000).map(|i| i * 37 % 50_000 + 100).collect();
         for &v in &values {
-            c.latency_buckets[bucket_of(v)] += 1;
+            c.latency.buckets[bucket_of(v)] += 1;
         }
         let mut sorted = values.clone();
         sorted.sort_unstable();
@@ -751,9 +638,10 @@ mod tests {
             connections_idle: 0,
             open_fds: 0,
             rss_bytes: 0,
-            counters: CounterValues {
-                requests,
-                ..CounterValues::default()
+            counters: {
+                let mut c = CounterValues::default();
+                c[REQUESTS] = requests;
+                c
             },
         };
         let report = Report {
@@ -762,11 +650,15 @@ mod tests {
             master_alive: true,
             start_time_ms: 0,
             config_generation: 1,
+            generation_in_force: 1,
             respawns: 0,
             last_respawn_reason: String::new(),
             reloads_ok: 0,
             reloads_failed: 0,
             last_reload_error: String::new(),
+            upgrades_ok: 0,
+            upgrades_failed: 0,
+            last_upgrade_error: String::new(),
             listen_overflows: 0,
             listeners: Vec::new(),
             workers: vec![

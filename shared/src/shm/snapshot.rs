@@ -44,7 +44,9 @@ pub fn publish(
     if text.len() > SNAPSHOT_BYTES {
         return Err(TooLarge { len: text.len() });
     }
-    area.seq.fetch_add(1, Release); // odd: writing
+    // Odd: writing. Already odd only after a master died mid-publish; it ends even.
+    let seq = area.seq.load(Relaxed) | 1;
+    area.seq.store(seq, Relaxed);
     std::sync::atomic::fence(Release);
     for (slot, b) in area.data.iter().zip(text.as_bytes()) {
         slot.store(*b, Relaxed);
@@ -53,13 +55,19 @@ pub fn publish(
     area.path.set(path);
     area.generation.store(generation, Relaxed);
     area.publisher.store(publisher, Relaxed);
-    area.seq.fetch_add(1, Release); // even: done
+    area.seq.store(seq + 1, Release); // even: done
     Ok(())
 }
 
-/// Reads the published snapshot; None when nothing was published yet.
+/// Attempts a reader makes before giving up: a publish takes microseconds, and a worker
+/// calls this from its event loop, so it never waits (it tries again next turn).
+const ATTEMPTS: u32 = 64;
+
+/// Reads the published snapshot. None when nothing was published yet, or when the area
+/// stayed mid-write for [`ATTEMPTS`] readings (a master stopped or killed while
+/// publishing): the caller tries again later, and the next publish repairs the count.
 pub fn read(area: &SnapshotArea) -> Option<Snapshot> {
-    loop {
+    for _ in 0..ATTEMPTS {
         let before = area.seq.load(Acquire);
         if before % 2 == 1 {
             std::thread::yield_now();
@@ -83,5 +91,29 @@ pub fn read(area: &SnapshotArea) -> Option<Snapshot> {
             path,
             text: String::from_utf8_lossy(&bytes).into_owned(),
         });
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shm::testing::TempRegion;
+    use crate::shm::Region;
+
+    #[test]
+    fn a_snapshot_left_mid_write_reads_as_none_and_the_next_publish_repairs_it() {
+        let tmp = TempRegion::new("snapshot");
+        let region = Region::create(&tmp.0, 1, None).unwrap();
+        let area = &region.layout().snapshot;
+        publish(area, 1, 1, "/etc/forkd.ron", "(workers: Auto)").unwrap();
+        assert_eq!(read(area).unwrap().generation, 1);
+        // A master killed while publishing leaves the count odd.
+        area.seq.store(area.seq.load(Relaxed) + 1, Release);
+        assert_eq!(read(area), None);
+        publish(area, 1, 2, "/etc/forkd.ron", "(workers: Count(2))").unwrap();
+        assert_eq!(area.seq.load(Relaxed) % 2, 0);
+        let s = read(area).unwrap();
+        assert_eq!((s.generation, s.text.as_str()), (2, "(workers: Count(2))"));
     }
 }

@@ -14,8 +14,13 @@ pub enum Probe {
     Readiness,
 }
 
+/// GET and HEAD only.
+pub fn allows(method: Method) -> bool {
+    method != Method::Other
+}
+
 pub fn serve(probe: Probe, method: Method, draining: bool, reply: &mut Reply) -> Outcome {
-    if method == Method::Other {
+    if !allows(method) {
         let mut outcome = reply.error(Status::METHOD_NOT_ALLOWED, &[("Allow", b"GET, HEAD")]);
         outcome.logged = false;
         return outcome;

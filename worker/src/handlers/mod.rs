@@ -7,8 +7,24 @@ pub mod health;
 pub mod static_files;
 pub mod status;
 
+use crate::http::request::Method;
 use crate::http::response::{self, Persistence, Status};
 use crate::out::OutQueue;
+use forkd_shared::config::Handler;
+
+/// Whether `handler` answers `method` with anything but 405: known from the head
+/// alone, so that a request whose body would be wasted is answered before it is sent
+/// (instead of `100 Continue`). Each handler module says its own methods.
+pub fn allows(handler: &Handler, method: Method) -> bool {
+    match handler {
+        Handler::Liveness | Handler::Readiness => health::allows(method),
+        Handler::Static { .. } => static_files::allows(method),
+        // `status::serve` answers GET and HEAD, like the probes.
+        Handler::Status | Handler::Metrics => health::allows(method),
+        // The upstream decides.
+        Handler::Proxy { .. } => true,
+    }
+}
 
 /// Where a handler writes its response, and how the connection wants it framed.
 pub struct Reply<'a> {

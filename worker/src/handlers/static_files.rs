@@ -3,12 +3,13 @@
 //! ranges (206 / 416).
 //!
 //! A request path is mapped to a file as nginx's `root` does (root + path), after
-//! [`crate::http::path::normalize`] has made sure it cannot climb out of the root; a
-//! symlink that points outside the root is refused too.
+//! [`crate::http::path::normalize`] (called by the router, before the route is chosen)
+//! has made sure it cannot climb out of the root; a symlink that points outside the
+//! root is refused too.
 
 use super::{Outcome, Reply};
 use crate::file_cache::{CachedFile, FileCache};
-use crate::http::path::{self, PathError};
+use crate::http::path;
 use crate::http::range::{self, RangeSpec};
 use crate::http::request::{Method, Request};
 use crate::http::response::{self, Status};
@@ -36,21 +37,29 @@ enum Resolved {
     Status(Status),
 }
 
+/// GET and HEAD only.
+pub fn allows(method: Method) -> bool {
+    method != Method::Other
+}
+
+/// Serves `path`, the request's path as [`path::normalize`] made it (the router
+/// normalises it once, before choosing the route).
 pub fn serve(
     route: &StaticRoute,
     req: &Request,
+    path: &[u8],
     cache: &mut FileCache,
     now_secs: u64,
     reply: &mut Reply,
 ) -> Outcome {
-    if req.method == Method::Other {
+    if !allows(req.method) {
         return reply.error(Status::METHOD_NOT_ALLOWED, &[("Allow", b"GET, HEAD")]);
     }
-    let file = match cache.get(route.id, req.path, now_secs) {
+    let file = match cache.get(route.id, path, now_secs) {
         Some(file) => file,
-        None => match resolve(route, req.path, now_secs) {
+        None => match resolve(route, path, now_secs) {
             Resolved::File(file) => {
-                cache.insert(route.id, req.path, file.clone());
+                cache.insert(route.id, path, file.clone());
                 file
             }
             Resolved::Redirect(path) => return redirect(&path, req.query, reply),
@@ -74,15 +83,9 @@ fn redirect(normalized: &[u8], query: Option<&[u8]>, reply: &mut Reply) -> Outco
     reply.error(Status::MOVED_PERMANENTLY, &[("Location", &location)])
 }
 
-fn resolve(route: &StaticRoute, raw_path: &[u8], now_secs: u64) -> Resolved {
-    let normalized = match path::normalize(raw_path) {
-        Ok(p) => p,
-        Err(
-            PathError::Malformed | PathError::Nul | PathError::EncodedSlash | PathError::Escapes,
-        ) => return Resolved::Status(Status::BAD_REQUEST),
-    };
+fn resolve(route: &StaticRoute, normalized: &[u8], now_secs: u64) -> Resolved {
     let mut full = route.root.as_os_str().to_os_string().into_vec();
-    full.extend_from_slice(&normalized);
+    full.extend_from_slice(normalized);
     let full = PathBuf::from(OsString::from_vec(full));
     if normalized.ends_with(b"/") {
         for name in route.index {
@@ -102,7 +105,7 @@ fn resolve(route: &StaticRoute, raw_path: &[u8], now_secs: u64) -> Resolved {
     match open_regular(&full, route.root, now_secs) {
         Ok(Some(file)) => Resolved::File(Rc::new(file)),
         Ok(None) if full.is_dir() && inside_root(&full, route.root) => {
-            Resolved::Redirect(normalized)
+            Resolved::Redirect(normalized.to_vec())
         }
         Ok(None) => Resolved::Status(Status::NOT_FOUND),
         Err(status) => Resolved::Status(status),

@@ -1,10 +1,12 @@
 //! The `Status` (JSON) and `Metrics` (Prometheus) handlers: the shared-memory stats,
-//! read the same way `forkd stats` reads them.
+//! read the same way `forkd stats` reads them. A reading that cannot be made
+//! consistent in bounded time (a master died mid-fold) is a 503 saying so, never a
+//! worker waiting.
 
 use super::{Outcome, Reply};
 use crate::http::request::Method;
 use crate::http::response::{self, Status};
-use forkd_shared::shm::{report, Region};
+use forkd_shared::shm::Region;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -16,18 +18,27 @@ pub fn serve(format: Format, method: Method, region: &Region, reply: &mut Reply)
     if method == Method::Other {
         return reply.error(Status::METHOD_NOT_ALLOWED, &[("Allow", b"GET, HEAD")]);
     }
-    let report = report::read(region.layout());
-    let (body, content_type) = match format {
-        Format::Json => (report.to_json(), "application/json"),
-        Format::Prometheus => (
+    let (status, body, content_type) = match (region.report(), format) {
+        (Ok(report), Format::Json) => (Status::OK, report.to_json(), "application/json"),
+        (Ok(report), Format::Prometheus) => (
+            Status::OK,
             report.to_prometheus(),
             "text/plain; version=0.0.4; charset=utf-8",
         ),
+        (Err(e), Format::Json) => (Status::SERVICE_UNAVAILABLE, e.to_json(), "application/json"),
+        (Err(e), Format::Prometheus) => (
+            Status::SERVICE_UNAVAILABLE,
+            format!("{e}; retry later\n"),
+            "text/plain; charset=utf-8",
+        ),
     };
     let out = reply.out.bytes();
-    response::start(out, Status::OK, reply.date);
+    response::start(out, status, reply.date);
     response::header(out, "Content-Type", content_type.as_bytes());
     out.extend_from_slice(b"Cache-Control: no-store\r\n");
+    if status != Status::OK {
+        out.extend_from_slice(b"Retry-After: 1\r\n");
+    }
     response::content_length(out, body.len() as u64);
     response::finish(out, reply.persistence);
     let body_bytes = if reply.head_only {
@@ -37,7 +48,7 @@ pub fn serve(format: Format, method: Method, region: &Region, reply: &mut Reply)
         body.len() as u64
     };
     Outcome {
-        status: Status::OK,
+        status,
         body_bytes,
         logged: true,
     }

@@ -1,8 +1,35 @@
-//! The chunked transfer coding (RFC 9112 §7.1), decoded and discarded.
+//! The chunked transfer coding (RFC 9112 §7.1), decoded incrementally.
 //!
 //! Strict on framing, because a lenient decoder is how request smuggling starts: the
 //! size must be hex (at most 16 digits), lines end in CRLF, data is followed by CRLF.
-//! Chunk extensions and trailer fields are skipped.
+//!
+//! Chunk extensions and trailer fields are skipped, but never without bound: both are
+//! metadata a client can make as long as it likes, and a body limit that counts only
+//! data would let it stream any amount of metadata into a connection.
+//! - A chunk extension (the bytes between the size and the CR of a chunk line) may be
+//!   at most [`MAX_EXTENSION_BYTES`] on one line and [`MAX_EXTENSIONS_TOTAL`] in one
+//!   body; more is 400.
+//! - The trailer section (every byte after the last chunk's line, the final empty line
+//!   included) is a header section, so it gets a head's budget: at most
+//!   `max_trailer_bytes` (the server's `max_header_bytes`) and [`MAX_HEADERS`] fields;
+//!   more is 431.
+//!
+//! Every limit is checked on the byte that crosses it, so the answer goes out at once
+//! instead of after the client has sent the rest.
+
+use super::request::MAX_HEADERS;
+use super::response::Status;
+
+/// Extension bytes one chunk line may carry. The extensions in use (a name, perhaps a
+/// short value) take tens of bytes; 4 KiB leaves a hundredfold room for a signature
+/// or a checksum, and is a quarter of the default `max_header_bytes`, so a chunk line
+/// never gets more room than a header field line could reasonably take.
+pub const MAX_EXTENSION_BYTES: usize = 4 * 1024;
+
+/// Extension bytes one body may carry, across all its chunk lines. Without it, a body of
+/// one-byte chunks could carry 4 KiB of extension per byte of data (4 GiB for a 1 MiB
+/// body). 16 KiB is the budget hyper and Node.js settled on for the same reason.
+pub const MAX_EXTENSIONS_TOTAL: usize = 16 * 1024;
 
 /// Why a chunked body was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -11,6 +38,32 @@ pub enum ChunkedError {
     BadFraming,
     /// The body's decoded size went over the limit.
     TooLarge,
+    /// A chunk line's extension over [`MAX_EXTENSION_BYTES`], or a body's extensions
+    /// over [`MAX_EXTENSIONS_TOTAL`].
+    ExtensionTooLong,
+    /// The trailer section over `max_trailer_bytes`, or more than [`MAX_HEADERS`] fields.
+    TrailersTooLarge,
+}
+
+impl ChunkedError {
+    /// The status that answers the request.
+    pub fn status(self) -> Status {
+        match self {
+            ChunkedError::BadFraming | ChunkedError::ExtensionTooLong => Status::BAD_REQUEST,
+            ChunkedError::TooLarge => Status::CONTENT_TOO_LARGE,
+            ChunkedError::TrailersTooLarge => Status::HEADER_FIELDS_TOO_LARGE,
+        }
+    }
+
+    /// A short reason for the error log.
+    pub fn reason(self) -> &'static str {
+        match self {
+            ChunkedError::BadFraming => "invalid chunked framing",
+            ChunkedError::TooLarge => "chunked body too large",
+            ChunkedError::ExtensionTooLong => "chunk extension too long",
+            ChunkedError::TrailersTooLarge => "trailer section too large",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,8 +72,10 @@ enum State {
     Size {
         digits: u8,
     },
-    /// After the size: skipping a chunk extension up to CR.
-    Extension,
+    /// After the size: skipping a chunk extension up to CR; `len` bytes so far.
+    Extension {
+        len: usize,
+    },
     /// Expecting the LF of the size line.
     SizeLf,
     /// Skipping `remaining` bytes of chunk data.
@@ -40,25 +95,35 @@ enum State {
     Done,
 }
 
-/// Decodes a chunked body incrementally, discarding the data.
+/// Decodes a chunked body incrementally.
 #[derive(Debug, Clone)]
 pub struct ChunkedDecoder {
     state: State,
     size: u64,
     remaining: u64,
+    /// Sum of the sizes declared so far.
     total: u64,
     limit: u64,
+    extensions: usize,
+    trailer_bytes: usize,
+    trailer_fields: usize,
+    max_trailer_bytes: usize,
 }
 
 impl ChunkedDecoder {
-    /// A decoder that rejects bodies larger than `limit` decoded bytes.
-    pub fn new(limit: u64) -> Self {
+    /// A decoder that rejects bodies larger than `limit` decoded bytes and trailer
+    /// sections larger than `max_trailer_bytes`.
+    pub fn new(limit: u64, max_trailer_bytes: usize) -> Self {
         ChunkedDecoder {
             state: State::Size { digits: 0 },
             size: 0,
             remaining: 0,
             total: 0,
             limit,
+            extensions: 0,
+            trailer_bytes: 0,
+            trailer_fields: 0,
+            max_trailer_bytes,
         }
     }
 
@@ -67,13 +132,24 @@ impl ChunkedDecoder {
         self.state == State::Done
     }
 
-    /// Consumes bytes of `input`; returns how many belong to the body. Stops at the end
-    /// of the body, so any bytes after that are the next request.
+    /// Consumes bytes of `input`, discarding the data; returns how many belong to the
+    /// body. Stops at the end of the body, so any bytes after that are the next request.
     pub fn decode(&mut self, input: &[u8]) -> Result<usize, ChunkedError> {
+        self.decode_into(input, |_| {})
+    }
+
+    /// Like [`decode`](Self::decode), handing every run of chunk data to `data` in order.
+    /// After an error nothing more may be fed.
+    pub fn decode_into(
+        &mut self,
+        input: &[u8],
+        mut data: impl FnMut(&[u8]),
+    ) -> Result<usize, ChunkedError> {
         let mut i = 0;
         while i < input.len() {
             if self.state == State::Data {
                 let take = self.remaining.min((input.len() - i) as u64) as usize;
+                data(&input[i..i + take]);
                 i += take;
                 self.remaining -= take as u64;
                 if self.remaining == 0 {
@@ -83,6 +159,15 @@ impl ChunkedDecoder {
             }
             let b = input[i];
             i += 1;
+            if matches!(
+                self.state,
+                State::TrailerStart | State::TrailerLine | State::TrailerLf | State::EndLf
+            ) {
+                self.trailer_bytes += 1;
+                if self.trailer_bytes > self.max_trailer_bytes {
+                    return Err(ChunkedError::TrailersTooLarge);
+                }
+            }
             self.state = match self.state {
                 State::Size { digits } => match hex_value(b) {
                     Some(v) => {
@@ -95,14 +180,14 @@ impl ChunkedDecoder {
                     None if digits == 0 => return Err(ChunkedError::BadFraming),
                     None => match b {
                         b'\r' => State::SizeLf,
-                        b';' | b' ' | b'\t' => State::Extension,
+                        b';' | b' ' | b'\t' => self.extension_byte(0)?,
                         _ => return Err(ChunkedError::BadFraming),
                     },
                 },
-                State::Extension => match b {
+                State::Extension { len } => match b {
                     b'\r' => State::SizeLf,
                     b'\n' => return Err(ChunkedError::BadFraming),
-                    _ => State::Extension,
+                    _ => self.extension_byte(len)?,
                 },
                 State::SizeLf => {
                     if b != b'\n' {
@@ -129,7 +214,13 @@ impl ChunkedDecoder {
                 State::TrailerStart => match b {
                     b'\r' => State::EndLf,
                     b'\n' => return Err(ChunkedError::BadFraming),
-                    _ => State::TrailerLine,
+                    _ => {
+                        self.trailer_fields += 1;
+                        if self.trailer_fields > MAX_HEADERS {
+                            return Err(ChunkedError::TrailersTooLarge);
+                        }
+                        State::TrailerLine
+                    }
                 },
                 State::TrailerLine => match b {
                     b'\r' => State::TrailerLf,
@@ -147,6 +238,15 @@ impl ChunkedDecoder {
         }
         Ok(i)
     }
+
+    /// Counts one more byte of extension on a line that had `len`.
+    fn extension_byte(&mut self, len: usize) -> Result<State, ChunkedError> {
+        self.extensions += 1;
+        if len >= MAX_EXTENSION_BYTES || self.extensions > MAX_EXTENSIONS_TOTAL {
+            return Err(ChunkedError::ExtensionTooLong);
+        }
+        Ok(State::Extension { len: len + 1 })
+    }
 }
 
 fn hex_value(b: u8) -> Option<u8> {
@@ -162,8 +262,10 @@ fn hex_value(b: u8) -> Option<u8> {
 mod tests {
     use super::*;
 
+    const TRAILERS: usize = 16 * 1024;
+
     fn decode_all(input: &[u8], limit: u64) -> Result<(usize, bool), ChunkedError> {
-        let mut d = ChunkedDecoder::new(limit);
+        let mut d = ChunkedDecoder::new(limit, TRAILERS);
         let n = d.decode(input)?;
         Ok((n, d.is_done()))
     }
@@ -176,6 +278,19 @@ mod tests {
     }
 
     #[test]
+    fn data_is_handed_over_in_order() {
+        let mut d = ChunkedDecoder::new(100, TRAILERS);
+        let mut got = Vec::new();
+        let body = b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n";
+        for piece in body.chunks(4) {
+            d.decode_into(piece, |data| got.extend_from_slice(data))
+                .unwrap();
+        }
+        assert!(d.is_done());
+        assert_eq!(got, b"hello world");
+    }
+
+    #[test]
     fn trailers_are_skipped() {
         let body = b"3\r\nabc\r\n0\r\nX-Sum: 1\r\nY: 2\r\n\r\n";
         assert_eq!(decode_all(body, 100), Ok((body.len(), true)));
@@ -184,7 +299,7 @@ mod tests {
     #[test]
     fn byte_at_a_time_gives_same_result() {
         let body = b"A\r\n0123456789\r\n0\r\n\r\n";
-        let mut d = ChunkedDecoder::new(100);
+        let mut d = ChunkedDecoder::new(100, TRAILERS);
         for (i, b) in body.iter().enumerate() {
             assert!(!d.is_done(), "done early at {i}");
             assert_eq!(d.decode(std::slice::from_ref(b)), Ok(1));
@@ -227,5 +342,105 @@ mod tests {
             decode_all(b"ffffffffffffffff\r\n", u64::MAX),
             Ok((18, false))
         );
+    }
+
+    /// `size;` followed by `ext` bytes of extension, without the CR.
+    fn line_with_extension(size: &str, ext: usize) -> Vec<u8> {
+        let mut line = format!("{size};").into_bytes();
+        line.resize(line.len() + ext - 1, b'x');
+        line
+    }
+
+    #[test]
+    fn an_extension_up_to_the_limit_is_skipped() {
+        let mut body = line_with_extension("3", MAX_EXTENSION_BYTES);
+        body.extend_from_slice(b"\r\nabc\r\n0\r\n\r\n");
+        assert_eq!(decode_all(&body, 100), Ok((body.len(), true)));
+    }
+
+    #[test]
+    fn a_long_extension_is_refused_on_the_byte_over_the_limit() {
+        // Issue 10: 64 MiB of extension used to be read to its end.
+        let line = line_with_extension("3", MAX_EXTENSION_BYTES + 1);
+        let mut d = ChunkedDecoder::new(100, TRAILERS);
+        assert_eq!(
+            d.decode(&line[..line.len() - 1]),
+            Ok(line.len() - 1),
+            "the limit itself is allowed"
+        );
+        assert_eq!(
+            d.decode(&line[line.len() - 1..]),
+            Err(ChunkedError::ExtensionTooLong)
+        );
+        assert_eq!(ChunkedError::ExtensionTooLong.status(), Status::BAD_REQUEST);
+        // The last chunk's line has the same bound.
+        let line = line_with_extension("0", MAX_EXTENSION_BYTES + 1);
+        assert_eq!(decode_all(&line, 100), Err(ChunkedError::ExtensionTooLong));
+    }
+
+    #[test]
+    fn extensions_are_bounded_per_body() {
+        // Many short extensions, each well under the per-line limit.
+        let line = line_with_extension("1", 1000);
+        let mut body = Vec::new();
+        let lines = MAX_EXTENSIONS_TOTAL / 1000 + 1;
+        for _ in 0..lines {
+            body.extend_from_slice(&line);
+            body.extend_from_slice(b"\r\na\r\n");
+        }
+        body.extend_from_slice(b"0\r\n\r\n");
+        assert_eq!(
+            decode_all(&body, u64::MAX),
+            Err(ChunkedError::ExtensionTooLong)
+        );
+        let fits = lines - 1;
+        let mut ok = Vec::new();
+        for _ in 0..fits {
+            ok.extend_from_slice(&line);
+            ok.extend_from_slice(b"\r\na\r\n");
+        }
+        ok.extend_from_slice(b"0\r\n\r\n");
+        assert_eq!(decode_all(&ok, u64::MAX), Ok((ok.len(), true)));
+    }
+
+    #[test]
+    fn trailer_section_is_bounded_by_max_trailer_bytes() {
+        // "X: aaa\r\n" (8 bytes) + final "\r\n": a section of 10 bytes.
+        let body = b"0\r\nX: aaa\r\n\r\n";
+        let mut d = ChunkedDecoder::new(100, 10);
+        assert_eq!(d.decode(body), Ok(body.len()));
+        assert!(d.is_done());
+        let mut d = ChunkedDecoder::new(100, 9);
+        assert_eq!(d.decode(body), Err(ChunkedError::TrailersTooLarge));
+        assert_eq!(
+            ChunkedError::TrailersTooLarge.status(),
+            Status::HEADER_FIELDS_TOO_LARGE
+        );
+    }
+
+    #[test]
+    fn an_endless_trailer_is_refused_at_the_limit() {
+        // Issue 10: 64 MiB of trailer fields used to be read to their end.
+        let mut d = ChunkedDecoder::new(100, 1024);
+        assert_eq!(d.decode(b"0\r\n"), Ok(3));
+        let field = b"X-Pad: aaaaaaaaaaaaaaaaaaaaaaa\r\n";
+        assert_eq!(field.len(), 32);
+        for _ in 0..1024 / field.len() {
+            assert_eq!(d.decode(field), Ok(field.len()));
+        }
+        assert_eq!(d.decode(b"X"), Err(ChunkedError::TrailersTooLarge));
+    }
+
+    #[test]
+    fn trailer_fields_are_counted() {
+        let mut body = b"0\r\n".to_vec();
+        for _ in 0..MAX_HEADERS {
+            body.extend_from_slice(b"X: 1\r\n");
+        }
+        let mut ok = body.clone();
+        ok.extend_from_slice(b"\r\n");
+        assert_eq!(decode_all(&ok, 100), Ok((ok.len(), true)));
+        body.extend_from_slice(b"Y: 2\r\n\r\n");
+        assert_eq!(decode_all(&body, 100), Err(ChunkedError::TrailersTooLarge));
     }
 }

@@ -11,7 +11,7 @@
 pub enum PathError {
     /// `%` not followed by two hex digits, or a path not starting with `/`.
     Malformed,
-    /// `%00`: a NUL byte.
+    /// `%00` or a raw NUL byte.
     Nul,
     /// `%2F`: an encoded slash.
     EncodedSlash,
@@ -72,6 +72,11 @@ fn percent_decode(raw: &[u8]) -> Result<Vec<u8>, PathError> {
     let mut i = 0;
     while i < raw.len() {
         let b = raw[i];
+        if b == 0 {
+            // Not from a request line (httparse refuses it), but nothing here may
+            // hand a NUL to the file system, however it is spelled.
+            return Err(PathError::Nul);
+        }
         if b != b'%' {
             out.push(b);
             i += 1;
@@ -146,6 +151,8 @@ mod tests {
         assert_eq!(norm("/..%2fetc/passwd"), Err(PathError::EncodedSlash));
         assert_eq!(norm("/a%2Fb"), Err(PathError::EncodedSlash));
         assert_eq!(norm("/a%00.html"), Err(PathError::Nul));
+        // Found by fuzz_parsers::path: a raw NUL passed through.
+        assert_eq!(norm("/a\0.html"), Err(PathError::Nul));
         assert_eq!(norm("/a%zz"), Err(PathError::Malformed));
         assert_eq!(norm("/a%2"), Err(PathError::Malformed));
         assert_eq!(norm("a"), Err(PathError::Malformed));

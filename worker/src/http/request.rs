@@ -100,26 +100,31 @@ impl RequestError {
 }
 
 /// Parses a request head at the start of `buf`. `Ok(None)`: not complete yet.
+///
+/// The answer depends only on the first `max_header_bytes` of `buf`, and never on how
+/// the bytes arrived: a buffer that holds more than a head may be is judged on the part
+/// a head may use, and a verdict is given only once the bytes that decide it are there.
 pub fn parse(buf: &[u8], max_header_bytes: usize) -> Result<Option<Request<'_>>, RequestError> {
+    let window = &buf[..buf.len().min(max_header_bytes)];
+    let full = buf.len() >= max_header_bytes;
     // Uninitialised: zeroing a hundred header slots per request costs more than
     // parsing the few a request has.
     let mut headers = [const { std::mem::MaybeUninit::<httparse::Header>::uninit() }; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut []);
-    let head_len = match req.parse_with_uninit_headers(buf, &mut headers) {
+    let head_len = match req.parse_with_uninit_headers(window, &mut headers) {
         Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => {
-            if buf.len() >= max_header_bytes {
-                return Err(too_large(buf, max_header_bytes));
-            }
-            return Ok(None);
-        }
+        Ok(httparse::Status::Partial) if full => return Err(too_large(window)),
+        Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => return Err(RequestError::HeadersTooLarge),
-        Err(httparse::Error::Version) => return Err(version_error(buf)),
+        Err(httparse::Error::Version) => {
+            return match version_error(window) {
+                Some(e) => Err(e),
+                None if full => Err(too_large(window)),
+                None => Ok(None),
+            }
+        }
         Err(e) => return Err(RequestError::Malformed(malformed_reason(e))),
     };
-    if head_len > max_header_bytes {
-        return Err(too_large(buf, max_header_bytes));
-    }
     let method_name = req.method.unwrap_or("");
     let method = match method_name {
         "GET" => Method::Get,
@@ -209,6 +214,12 @@ pub fn parse(buf: &[u8], max_header_bytes: usize) -> Result<Option<Request<'_>>,
                 }
             }
             17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+                if version == Version::Http10 {
+                    // RFC 9112 §6.1: faulty framing, whatever the coding.
+                    return Err(RequestError::Malformed(
+                        "Transfer-Encoding in an HTTP/1.0 request",
+                    ));
+                }
                 transfer_encoding = true;
                 for coding in value.split(|&b| b == b',').map(trim) {
                     if coding.is_empty() {
@@ -240,12 +251,8 @@ pub fn parse(buf: &[u8], max_header_bytes: usize) -> Result<Option<Request<'_>>,
         return Err(RequestError::Malformed("empty Transfer-Encoding"));
     }
     if version == Version::Http10 {
-        // RFC 9110 §10.1.1: a 1.0 client cannot expect 100 Continue. RFC 9112 §6.1: a
-        // 1.0 message with Transfer-Encoding is framed by it but the connection closes.
+        // RFC 9110 §10.1.1: a 1.0 client cannot expect 100 Continue.
         out.expect_continue = false;
-        if transfer_encoding {
-            out.keep_alive = false;
-        }
     }
     out.body = match (chunked, content_length) {
         (true, _) => BodyKind::Chunked,
@@ -362,14 +369,10 @@ fn parse_decimal(v: &[u8]) -> Option<u64> {
     })
 }
 
-/// 414 when the request line itself is what did not fit, 431 otherwise.
-fn too_large(buf: &[u8], max: usize) -> RequestError {
-    let window = &buf[..buf.len().min(max)];
-    // Skip the empty lines a client may send before the request line.
-    let start = window
-        .iter()
-        .position(|&b| b != b'\r' && b != b'\n')
-        .unwrap_or(window.len());
+/// 414 when the request line itself is what did not fit in `window` (the first
+/// `max_header_bytes` of the input), 431 otherwise.
+fn too_large(window: &[u8]) -> RequestError {
+    let start = skip_empty_lines(window);
     if window[start..].contains(&b'\n') {
         RequestError::HeadersTooLarge
     } else {
@@ -377,27 +380,37 @@ fn too_large(buf: &[u8], max: usize) -> RequestError {
     }
 }
 
+/// Where the request line starts: after the empty lines a client may send first.
+fn skip_empty_lines(buf: &[u8]) -> usize {
+    buf.iter()
+        .position(|&b| b != b'\r' && b != b'\n')
+        .unwrap_or(buf.len())
+}
+
 /// httparse rejects any version but 1.0 and 1.1: tell a well-formed other version
-/// (505) from garbage (400).
-fn version_error(buf: &[u8]) -> RequestError {
-    let line_end = buf
-        .iter()
-        .position(|&b| b == b'\r' || b == b'\n')
-        .unwrap_or(buf.len());
-    let line = &buf[..line_end];
+/// (505) from garbage (400). `None` while the request line is incomplete and its last
+/// word can still become `HTTP/x.y`: the verdict must not depend on where a read ended.
+fn version_error(buf: &[u8]) -> Option<RequestError> {
+    let start = skip_empty_lines(buf);
+    let rest = &buf[start..];
+    let line_end = rest.iter().position(|&b| b == b'\r' || b == b'\n');
+    let line = &rest[..line_end.unwrap_or(rest.len())];
     let version = line.rsplit(|&b| b == b' ').next().unwrap_or(b"");
     let three_parts = line.split(|&b| b == b' ').count() == 3;
+    let shape = b"HTTP/0.0";
+    let fits = |i: usize, b: u8| match shape[i] {
+        b'0' => b.is_ascii_digit(),
+        s => b == s,
+    };
     let well_formed = three_parts
-        && version.len() == 8
-        && version.starts_with(b"HTTP/")
-        && version[5].is_ascii_digit()
-        && version[6] == b'.'
-        && version[7].is_ascii_digit();
-    if well_formed || (version.starts_with(b"HTTP/") && version.len() < 8 && line_end == buf.len())
-    {
-        RequestError::VersionNotSupported
-    } else {
-        RequestError::Malformed("invalid HTTP version")
+        && version.len() <= shape.len()
+        && version.iter().enumerate().all(|(i, &b)| fits(i, b));
+    match line_end {
+        Some(_) if well_formed && version.len() == shape.len() => {
+            Some(RequestError::VersionNotSupported)
+        }
+        None if well_formed => None,
+        _ => Some(RequestError::Malformed("invalid HTTP version")),
     }
 }
 
@@ -486,13 +499,28 @@ mod tests {
     }
 
     #[test]
-    fn http10_ignores_expect_and_closes_after_chunked() {
+    fn http10_ignores_expect() {
         let r = ok("GET / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n");
         assert!(!r.expect_continue);
-        let r =
-            ok("GET / HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n");
-        assert!(!r.keep_alive);
-        assert_eq!(r.body, BodyKind::Chunked);
+    }
+
+    #[test]
+    fn http10_with_transfer_encoding_is_faulty_framing() {
+        // RFC 9112 §6.1: 400 (and close, as after every RequestError), whatever the
+        // coding and even beside a Content-Length.
+        for raw in [
+            "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "GET / HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.0\r\nTransfer-Encoding: gzip\r\n\r\n",
+            "POST / HTTP/1.0\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.0\r\nTransfer-Encoding:\r\n\r\n",
+        ] {
+            assert_eq!(
+                err(raw),
+                RequestError::Malformed("Transfer-Encoding in an HTTP/1.0 request"),
+                "{raw:?}"
+            );
+        }
     }
 
     #[test]
@@ -579,6 +607,62 @@ mod tests {
         );
         assert_eq!(
             err("GET / HTTP/1.2\r\nHost: a\r\n\r\n"),
+            RequestError::VersionNotSupported
+        );
+    }
+
+    /// What a connection sees: the result for the first prefix that is not `Ok(None)`.
+    fn parse_in_reads(raw: &[u8], reads: &[usize], max: usize) -> String {
+        for &end in reads.iter().chain([&raw.len()]) {
+            match parse(&raw[..end], max) {
+                Ok(None) => continue,
+                other => return format!("{other:?}"),
+            }
+        }
+        "Ok(None)".into()
+    }
+
+    #[test]
+    fn the_verdict_does_not_depend_on_where_reads_end() {
+        // Found by fuzz_parsers::request: a head longer than max_header_bytes was judged
+        // on all of it when it came in one read (400 for a bad version past the limit)
+        // but 414 when a read ended inside the limit.
+        let raw = b"GET /////////// // HTTP/1.1\r\nTransfer-Encoding: localhost\r\n\r\n";
+        assert_eq!(parse(raw, 8).unwrap_err(), RequestError::UriTooLong);
+        assert_eq!(parse_in_reads(raw, &[13], 8), "Err(UriTooLong)");
+        // And a version was judged before its line ended: `HTTP/2` is 505 so far, but
+        // `HTTP/2x` is garbage (400), as is `HTTP/2.0x`.
+        for (raw, verdict) in [
+            (
+                &b"GET / HTTP/2x\r\nHost: a\r\n\r\n"[..],
+                "invalid HTTP version",
+            ),
+            (
+                b"GET / HTTP/2.0x\r\nHost: a\r\n\r\n",
+                "invalid HTTP version",
+            ),
+        ] {
+            let whole = format!("{:?}", parse(raw, 16384));
+            assert!(whole.contains(verdict), "{whole}");
+            for read in 1..raw.len() {
+                assert_eq!(parse_in_reads(raw, &[read], 16384), whole, "read of {read}");
+            }
+        }
+        assert!(matches!(parse(b"GET / HTTP/2", 16384), Ok(None)));
+        assert_eq!(
+            parse(b"GET / HTTP/2.0\r", 16384).unwrap_err(),
+            RequestError::VersionNotSupported
+        );
+        assert_eq!(
+            parse(b"GET / HTTP/2", 12).unwrap_err(),
+            RequestError::UriTooLong
+        );
+    }
+
+    #[test]
+    fn empty_lines_before_the_request_line_do_not_hide_its_version() {
+        assert_eq!(
+            err("\r\nGET / HTTP/2.0\r\nHost: a\r\n\r\n"),
             RequestError::VersionNotSupported
         );
     }

@@ -322,6 +322,14 @@ impl<C> Pools<C> {
         }
     }
 
+    /// Takes out the idle connection `matches` picks, whichever pool holds it (an
+    /// event on it said it is no longer usable).
+    pub fn remove(&mut self, mut matches: impl FnMut(&C) -> bool) -> Option<C> {
+        self.pools
+            .iter_mut()
+            .find_map(|pool| pool.remove(&mut matches))
+    }
+
     /// Idle connections in all pools.
     pub fn idle(&self) -> usize {
         self.pools.iter().map(Pool::len).sum()

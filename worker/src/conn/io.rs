@@ -1,4 +1,6 @@
-//! One client connection: its state machine and its I/O.
+//! A client connection's state machine and its socket I/O: reading heads and bodies
+//! into the buffers, writing the output queue, deadlines, lingering close. What a
+//! request is answered with is `dispatch.rs`'s business.
 //!
 //! ```text
 //!             ┌──────────── response(s) queued ─────────────┐
@@ -9,24 +11,27 @@
 //!             └─ Write{then: ReadHead} ◀─────────────── Write{then}
 //!                  then: Close ──▶ closed
 //!                  then: Linger ─▶ Linger (drain input, then closed)
+//!
+//!  ReadHead ──Proxy route──▶ Proxy ──response written──▶ ReadHead (or closed)
+//!                              └── upstream failed before the head ─▶ Write{then: Linger}
 //! ```
+//!
+//! In `Proxy` the exchange (`Busy::proxy`) is driven by `proxied.rs`: the client is
+//! read only for its body, as the upstream takes it.
 //!
 //! Requests are answered in order; a buffer full of pipelined requests produces one
 //! batch of responses and one `write`. Input is only read while nothing is waiting
 //! to be written, so a client that does not read its responses stops being read.
 
-use crate::access_log;
-use crate::event_loop::Services;
-use crate::handlers::health::{self, Probe};
-use crate::handlers::static_files::{self, StaticRoute};
-use crate::handlers::status::{self, Format};
-use crate::handlers::{Outcome, Reply};
-use crate::http::chunked::{ChunkedDecoder, ChunkedError};
-use crate::http::request::{self, BodyKind, Method, Request, RequestError, Version};
-use crate::http::response::{self, Persistence, Status};
-use crate::out::{Flush, OutQueue};
+use super::dispatch::{self, After, Exchange, Next};
+use super::proxied::{self, Client, Progress};
+use crate::busy::{Body, Busy, RateWindow};
+use crate::http::request::{self, RequestError};
+use crate::http::response::Status;
+use crate::out::Flush;
+use crate::services::Services;
 use crate::timers::{Deadline, Micros};
-use forkd_shared::config::{Handler, Server};
+use forkd_shared::config::Server;
 use mio::net::TcpStream;
 use std::io::{self, Read};
 use std::net::{IpAddr, Shutdown};
@@ -39,29 +44,12 @@ const LINGER: Micros = 2_000_000;
 const DRAIN_IDLE_GRACE: Micros = 500_000;
 /// Stop answering pipelined requests and write once this much output is queued.
 const BATCH_BYTES: usize = 64 * 1024;
-
-/// What to do once the queued output is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum After {
-    ReadHead,
-    Close,
-    /// Close our side, then drain the client's input for a while before closing.
-    Linger,
-}
-
-/// A request body being read and discarded.
-enum Body {
-    Length(u64),
-    Chunked(ChunkedDecoder),
-}
-
-/// A request whose body is being read: answered once the body is in.
-struct PendingBody {
-    /// A copy of the request head, parsed again to answer.
-    head: Box<[u8]>,
-    body: Body,
-    server: usize,
-}
+/// What one connection may do in one turn of the event loop before the others get
+/// theirs: steps of its state machine (a read, a batch of answers, a write) and bytes
+/// written (like nginx's `sendfile_max_chunk`, but per turn). A connection that stops
+/// on its budget rather than on EAGAIN is driven again next turn without an event.
+const STEPS_PER_TURN: u32 = 16;
+const BYTES_PER_TURN: u64 = 256 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -73,6 +61,8 @@ enum Phase {
     Write(After),
     /// Response sent and our side shut down: discarding input until EOF or timeout.
     Linger,
+    /// A proxied exchange (`Busy::proxy`) under way.
+    Proxy,
 }
 
 /// What a connection is doing, for the stats gauges.
@@ -90,51 +80,13 @@ pub enum Verdict {
     Close,
 }
 
-/// What a connection holds only while it has work: buffers and a body under way.
-/// Taken from a pool when bytes arrive and given back when the connection is idle
-/// again, so an idle keep-alive connection is just its `Conn` (about 80 bytes).
-pub struct Busy {
-    inbuf: Vec<u8>,
-    in_start: usize,
-    in_end: usize,
-    out: OutQueue,
-    body: Option<PendingBody>,
-}
-
-impl Busy {
-    /// A fresh one, with an input buffer of `in_capacity` bytes.
-    pub fn new(in_capacity: usize) -> Box<Busy> {
-        Box::new(Busy {
-            inbuf: vec![0; in_capacity],
-            in_start: 0,
-            in_end: 0,
-            out: OutQueue::default(),
-            body: None,
-        })
-    }
-
-    /// The size of its input buffer (to drop it when the configuration wants another).
-    pub fn in_capacity(&self) -> usize {
-        self.inbuf.len()
-    }
-
-    fn idle(&self) -> bool {
-        self.in_start == self.in_end && self.out.is_empty() && self.body.is_none()
-    }
-
-    /// Empties it for reuse by another connection (the buffers stay allocated).
-    pub fn reset(&mut self) {
-        self.in_start = 0;
-        self.in_end = 0;
-        self.body = None;
-        self.out.clear();
-    }
-}
-
 pub struct Conn {
     stream: TcpStream,
     /// The listener it came through: selects the servers it may be routed to.
     listener: u16,
+    /// The server the latest request's `Host` selected (the listener's default server
+    /// before the first): its timeouts and limits apply from then on.
+    server: u16,
     phase: Phase,
     /// The socket may have input we have not read (edge-triggered readiness).
     pub readable: bool,
@@ -142,6 +94,11 @@ pub struct Conn {
     pub write_interest: bool,
     /// Registered with the poll at all.
     pub registered: bool,
+    /// The last drive stopped on its budget, not on EAGAIN: edge-triggered readiness
+    /// will not report it again, so the event loop must drive it next turn.
+    yielded: bool,
+    /// In the event loop's ready list (so it is queued once).
+    pub queued: bool,
     nodelay: bool,
     requests: u32,
     peer: IpAddr,
@@ -155,25 +112,25 @@ pub struct Conn {
     busy: Option<Box<Busy>>,
 }
 
-/// Result of answering one parsed request.
-enum Next {
-    /// Look for another request in the buffer.
-    Continue,
-    /// A body follows; the phase is now `ReadBody`.
-    Body,
-    /// The connection ends after the queued output.
-    Finish(After),
-}
-
 impl Conn {
-    pub fn new(stream: TcpStream, peer: IpAddr, listener: usize, now: Micros) -> Conn {
+    /// A connection accepted on `listener`, whose default server is `server`.
+    pub fn new(
+        stream: TcpStream,
+        peer: IpAddr,
+        listener: usize,
+        server: usize,
+        now: Micros,
+    ) -> Conn {
         Conn {
             stream,
             listener: listener as u16,
+            server: server as u16,
             phase: Phase::ReadHead,
             readable: true,
             write_interest: false,
             registered: false,
+            yielded: false,
+            queued: false,
             nodelay: false,
             requests: 0,
             peer,
@@ -189,10 +146,6 @@ impl Conn {
         &mut self.stream
     }
 
-    fn listener(&self) -> usize {
-        usize::from(self.listener)
-    }
-
     /// Idle: between requests, with nothing buffered either way.
     pub fn is_idle(&self) -> bool {
         self.phase == Phase::ReadHead && self.busy.as_ref().is_none_or(|b| b.idle())
@@ -200,7 +153,7 @@ impl Conn {
 
     pub fn activity(&self) -> Activity {
         match self.phase {
-            Phase::Write(_) => Activity::Writing,
+            Phase::Write(_) | Phase::Proxy => Activity::Writing,
             _ if self.is_idle() => Activity::Idle,
             _ => Activity::Reading,
         }
@@ -210,7 +163,7 @@ impl Conn {
     /// response not fully sent (nginx's 499).
     pub fn abandoned(&self) -> bool {
         match self.phase {
-            Phase::ReadBody => true,
+            Phase::ReadBody | Phase::Proxy => true,
             Phase::Write(After::ReadHead) => self.wants_write(),
             _ => false,
         }
@@ -218,12 +171,20 @@ impl Conn {
 
     /// Output is waiting for the socket to take it.
     pub fn wants_write(&self) -> bool {
-        self.busy.as_ref().is_some_and(|b| !b.out.is_empty())
+        self.busy.as_ref().is_some_and(|b| {
+            !b.out.is_empty()
+                || b.proxy
+                    .as_ref()
+                    .is_some_and(|p| !p.session.client_output().is_empty())
+        })
     }
 
     /// Gives the buffers back to the pool (the connection is closing).
     pub fn release(&mut self, svc: &mut Services) {
-        if let Some(busy) = self.busy.take() {
+        if let Some(mut busy) = self.busy.take() {
+            if let Some(token) = busy.proxy.take().and_then(|p| p.token) {
+                svc.upstreams.forget(token); // the session's socket closes with it
+            }
             svc.give_busy(busy);
         }
     }
@@ -235,7 +196,8 @@ impl Conn {
 
     /// Advances the connection as far as it can go without blocking.
     pub fn drive(&mut self, key: usize, svc: &mut Services) -> Verdict {
-        let verdict = self.step(svc);
+        self.yielded = false;
+        let verdict = self.step(key, svc);
         if verdict == Verdict::Keep {
             self.park(svc);
             self.arm(key, svc);
@@ -243,12 +205,28 @@ impl Conn {
         verdict
     }
 
-    fn step(&mut self, svc: &mut Services) -> Verdict {
+    /// Stopped on its budget with work left: drive it again next turn.
+    pub fn yielded(&self) -> bool {
+        self.yielded
+    }
+
+    fn step(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        let mut steps = STEPS_PER_TURN;
+        let mut bytes = BYTES_PER_TURN;
         loop {
+            if steps == 0 {
+                self.yielded = true;
+                return Verdict::Keep;
+            }
+            steps -= 1;
             match self.phase {
-                Phase::Write(then) => match self.flush(svc) {
+                Phase::Write(then) => match self.flush(svc, &mut bytes) {
                     Err(_) => return Verdict::Close,
                     Ok(Flush::Blocked) => return Verdict::Keep,
+                    Ok(Flush::Budget) => {
+                        self.yielded = true;
+                        return Verdict::Keep;
+                    }
                     Ok(Flush::Done) => match then {
                         After::ReadHead => {
                             self.phase = Phase::ReadHead;
@@ -271,14 +249,14 @@ impl Conn {
                 Phase::ReadHead => {
                     match self.answer_buffered(svc) {
                         Some(after) => {
-                            self.phase = Phase::Write(after);
+                            self.start_writing(after, svc);
                             continue;
                         }
-                        None if self.phase == Phase::ReadBody => continue,
+                        None if matches!(self.phase, Phase::ReadBody | Phase::Proxy) => continue,
                         None => {}
                     }
                     if self.wants_write() {
-                        self.phase = Phase::Write(After::ReadHead);
+                        self.start_writing(After::ReadHead, svc);
                         continue;
                     }
                     match self.fill(svc) {
@@ -290,15 +268,19 @@ impl Conn {
                 Phase::ReadBody => {
                     if self.wants_write() {
                         // `100 Continue`: send it before waiting for the body.
-                        match self.flush(svc) {
+                        match self.flush(svc, &mut bytes) {
                             Err(_) => return Verdict::Close,
                             Ok(Flush::Blocked) => return Verdict::Keep,
+                            Ok(Flush::Budget) => {
+                                self.yielded = true;
+                                return Verdict::Keep;
+                            }
                             Ok(Flush::Done) => {}
                         }
                     }
                     match self.discard_body(svc) {
                         Some(after) => {
-                            self.phase = Phase::Write(after);
+                            self.start_writing(after, svc);
                             continue;
                         }
                         None if self.phase == Phase::ReadHead => continue,
@@ -310,21 +292,81 @@ impl Conn {
                         Err(_) => return Verdict::Close,
                     }
                 }
-                Phase::Linger => {
-                    // Read and drop until the client closes or the socket is empty.
-                    loop {
-                        let busy = self.busy(svc);
-                        busy.in_start = 0;
-                        busy.in_end = 0;
-                        match self.fill(svc) {
+                Phase::Proxy => {
+                    let Some(busy) = self.busy.as_deref_mut() else {
+                        return Verdict::Close;
+                    };
+                    let Some(mut p) = busy.proxy.take() else {
+                        return Verdict::Close;
+                    };
+                    let mut client = Client {
+                        key,
+                        stream: &mut self.stream,
+                        peer: self.peer,
+                        progress: &mut self.progress,
+                    };
+                    let progress = proxied::advance(&mut p, &mut client, busy, svc, &mut bytes);
+                    match progress {
+                        Progress::Again
+                        | Progress::ReadClient
+                        | Progress::Wait
+                        | Progress::Budget => {
+                            busy.proxy = Some(p);
+                        }
+                        _ => {
+                            if let Some(token) = p.token {
+                                svc.upstreams.forget(token);
+                            }
+                        }
+                    }
+                    match progress {
+                        Progress::Again => continue,
+                        Progress::ReadClient => match self.fill(svc) {
                             Ok(true) => continue,
                             Ok(false) => return Verdict::Keep,
                             Err(_) => return Verdict::Close,
+                        },
+                        Progress::Wait => return Verdict::Keep,
+                        Progress::Budget => {
+                            self.yielded = true;
+                            return Verdict::Keep;
                         }
+                        Progress::Finished { keep: true } => {
+                            self.phase = Phase::ReadHead;
+                            self.idle_since = svc.clock.now_us;
+                            if !self.nodelay {
+                                self.nodelay = true;
+                                let _ = self.stream.set_nodelay(true);
+                            }
+                        }
+                        Progress::Finished { keep: false } | Progress::Close => {
+                            return Verdict::Close
+                        }
+                        Progress::Failed => {
+                            self.phase = Phase::ReadHead;
+                            self.start_writing(After::Linger, svc);
+                        }
+                    }
+                }
+                Phase::Linger => {
+                    // Read and drop until the client closes or the socket is empty.
+                    self.busy(svc).discard_input();
+                    match self.fill(svc) {
+                        Ok(true) => continue,
+                        Ok(false) => return Verdict::Keep,
+                        Err(_) => return Verdict::Close,
                     }
                 }
             }
         }
+    }
+
+    /// Queued output is to be written, then `after`: a new response, a new rate period.
+    fn start_writing(&mut self, after: After, svc: &Services) {
+        if let Some(busy) = self.busy.as_deref_mut() {
+            busy.rate = RateWindow::starting(svc.clock.now_us);
+        }
+        self.phase = Phase::Write(after);
     }
 
     /// Answers every complete request in the input buffer. Returns `Some(after)` when
@@ -333,37 +375,31 @@ impl Conn {
     /// output should be written first.
     fn answer_buffered(&mut self, svc: &mut Services) -> Option<After> {
         let busy = self.busy.as_deref_mut()?;
-        let default_server = svc.routing[usize::from(self.listener)].default;
-        let max_header = svc.config.servers[default_server].max_header_bytes;
+        // Until the head is complete its `Host` is unknown: read up to the largest
+        // head any server on the address takes; `dispatch` then applies the limit of
+        // the server the `Host` selects.
+        let max_header = svc.routing[usize::from(self.listener)].max_header_bytes;
         loop {
-            if busy.in_start == busy.in_end {
+            if !busy.has_input() {
                 return None;
             }
             if busy.out.mem_len() >= BATCH_BYTES || busy.out.has_file() {
                 return None; // write this batch first
             }
-            // Borrow the input buffer and the rest separately: the parsed request
-            // points into the buffer while its answer is queued.
-            let Busy {
-                inbuf,
-                in_start,
-                in_end,
-                out,
-                body,
-            } = &mut *busy;
-            let buf = &inbuf[*in_start..*in_end];
+            // Borrow the input buffer and the output apart: the parsed request points
+            // into the buffer while its answer is queued.
+            let buf = &busy.inbuf[busy.in_start..busy.in_end];
             let step = match request::parse(buf, max_header) {
                 Ok(Some(req)) => {
-                    let parts = Parts {
-                        out,
-                        body,
-                        phase: &mut self.phase,
+                    let x = Exchange {
+                        out: &mut busy.out,
                         requests: &mut self.requests,
+                        server: &mut self.server,
                         peer: self.peer,
                         listener: usize::from(self.listener),
                         started: self.head_since,
                     };
-                    let next = answer(parts, svc, &req, &buf[..req.head_len]);
+                    let next = dispatch::answer(x, svc, &req, &buf[..req.head_len]);
                     Ok(Some((req.head_len, next)))
                 }
                 Ok(None) => Ok(None),
@@ -371,24 +407,30 @@ impl Conn {
             };
             match step {
                 Ok(Some((head_len, next))) => {
-                    busy.in_start += head_len;
-                    if busy.in_start == busy.in_end {
-                        busy.in_start = 0;
-                        busy.in_end = 0;
-                    }
+                    busy.consume(head_len);
                     match next {
                         Next::Continue => continue,
-                        Next::Body => return None,
+                        Next::Body(pending) => {
+                            busy.body = Some(pending);
+                            busy.rate = RateWindow::starting(svc.clock.now_us);
+                            self.phase = Phase::ReadBody;
+                            return None;
+                        }
                         Next::Finish(after) => return Some(after),
+                        Next::Proxy(p) => {
+                            busy.proxy = Some(p);
+                            self.phase = Phase::Proxy;
+                            return None;
+                        }
+                        Next::Reject(e) => {
+                            self.reject(svc, e.status(), e);
+                            return Some(After::Linger);
+                        }
                     }
                 }
                 Ok(None) => {
-                    if busy.in_start > 0 {
-                        // Make room at the end of the buffer for the rest of the head.
-                        busy.inbuf.copy_within(busy.in_start..busy.in_end, 0);
-                        busy.in_end -= busy.in_start;
-                        busy.in_start = 0;
-                    }
+                    // Make room at the end of the buffer for the rest of the head.
+                    busy.compact();
                     return None;
                 }
                 Err(e) => {
@@ -415,23 +457,16 @@ impl Conn {
             Body::Chunked(decoder) => match decoder.decode(available) {
                 Ok(used) => (used, decoder.is_done()),
                 Err(e) => {
-                    let status = match e {
-                        ChunkedError::BadFraming => Status::BAD_REQUEST,
-                        ChunkedError::TooLarge => Status::CONTENT_TOO_LARGE,
-                    };
+                    let status = e.status();
                     busy.body = None;
-                    busy.in_start = busy.in_end; // the rest cannot be trusted
+                    busy.discard_input(); // the rest cannot be trusted
                     self.phase = Phase::ReadHead;
                     self.simple_error(svc, status, server);
                     return Some(After::Linger);
                 }
             },
         };
-        busy.in_start += used;
-        if busy.in_start == busy.in_end {
-            busy.in_start = 0;
-            busy.in_end = 0;
-        }
+        busy.consume(used);
         if !done {
             return None;
         }
@@ -439,19 +474,15 @@ impl Conn {
         self.phase = Phase::ReadHead;
         match request::parse(&head, head.len()) {
             Ok(Some(req)) => {
-                let parts = Parts {
+                let x = Exchange {
                     out: &mut busy.out,
-                    body: &mut busy.body,
-                    phase: &mut self.phase,
                     requests: &mut self.requests,
+                    server: &mut self.server,
                     peer: self.peer,
                     listener: usize::from(self.listener),
                     started: self.head_since,
                 };
-                match respond(parts, svc, &req, server) {
-                    Persistence::Close => Some(After::Close),
-                    _ => None,
-                }
+                dispatch::answer_after_body(x, svc, &req, server)
             }
             // It parsed before being copied; parsing it again cannot fail.
             _ => Some(After::Close),
@@ -486,6 +517,9 @@ impl Conn {
                         self.head_since = now;
                     }
                     busy.in_end += n;
+                    if self.phase == Phase::ReadBody {
+                        busy.rate.bytes += n as u64;
+                    }
                     self.progress = now;
                     svc.stats.bytes_in(n as u64);
                     // A short read drained the socket: the next edge will tell us of more.
@@ -502,12 +536,17 @@ impl Conn {
         }
     }
 
-    fn flush(&mut self, svc: &Services) -> io::Result<Flush> {
+    /// Writes queued output, at most `budget` bytes (less what it wrote).
+    fn flush(&mut self, svc: &Services, budget: &mut u64) -> io::Result<Flush> {
         let Some(busy) = self.busy.as_deref_mut() else {
             return Ok(Flush::Done);
         };
         let mut sent = 0;
-        let result = busy.out.flush(&mut self.stream, &mut sent);
+        let result = busy.out.flush(&mut self.stream, &mut sent, *budget);
+        *budget = budget.saturating_sub(sent);
+        if matches!(self.phase, Phase::Write(_)) {
+            busy.rate.bytes += sent;
+        }
         if sent > 0 {
             self.progress = svc.clock.now_us;
             svc.stats.bytes_out(sent);
@@ -529,7 +568,7 @@ impl Conn {
 
     /// Sets the deadline for the phase the connection waits in.
     fn arm(&mut self, key: usize, svc: &mut Services) {
-        let server = &svc.config.servers[svc.routing[self.listener()].default];
+        let server = svc.server(usize::from(self.server));
         let us = |d: Duration| d.as_micros() as Micros;
         let has_input = self.busy.as_ref().is_some_and(|b| b.in_start != b.in_end);
         let at = match self.phase {
@@ -549,38 +588,148 @@ impl Conn {
                     .as_ref()
                     .and_then(|b| b.body.as_ref())
                     .map_or(0, |p| p.server);
-                self.progress + us(svc.server(s).body_timeout)
+                let server = svc.server(s);
+                let idle = self.progress + us(server.body_timeout);
+                idle.min(self.rate_due(server.min_body_rate, server))
             }
-            Phase::Write(_) => self.progress + us(server.send_timeout),
+            Phase::Write(_) => {
+                let idle = self.progress + us(server.send_timeout);
+                idle.min(self.rate_due(server.min_send_rate, server))
+            }
             Phase::Linger => self.idle_since + LINGER,
+            Phase::Proxy => match self.busy.as_deref() {
+                Some(b) => match b.proxy.as_deref() {
+                    Some(p) => {
+                        let (upstream, client) = proxied::deadlines(p, b, svc, self.progress);
+                        upstream.min(client)
+                    }
+                    None => self.progress + us(server.send_timeout),
+                },
+                None => self.progress + us(server.send_timeout),
+            },
         };
         svc.timers.set(key, &mut self.deadline, at);
     }
 
     /// The deadline passed: answer 408 where a request was under way, or close.
+    /// When the current rate period ends (never, without a minimum rate).
+    fn rate_due(&self, rate: u64, server: &Server) -> Micros {
+        match (rate, self.busy.as_deref()) {
+            (0, _) | (_, None) => Micros::MAX,
+            (_, Some(busy)) => busy.rate.since + server.min_rate_grace.as_micros() as Micros,
+        }
+    }
+
+    /// The idle timeout and the minimum rate of the transfer under way (a body or a
+    /// response), if one is.
+    fn transfer_limits(&self, svc: &Services) -> Option<(Duration, u64)> {
+        match self.phase {
+            Phase::ReadBody => {
+                let s = self.busy.as_ref().and_then(|b| b.body.as_ref());
+                let server = svc.server(s.map_or(usize::from(self.server), |p| p.server));
+                Some((server.body_timeout, server.min_body_rate))
+            }
+            Phase::Write(_) => {
+                let server = svc.server(usize::from(self.server));
+                Some((server.send_timeout, server.min_send_rate))
+            }
+            _ => None,
+        }
+    }
+
+    /// A deadline passed while a body or a response was under way, before its idle
+    /// timeout: a rate period ended. Judges the client's pace, after first moving
+    /// what the socket allows now: the worker itself may have been kept from the
+    /// socket (a loaded machine), and that is not the client's doing.
+    fn on_rate_period(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        let (phase, since) = (self.phase, self.busy.as_ref().map(|b| b.rate.since));
+        self.readable = true;
+        if self.drive(key, svc) == Verdict::Close {
+            return Verdict::Close;
+        }
+        if self.phase != phase || self.busy.as_ref().map(|b| b.rate.since) != since {
+            return Verdict::Keep; // the transfer ended or moved on (and is armed)
+        }
+        let now = svc.clock.now_us;
+        let rate = self.transfer_limits(svc).map_or(0, |(_, rate)| rate);
+        if let Some(busy) = self.busy.as_deref_mut() {
+            if busy.rate.kept(rate, now) {
+                busy.rate = RateWindow::starting(now);
+                self.arm(key, svc);
+                return Verdict::Keep;
+            }
+        }
+        svc.stats.slow_client();
+        let what = match self.phase {
+            Phase::ReadBody => "sent its request body",
+            _ => "read its response",
+        };
+        forkd_shared::info!(
+            "client {} {what} below the minimum rate: closing",
+            self.peer
+        );
+        match self.phase {
+            Phase::ReadBody => self.request_timeout(key, svc),
+            _ => Verdict::Close,
+        }
+    }
+
     pub fn on_timeout(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        if let Some((timeout, _)) = self.transfer_limits(svc) {
+            if svc.clock.now_us < self.progress + timeout.as_micros() as Micros {
+                return self.on_rate_period(key, svc);
+            }
+        }
         let has_input = self.busy.as_ref().is_some_and(|b| b.in_start != b.in_end);
         match self.phase {
             Phase::ReadHead if !has_input => self.close_if_quiet(key, svc),
-            Phase::ReadHead | Phase::ReadBody => {
-                let busy = self.busy(svc);
-                let server = busy.body.take().map(|p| p.server);
-                busy.in_start = 0;
-                busy.in_end = 0;
-                let server = server.unwrap_or(svc.routing[self.listener()].default);
-                self.phase = Phase::ReadHead;
-                self.simple_error(svc, Status::REQUEST_TIMEOUT, server);
-                // Linger: input that arrived unread must not turn the close into a reset
-                // that destroys the 408 before the client reads it.
-                self.phase = Phase::Write(After::Linger);
-                self.drive(key, svc)
-            }
+            Phase::ReadHead | Phase::ReadBody => self.request_timeout(key, svc),
             Phase::Write(_) => {
                 forkd_shared::info!("client {} timed out reading its response", self.peer);
                 Verdict::Close
             }
             Phase::Linger => Verdict::Close,
+            Phase::Proxy => self.proxy_timeout(key, svc),
         }
+    }
+
+    /// The deadline of a proxied exchange passed: the upstream's (the session decides
+    /// what it becomes: a retry, 502/504, a truncated response) or the client's.
+    fn proxy_timeout(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        let now = svc.clock.now_us;
+        let Some(busy) = self.busy.as_deref_mut() else {
+            return Verdict::Close;
+        };
+        let Some(mut p) = busy.proxy.take() else {
+            return Verdict::Close;
+        };
+        let (upstream, client) = proxied::deadlines(&p, busy, svc, self.progress);
+        let fired_upstream = upstream <= now;
+        p.fired = fired_upstream;
+        busy.proxy = Some(p);
+        if fired_upstream {
+            return self.drive(key, svc);
+        }
+        if client <= now {
+            forkd_shared::info!("client {} timed out during a proxied exchange", self.peer);
+            return Verdict::Close;
+        }
+        self.arm(key, svc);
+        Verdict::Keep
+    }
+
+    /// A request under way is answered 408 and the connection closes.
+    fn request_timeout(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        let busy = self.busy(svc);
+        let server = busy.body.take().map(|p| p.server);
+        busy.discard_input();
+        let server = server.unwrap_or(usize::from(self.server));
+        self.phase = Phase::ReadHead;
+        self.simple_error(svc, Status::REQUEST_TIMEOUT, server);
+        // Linger: input that arrived unread must not turn the close into a reset that
+        // destroys the 408 before the client reads it.
+        self.phase = Phase::Write(After::Linger);
+        self.drive(key, svc)
     }
 
     /// Drain began: an idle connection that has been idle for the grace closes now;
@@ -613,205 +762,23 @@ impl Conn {
         forkd_shared::info!("client {} sent a bad request: {}", self.peer, e.reason());
         let busy = self.busy(svc);
         busy.in_start = busy.in_end; // nothing after it can be trusted
-        let server = svc.routing[self.listener()].default;
-        self.simple_error(svc, status, server);
+        self.simple_error(svc, status, usize::from(self.server));
     }
 
     /// Queues an error page that closes the connection, and logs it.
     fn simple_error(&mut self, svc: &mut Services, status: Status, server: usize) {
-        let date = *svc.clock.http_date_array();
         let busy = self.busy.get_or_insert_with(|| svc.take_busy());
-        ensure_out(&mut busy.out);
-        let body_bytes = response::error(
-            busy.out.bytes(),
+        dispatch::error_page(
+            &mut busy.out,
+            svc,
             status,
-            &date,
-            Persistence::Close,
-            &[],
-            false,
-        );
-        let latency = svc.clock.precise_us().saturating_sub(self.head_since);
-        svc.stats.response(status.0, Some(latency));
-        if svc.logs.enabled(server) {
-            let entry = access_log::Entry {
-                peer: self.peer,
-                method: "-",
-                target: b"",
-                http10: false,
-                status: status.0,
-                body_bytes,
-                referer: None,
-                user_agent: None,
-            };
-            svc.logs.record(server, &entry, svc.clock.log_time());
-        }
-    }
-}
-
-/// Output buffers stay with their `Busy` (which is pooled), so this allocates only for
-/// a fresh one.
-fn ensure_out(out: &mut OutQueue) {
-    if !out.has_buffer() {
-        out.attach(Vec::with_capacity(OUT_CAPACITY));
-    }
-}
-
-/// Initial size of an output buffer: a few responses' heads and small bodies.
-const OUT_CAPACITY: usize = 16 * 1024;
-
-/// The fields of a connection that answering a request touches, borrowed apart from
-/// the input buffer the request itself borrows.
-struct Parts<'c> {
-    out: &'c mut OutQueue,
-    body: &'c mut Option<PendingBody>,
-    phase: &'c mut Phase,
-    requests: &'c mut u32,
-    peer: IpAddr,
-    listener: usize,
-    /// When the request's first byte arrived.
-    started: Micros,
-}
-
-/// Picks the server for `host` among those on the connection's listener.
-fn select_server(svc: &Services, listener: usize, host: Option<&[u8]>) -> usize {
-    let routing = &svc.routing[listener];
-    if let Some(host) = host {
-        for &s in &routing.servers {
-            if svc.config.servers[s]
-                .names
-                .iter()
-                .any(|n| n.as_bytes().eq_ignore_ascii_case(host))
-            {
-                return s;
-            }
-        }
-    }
-    routing.default
-}
-
-/// Answers one parsed request: frames its body, or responds right away.
-fn answer(mut c: Parts, svc: &mut Services, req: &Request, head: &[u8]) -> Next {
-    let server = select_server(svc, c.listener, req.host);
-    let limit = svc.config.servers[server].max_body_bytes;
-    let body = match req.body {
-        BodyKind::None => None,
-        BodyKind::Length(n) if n > limit => {
-            *c.requests = c.requests.saturating_add(1);
-            too_large(&mut c, svc, req, server);
-            return Next::Finish(After::Linger);
-        }
-        BodyKind::Length(n) => Some(Body::Length(n)),
-        BodyKind::Chunked => Some(Body::Chunked(ChunkedDecoder::new(limit))),
-    };
-    if let Some(body) = body {
-        ensure_out(c.out);
-        if req.expect_continue {
-            c.out
-                .bytes()
-                .extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-            svc.stats.response(100, None);
-        }
-        *c.body = Some(PendingBody {
-            head: Box::from(head),
-            body,
             server,
-        });
-        *c.phase = Phase::ReadBody;
-        return Next::Body;
-    }
-    match respond(c, svc, req, server) {
-        Persistence::Close => Next::Finish(After::Close),
-        _ => Next::Continue,
+            self.peer,
+            self.head_since,
+        );
     }
 }
 
-fn too_large(c: &mut Parts, svc: &mut Services, req: &Request, server: usize) {
-    ensure_out(c.out);
-    let mut reply = Reply {
-        out: c.out,
-        date: svc.clock.http_date(),
-        persistence: Persistence::Close,
-        head_only: req.method == Method::Head,
-    };
-    let outcome = reply.error(Status::CONTENT_TOO_LARGE, &[]);
-    let latency = svc.clock.precise_us().saturating_sub(c.started);
-    svc.stats.response(outcome.status.0, Some(latency));
-    log_request(svc, server, c.peer, req, &outcome);
-}
-
-/// Runs the route's handler and queues its response. Returns the persistence used.
-fn respond(c: Parts, svc: &mut Services, req: &Request, server_index: usize) -> Persistence {
-    *c.requests = c.requests.saturating_add(1);
-    // A body may have been read across a configuration change: fall back to the first
-    // server if this one is gone.
-    let server_index = server_index.min(svc.config.servers.len() - 1);
-    let server: &Server = &svc.config.servers[server_index];
-    let keep = req.keep_alive
-        && !svc.draining
-        && (server.keepalive_requests == 0 || u64::from(*c.requests) < server.keepalive_requests);
-    let persistence = match (keep, req.version) {
-        (false, _) => Persistence::Close,
-        (true, Version::Http10) => Persistence::KeepAlive10,
-        (true, Version::Http11) => Persistence::KeepAlive11,
-    };
-    ensure_out(c.out);
-    let mut reply = Reply {
-        out: c.out,
-        date: svc.clock.http_date(),
-        persistence,
-        head_only: req.method == Method::Head,
-    };
-    let outcome = match server.route_index(req.path) {
-        None => reply.error(Status::NOT_FOUND, &[]),
-        Some(route_index) => match &server.routes[route_index].handler {
-            Handler::Liveness => {
-                health::serve(Probe::Liveness, req.method, svc.draining, &mut reply)
-            }
-            Handler::Readiness => {
-                health::serve(Probe::Readiness, req.method, svc.not_ready, &mut reply)
-            }
-            Handler::Status => {
-                status::serve(Format::Json, req.method, svc.stats.region(), &mut reply)
-            }
-            Handler::Metrics => status::serve(
-                Format::Prometheus,
-                req.method,
-                svc.stats.region(),
-                &mut reply,
-            ),
-            Handler::Static { root, index } => {
-                let id = server_index << 16 | route_index;
-                let route = StaticRoute { id, root, index };
-                static_files::serve(&route, req, &mut svc.cache, svc.clock.unix_secs, &mut reply)
-            }
-            // Interim, until the proxy is integrated into the event loop (proxy/).
-            Handler::Proxy { .. } => reply.error(Status::NOT_IMPLEMENTED, &[]),
-        },
-    };
-    let latency = svc.clock.precise_us().saturating_sub(c.started);
-    svc.stats.response(outcome.status.0, Some(latency));
-    if outcome.logged {
-        log_request(svc, server_index, c.peer, req, &outcome);
-    }
-    persistence
-}
-
-fn log_request(svc: &mut Services, server: usize, peer: IpAddr, req: &Request, outcome: &Outcome) {
-    if !svc.logs.enabled(server) {
-        return;
-    }
-    let entry = access_log::Entry {
-        peer,
-        method: req.method_name,
-        target: req.target,
-        http10: req.version == Version::Http10,
-        status: outcome.status.0,
-        body_bytes: outcome.body_bytes,
-        referer: req.referer,
-        user_agent: req.user_agent,
-    };
-    svc.logs.record(server, &entry, svc.clock.log_time());
-}
 #[cfg(test)]
 mod tests {
     /// An idle keep-alive connection costs its `Conn` in the slab and nothing else: keep

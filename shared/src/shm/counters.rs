@@ -1,0 +1,134 @@
+//! The counters, declared once: the table below is the only list of them. Everything
+//! else — the region's cells, reading, folding, zeroing, JSON, Prometheus, the name
+//! table in the region header — is derived from it.
+//!
+//! Adding a counter is one line in [`counters!`] (a new id, never one used before) and
+//! its increment where the event happens. Ids are region cell numbers: they are never
+//! reused or renumbered, so builds with different counter sets share a region (see
+//! `layout` on growing).
+
+/// Counter cells in each row of the region: the counters of the table, and room for
+/// those later builds add (part of the layout: changing it is a new layout version).
+pub const COUNTER_CELLS: usize = 64;
+
+/// A counter: the cell it lives in, in every row of the region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Counter(pub u16);
+
+impl Counter {
+    #[inline]
+    pub const fn cell(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// What the table says about one counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CounterDef {
+    pub counter: Counter,
+    /// The JSON key (and the name in the region's name table).
+    pub name: &'static str,
+    /// The Prometheus metric family it is a sample of.
+    pub prometheus: &'static str,
+    /// An extra Prometheus label beside `worker`, for families of several counters.
+    pub label: Option<(&'static str, &'static str)>,
+    pub help: &'static str,
+}
+
+/// Longest counter name the region's name table holds.
+pub const NAME_BYTES: usize = 32;
+
+macro_rules! counters {
+    ($( $id:literal $konst:ident $name:literal $prom:literal $($lk:ident = $lv:literal)? $help:literal; )*) => {
+        $(
+            #[doc = $help]
+            pub const $konst: Counter = Counter($id);
+        )*
+        /// Every counter this build knows, in JSON order.
+        pub const COUNTERS: &[CounterDef] = &[$(
+            CounterDef {
+                counter: Counter($id),
+                name: $name,
+                prometheus: $prom,
+                label: counters!(@label $($lk = $lv)?),
+                help: $help,
+            },
+        )*];
+    };
+    (@label) => { None };
+    (@label $lk:ident = $lv:literal) => { Some((stringify!($lk), $lv)) };
+}
+
+// id  constant               JSON name                Prometheus family [label]                    help
+counters! {
+    0  CONNECTIONS_ACCEPTED   "connections_accepted"   "forkd_connections_accepted_total"           "Connections accepted.";
+    1  CONNECTIONS_HANDLED    "connections_handled"    "forkd_connections_handled_total"            "Connections closed after being served.";
+    2  REQUESTS               "requests"               "forkd_requests_total"                       "Requests answered.";
+    3  RESPONSES_1XX          "responses_1xx"          "forkd_responses_total" class = "1xx"        "Responses by status class.";
+    4  RESPONSES_2XX          "responses_2xx"          "forkd_responses_total" class = "2xx"        "Responses by status class.";
+    5  RESPONSES_3XX          "responses_3xx"          "forkd_responses_total" class = "3xx"        "Responses by status class.";
+    6  RESPONSES_4XX          "responses_4xx"          "forkd_responses_total" class = "4xx"        "Responses by status class.";
+    7  RESPONSES_5XX          "responses_5xx"          "forkd_responses_total" class = "5xx"        "Responses by status class.";
+    8  RESPONSES_499          "responses_499"          "forkd_client_closed_requests_total"         "Requests whose client went away before the response (499).";
+    9  BYTES_IN               "bytes_in"               "forkd_received_bytes_total"                 "Bytes read from clients.";
+    10 BYTES_OUT              "bytes_out"              "forkd_sent_bytes_total"                     "Bytes written to clients.";
+    11 ACCEPT_EMPTY_WAKEUPS   "accept_empty_wakeups"   "forkd_accept_empty_wakeups_total"           "Accept wake-ups that found no connection.";
+    12 CONNECTION_LIMIT_HITS  "connection_limit_hits"  "forkd_connection_limit_hits_total"          "Times a worker reached worker_connections.";
+    13 SLOW_CLIENTS_CLOSED    "slow_clients_closed"    "forkd_slow_clients_closed_total"            "Connections closed below min_body_rate or min_send_rate.";
+}
+
+/// The counter of responses of class `class` (1 to 5).
+#[inline]
+pub fn response_class(class: u16) -> Counter {
+    const BY_CLASS: [Counter; 5] = [
+        RESPONSES_1XX,
+        RESPONSES_2XX,
+        RESPONSES_3XX,
+        RESPONSES_4XX,
+        RESPONSES_5XX,
+    ];
+    BY_CLASS[(class.clamp(1, 5) - 1) as usize]
+}
+
+// The table's own rules, checked when compiling: ids fit the row, are unique, and
+// names fit the region's name table.
+const _: () = {
+    let mut i = 0;
+    while i < COUNTERS.len() {
+        assert!(COUNTERS[i].counter.cell() < COUNTER_CELLS);
+        assert!(!COUNTERS[i].name.is_empty() && COUNTERS[i].name.len() <= NAME_BYTES);
+        let mut j = i + 1;
+        while j < COUNTERS.len() {
+            assert!(COUNTERS[i].counter.0 != COUNTERS[j].counter.0);
+            j += 1;
+        }
+        i += 1;
+    }
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_prometheus_samples_are_unique() {
+        let mut names = std::collections::HashSet::new();
+        let mut samples = std::collections::HashSet::new();
+        for def in COUNTERS {
+            assert!(names.insert(def.name), "{} twice", def.name);
+            assert!(
+                samples.insert((def.prometheus, def.label)),
+                "{} {:?} twice",
+                def.prometheus,
+                def.label
+            );
+        }
+    }
+
+    #[test]
+    fn response_classes_map_to_their_counters() {
+        assert_eq!(response_class(1), RESPONSES_1XX);
+        assert_eq!(response_class(4), RESPONSES_4XX);
+        assert_eq!(response_class(9), RESPONSES_5XX);
+    }
+}

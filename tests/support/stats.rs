@@ -1,0 +1,65 @@
+//! `forkd stats --json`, parsed with serde_json.
+
+use super::process::BIN;
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// `forkd stats ARGS... --json`, parsed; Err says what failed.
+fn stats_of(args: &[&std::ffi::OsStr]) -> Result<Value, String> {
+    let out = Command::new(BIN)
+        .arg("stats")
+        .args(args)
+        .arg("--json")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("run forkd stats: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "forkd stats --json failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!(
+            "forkd stats --json printed no JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// `forkd stats -c CONFIG --json` (the documented form: the subcommand first).
+pub fn try_stats_json(config: &Path) -> Result<Value, String> {
+    stats_of(&["-c".as_ref(), config.as_os_str()])
+}
+
+/// `forkd stats --shm SHM --json` (by region path: the config file may be broken on
+/// purpose while this runs).
+pub fn try_shm_json(shm: &Path) -> Result<Value, String> {
+    stats_of(&["--shm".as_ref(), shm.as_os_str()])
+}
+
+/// `forkd stats -c CONFIG --json`; panics if it fails.
+pub fn stats_json(config: &Path) -> Value {
+    try_stats_json(config).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `forkd stats --shm SHM --json`; panics if it fails.
+pub fn shm_json(shm: &Path) -> Value {
+    try_shm_json(shm).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Whether the region shows every one of `workers` in state "serving" (what the master
+/// waits for before it counts as started; it ignores USR2 until then).
+pub fn workers_serving(shm: &Path, workers: &[i32]) -> bool {
+    let Ok(json) = try_shm_json(shm) else {
+        return false;
+    };
+    let rows = json["workers"].as_array().cloned().unwrap_or_default();
+    workers.iter().all(|&w| {
+        rows.iter().any(|r| {
+            r["pid"].as_i64() == Some(i64::from(w)) && r["state"].as_str() == Some("serving")
+        })
+    })
+}

@@ -1,0 +1,532 @@
+//! From a parsed request to a queued response: choose the server by `Host` and the
+//! route by path, frame the body, call the route's handler, count and log what it
+//! sent. Never touches the socket: the connection's I/O (`io.rs`) feeds it requests
+//! and writes what it queues.
+//!
+//! A handler returns a finished response ([`Outcome`]); a `Proxy` route returns
+//! "proxy this" instead ([`Next::Proxy`], a [`Proxied`] exchange built here), which
+//! `proxied.rs` drives over the upstream socket.
+
+use crate::access_log;
+use crate::busy::{Body, PendingBody};
+use crate::handlers::health::{self, Probe};
+use crate::handlers::static_files::{self, StaticRoute};
+use crate::handlers::status::{self, Format};
+use crate::handlers::{self, Outcome, Reply};
+use crate::http::chunked::ChunkedDecoder;
+use crate::http::path::{self, PathError};
+use crate::http::request::{self, BodyKind, Method, Request, RequestError, Version};
+use crate::http::response::{self, Persistence, Status};
+use crate::out::OutQueue;
+use crate::proxy::response_head::ResponseContext;
+use crate::proxy::session::Session;
+use crate::proxy::upstream_request::{self, Forwarding, Framing, Scheme};
+use crate::services::Services;
+use crate::timers::Micros;
+use crate::upstreams::Proxied;
+use forkd_shared::config::{Handler, Server};
+use std::borrow::Cow;
+use std::net::IpAddr;
+
+/// What the connection does once the queued output is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    ReadHead,
+    Close,
+    /// Close our side, then drain the client's input for a while before closing.
+    Linger,
+}
+
+/// What answering one parsed request led to.
+pub enum Next {
+    /// Answered: look for another request in the buffer.
+    Continue,
+    /// A body follows: read it, then [`answer_after_body`].
+    Body(PendingBody),
+    /// The connection ends after the queued output.
+    Finish(After),
+    /// The request breaks a limit of the server its `Host` selected: answered by the
+    /// connection like a malformed request (error page, then close).
+    Reject(RequestError),
+    /// A `Proxy` route: the exchange to drive (its body, if any, follows the head in
+    /// the input and goes upstream as it is read).
+    Proxy(Box<Proxied>),
+}
+
+/// What of a connection answering a request touches, borrowed apart from the input
+/// buffer the request itself borrows.
+pub struct Exchange<'c> {
+    pub out: &'c mut OutQueue,
+    /// Requests answered on the connection so far (for `keepalive_requests`).
+    pub requests: &'c mut u32,
+    /// The connection's current server: set to the one this request's `Host` selects.
+    pub server: &'c mut u16,
+    pub peer: IpAddr,
+    pub listener: usize,
+    /// When the request's first byte arrived.
+    pub started: Micros,
+}
+
+/// Picks the server for `host` among those on the connection's listener.
+fn select_server(svc: &Services, listener: usize, host: Option<&[u8]>) -> usize {
+    let routing = &svc.routing[listener];
+    if let Some(host) = host {
+        for &s in &routing.servers {
+            if svc.config.servers[s]
+                .names
+                .iter()
+                .any(|n| n.as_bytes().eq_ignore_ascii_case(host))
+            {
+                return s;
+            }
+        }
+    }
+    routing.default
+}
+
+/// Answers one parsed request: frames its body, or responds right away.
+pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -> Next {
+    let server = select_server(svc, x.listener, req.host);
+    *x.server = server as u16;
+    let max_header = svc.config.servers[server].max_header_bytes;
+    if req.head_len > max_header {
+        // Read under the largest limit on the address; this server's is smaller.
+        // Parsing the head again under it tells 414 from 431 as the parser does.
+        let e = match request::parse(head, max_header) {
+            Err(e) => e,
+            Ok(_) => RequestError::HeadersTooLarge,
+        };
+        return Next::Reject(e);
+    }
+    let limit = svc.config.servers[server].max_body_bytes;
+    let body = match req.body {
+        BodyKind::None => None,
+        BodyKind::Length(n) if n > limit => {
+            *x.requests = x.requests.saturating_add(1);
+            too_large(&mut x, svc, req, server);
+            return Next::Finish(After::Linger);
+        }
+        BodyKind::Length(n) => Some(Body::Length(n)),
+        BodyKind::Chunked => Some(Body::Chunked(ChunkedDecoder::new(
+            limit,
+            svc.config.servers[server].max_header_bytes,
+        ))),
+    };
+    if let Some(upstream) = proxy_route(svc, server, req) {
+        return proxy(x, svc, req, head, server, upstream);
+    }
+    if let Some(body) = body {
+        if req.expect_continue && refused_from_head(svc, server, req) {
+            // RFC 9110 §10.1.1: the final answer instead of `100 Continue`. The client
+            // may or may not send the body now, so the connection cannot tell where
+            // the next request starts: it closes (lingering, so the answer is read).
+            respond(x, svc, req, server, Close::Now);
+            return Next::Finish(After::Linger);
+        }
+        ensure_out(x.out);
+        if req.expect_continue {
+            x.out
+                .bytes()
+                .extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            svc.stats.response(100, None);
+        }
+        return Next::Body(PendingBody {
+            head: Box::from(head),
+            body,
+            server,
+        });
+    }
+    match respond(x, svc, req, server, Close::IfAsked) {
+        Persistence::Close => Next::Finish(After::Close),
+        _ => Next::Continue,
+    }
+}
+
+/// Answers a request whose body has been read. `Some` if the connection then closes.
+pub fn answer_after_body(
+    x: Exchange,
+    svc: &mut Services,
+    req: &Request,
+    server: usize,
+) -> Option<After> {
+    match respond(x, svc, req, server, Close::IfAsked) {
+        Persistence::Close => Some(After::Close),
+        _ => None,
+    }
+}
+
+fn too_large(x: &mut Exchange, svc: &mut Services, req: &Request, server: usize) {
+    ensure_out(x.out);
+    let mut reply = Reply {
+        out: x.out,
+        date: svc.clock.http_date(),
+        persistence: Persistence::Close,
+        head_only: req.method == Method::Head,
+    };
+    let outcome = reply.error(Status::CONTENT_TOO_LARGE, &[]);
+    let latency = svc.clock.precise_us().saturating_sub(x.started);
+    svc.stats.response(outcome.status.0, Some(latency));
+    log_request(svc, server, x.peer, req, &outcome);
+}
+
+/// The upstream of the route `req` goes to, if that route is a `Proxy`.
+fn proxy_route(svc: &Services, server: usize, req: &Request) -> Option<usize> {
+    let server = &svc.config.servers[server];
+    let path = route_path(req.path).ok()?;
+    match server.routes[server.route_index(&path)?].handler {
+        Handler::Proxy { upstream } => Some(upstream),
+        _ => None,
+    }
+}
+
+/// Per direction, the bytes a proxied exchange buffers between the two sockets.
+const PROXY_BUFFER: usize = 64 * 1024;
+/// The largest response head accepted from an upstream (more is a 502).
+const MAX_UPSTREAM_HEAD: usize = 32 * 1024;
+
+/// "Proxy this": the upstream head written, the exchange built.
+fn proxy(
+    x: Exchange,
+    svc: &mut Services,
+    req: &Request,
+    head: &[u8],
+    server: usize,
+    upstream_index: usize,
+) -> Next {
+    *x.requests = x.requests.saturating_add(1);
+    let srv = &svc.config.servers[server];
+    let keep = req.keep_alive
+        && !svc.draining
+        && (srv.keepalive_requests == 0 || u64::from(*x.requests) < srv.keepalive_requests);
+    let upstream = &svc.config.upstreams[upstream_index];
+    let framing = match req.body {
+        BodyKind::None => Framing::None,
+        BodyKind::Length(n) => Framing::Length(n),
+        BodyKind::Chunked => Framing::Chunked,
+    };
+    let fallback = srv
+        .names
+        .first()
+        .map_or(&b"localhost"[..], |n| n.as_bytes());
+    let fwd = Forwarding {
+        client_ip: x.peer,
+        scheme: Scheme::Http,
+        fallback_host: fallback,
+        close: upstream.keepalive == 0,
+    };
+    let mut out = Vec::with_capacity(head.len() + 192);
+    let written =
+        match upstream_request::write(head, framing, &fwd, &mut svc.upstreams.ids, &mut out) {
+            Ok(w) => w,
+            // The head was parsed once already; re-tokenising it cannot fail.
+            Err(_) => return Next::Reject(RequestError::Malformed("unparseable head")),
+        };
+    let request_id = out[written.request_id.clone()].to_vec();
+    let context = ResponseContext {
+        head_request: req.method == Method::Head,
+        client_http10: req.version == Version::Http10,
+        client_keep_alive: keep,
+        upstream_requests: 0,
+        keepalive_requests: upstream.keepalive_requests,
+        max_head: MAX_UPSTREAM_HEAD,
+    };
+    let session = Session::new(
+        out,
+        framing,
+        req.method_name,
+        upstream.servers.len(),
+        upstream.retries,
+        context,
+        PROXY_BUFFER,
+    );
+    let expect = req.expect_continue && framing != Framing::None;
+    Next::Proxy(Box::new(Proxied::new(
+        session,
+        upstream_index,
+        server,
+        expect,
+        x.started,
+        svc.clock.now_us,
+        keep,
+        req.version == Version::Http10,
+        &request_id,
+    )))
+}
+
+/// Whether the answer to `req` is an error known from its head alone (a path that
+/// cannot be normalised, no route, a method the route's handler refuses).
+fn refused_from_head(svc: &Services, server: usize, req: &Request) -> bool {
+    let server = &svc.config.servers[server];
+    let Ok(path) = route_path(req.path) else {
+        return true;
+    };
+    match server.route_index(&path) {
+        None => true,
+        Some(route) => !handlers::allows(&server.routes[route].handler, req.method),
+    }
+}
+
+/// Whether a response must close the connection whatever the request asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Close {
+    /// The request, the server's `keepalive_requests` and draining decide.
+    IfAsked,
+    /// Close after this response.
+    Now,
+}
+
+/// Runs the route's handler and queues its response. Returns the persistence used.
+fn respond(
+    x: Exchange,
+    svc: &mut Services,
+    req: &Request,
+    server_index: usize,
+    close: Close,
+) -> Persistence {
+    *x.requests = x.requests.saturating_add(1);
+    // A body may have been read across a configuration change: fall back to the first
+    // server if this one is gone.
+    let server_index = server_index.min(svc.config.servers.len() - 1);
+    let server: &Server = &svc.config.servers[server_index];
+    let keep = req.keep_alive
+        && close == Close::IfAsked
+        && !svc.draining
+        && (server.keepalive_requests == 0 || u64::from(*x.requests) < server.keepalive_requests);
+    let persistence = match (keep, req.version) {
+        (false, _) => Persistence::Close,
+        (true, Version::Http10) => Persistence::KeepAlive10,
+        (true, Version::Http11) => Persistence::KeepAlive11,
+    };
+    ensure_out(x.out);
+    let mut reply = Reply {
+        out: x.out,
+        date: svc.clock.http_date(),
+        persistence,
+        head_only: req.method == Method::Head,
+    };
+    let path = route_path(req.path);
+    let outcome = match path.as_deref().map(|p| (p, server.route_index(p))) {
+        Err(_) => reply.error(Status::BAD_REQUEST, &[]),
+        Ok((_, None)) => reply.error(Status::NOT_FOUND, &[]),
+        Ok((path, Some(route_index))) => match &server.routes[route_index].handler {
+            Handler::Liveness => {
+                health::serve(Probe::Liveness, req.method, svc.draining, &mut reply)
+            }
+            Handler::Readiness => {
+                health::serve(Probe::Readiness, req.method, svc.not_ready, &mut reply)
+            }
+            Handler::Status => {
+                status::serve(Format::Json, req.method, svc.stats.region(), &mut reply)
+            }
+            Handler::Metrics => status::serve(
+                Format::Prometheus,
+                req.method,
+                svc.stats.region(),
+                &mut reply,
+            ),
+            Handler::Static { root, index } => {
+                let id = server_index << 16 | route_index;
+                let route = StaticRoute { id, root, index };
+                let now = svc.clock.unix_secs;
+                static_files::serve(&route, req, path, &mut svc.cache, now, &mut reply)
+            }
+            // A body read across a reload that made this route a proxy: the
+            // exchange was not started for it, so nothing can be forwarded now.
+            Handler::Proxy { .. } => reply.error(Status::SERVICE_UNAVAILABLE, &[]),
+        },
+    };
+    let latency = svc.clock.precise_us().saturating_sub(x.started);
+    svc.stats.response(outcome.status.0, Some(latency));
+    if outcome.logged {
+        log_request(svc, server_index, x.peer, req, &outcome);
+    }
+    persistence
+}
+
+/// The path a request is routed and served by: decoded and normalised by
+/// [`path::normalize`], so that `//api`, `/%61pi` and `/x/../api` all reach the route
+/// of `/api`. A path already in normal form (the common case) is borrowed as is.
+fn route_path(raw: &[u8]) -> Result<Cow<'_, [u8]>, PathError> {
+    if is_normal(raw) {
+        Ok(Cow::Borrowed(raw))
+    } else {
+        path::normalize(raw).map(Cow::Owned)
+    }
+}
+
+/// Whether `normalize(raw)` is `raw` itself: it starts with `/` and has no escape and
+/// no empty, `.` or `..` segment, a trailing slash aside.
+fn is_normal(raw: &[u8]) -> bool {
+    let Some((&b'/', rest)) = raw.split_first() else {
+        return false;
+    };
+    // On every request, so one compare per ordinary byte: `%`, `.` and `/` are all
+    // at or below `/`. `len` and `dots` count the current segment's bytes and dots
+    // (a segment of dots only, one or two, is `.` or `..`).
+    let (mut len, mut dots) = (0usize, 0usize);
+    for &b in rest {
+        if b > b'/' {
+            len += 1;
+            continue;
+        }
+        match b {
+            b'/' if len == dots && len <= 2 => return false, // empty, `.` or `..`
+            b'/' => (len, dots) = (0, 0),
+            b'%' => return false,
+            b'.' => (len, dots) = (len + 1, dots + 1),
+            _ => len += 1,
+        }
+    }
+    !(len == dots && (len == 1 || len == 2))
+}
+
+/// Queues an error page that closes the connection (no request could be answered:
+/// a bad head, a timeout, a broken body), counts and logs it.
+pub fn error_page(
+    out: &mut OutQueue,
+    svc: &mut Services,
+    status: Status,
+    server: usize,
+    peer: IpAddr,
+    started: Micros,
+) {
+    error_page_for(out, svc, status, server, peer, started, None);
+}
+
+/// [`error_page`] for a request whose head is known (a proxied request the upstream
+/// failed: 502, 504), logged with its method and target; `head_only` for HEAD.
+pub fn error_page_for(
+    out: &mut OutQueue,
+    svc: &mut Services,
+    status: Status,
+    server: usize,
+    peer: IpAddr,
+    started: Micros,
+    req: Option<&Request>,
+) {
+    let date = *svc.clock.http_date_array();
+    ensure_out(out);
+    let head_only = req.is_some_and(|r| r.method == Method::Head);
+    let body_bytes = response::error(
+        out.bytes(),
+        status,
+        &date,
+        Persistence::Close,
+        &[],
+        head_only,
+    );
+    let latency = svc.clock.precise_us().saturating_sub(started);
+    svc.stats.response(status.0, Some(latency));
+    match req {
+        Some(req) => {
+            let outcome = Outcome {
+                status,
+                body_bytes,
+                logged: true,
+            };
+            log_request(svc, server, peer, req, &outcome);
+        }
+        None if svc.logs.enabled(server) => {
+            let entry = access_log::Entry {
+                peer,
+                method: "-",
+                target: b"",
+                http10: false,
+                status: status.0,
+                body_bytes,
+                referer: None,
+                user_agent: None,
+            };
+            svc.logs.record(server, &entry, svc.clock.log_time());
+        }
+        None => {}
+    }
+}
+
+pub fn log_request(
+    svc: &mut Services,
+    server: usize,
+    peer: IpAddr,
+    req: &Request,
+    outcome: &Outcome,
+) {
+    if !svc.logs.enabled(server) {
+        return;
+    }
+    let entry = access_log::Entry {
+        peer,
+        method: req.method_name,
+        target: req.target,
+        http10: req.version == Version::Http10,
+        status: outcome.status.0,
+        body_bytes: outcome.body_bytes,
+        referer: req.referer,
+        user_agent: req.user_agent,
+    };
+    svc.logs.record(server, &entry, svc.clock.log_time());
+}
+
+/// Output buffers stay with their `Busy` (which is pooled), so this allocates only for
+/// a fresh one.
+fn ensure_out(out: &mut OutQueue) {
+    if !out.has_buffer() {
+        out.attach(Vec::with_capacity(OUT_CAPACITY));
+    }
+}
+
+/// Initial size of an output buffer: a few responses' heads and small bodies.
+const OUT_CAPACITY: usize = 16 * 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shortcut must agree with the normaliser it stands in for.
+    #[test]
+    fn a_path_is_normal_exactly_when_normalize_keeps_it() {
+        let cases: &[&[u8]] = &[
+            b"/",
+            b"/a",
+            b"/a/",
+            b"/a/b.txt",
+            b"/a/b/",
+            b"//",
+            b"//a",
+            b"/a//b",
+            b"/a/./b",
+            b"/a/.",
+            b"/a/..",
+            b"/..",
+            b"/.",
+            b"/a/../b",
+            b"/%61",
+            b"/a%20b",
+            b"/.a/b..",
+            b"/...",
+            b"a",
+            b"",
+            b"*",
+            b"/a/b//",
+        ];
+        for &raw in cases {
+            let kept = path::normalize(raw).is_ok_and(|n| n == raw);
+            assert_eq!(is_normal(raw), kept, "{:?}", String::from_utf8_lossy(raw));
+        }
+    }
+
+    #[test]
+    fn every_spelling_of_a_path_routes_the_same() {
+        for raw in [
+            &b"/api/x"[..],
+            b"//api/x",
+            b"/%61pi/x",
+            b"/x/../api/x",
+            b"/./api//x",
+        ] {
+            assert_eq!(&*route_path(raw).unwrap(), b"/api/x");
+        }
+        assert_eq!(&*route_path(b"/healthz/../1kb.txt").unwrap(), b"/1kb.txt");
+        assert!(route_path(b"/../x").is_err());
+        assert!(route_path(b"/a%2fb").is_err());
+    }
+}

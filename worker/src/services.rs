@@ -1,0 +1,102 @@
+//! Per-worker state every connection uses: the configuration and its routing tables,
+//! the file cache, the buffer pool, access logs, clock, timers, stats and the
+//! upstream side (pools and upstream tokens).
+//!
+//! Owned by the event loop and lent to a connection while it runs; it knows nothing
+//! of connections, so `conn` and `event_loop` both depend on it and not on each other
+//! in a circle.
+
+use crate::access_log::AccessLogs;
+use crate::busy::{Busy, BusyPool};
+use crate::clock::Clock;
+use crate::file_cache::FileCache;
+use crate::stats::Stats;
+use crate::timers::Timers;
+use crate::upstreams::Upstreams;
+use forkd_shared::config::{Config, Server};
+
+/// Which servers a listener's connections may be routed to.
+pub struct Routing {
+    pub servers: Vec<usize>,
+    /// The first server on the address: used when no name matches.
+    pub default: usize,
+    /// The largest `max_header_bytes` among `servers`: how much of a head is read
+    /// before its `Host` can select a server.
+    pub max_header_bytes: usize,
+}
+
+/// For each listener, the servers on its address (a validated config has at least one).
+pub fn routing(config: &Config) -> Vec<Routing> {
+    config
+        .listeners
+        .iter()
+        .map(|l| {
+            let servers: Vec<usize> = (0..config.servers.len())
+                .filter(|&s| config.servers[s].listen.contains(&l.addr))
+                .collect();
+            let max_header_bytes = servers
+                .iter()
+                .map(|&s| config.servers[s].max_header_bytes)
+                .max()
+                .unwrap_or(16384);
+            Routing {
+                default: servers[0],
+                servers,
+                max_header_bytes,
+            }
+        })
+        .collect()
+}
+
+/// The input buffer size: room for the largest head any server accepts.
+pub fn max_header_bytes(config: &Config) -> usize {
+    config
+        .servers
+        .iter()
+        .map(|s| s.max_header_bytes)
+        .max()
+        .unwrap_or(16384)
+}
+
+pub struct Services {
+    pub config: Config,
+    pub routing: Vec<Routing>,
+    pub cache: FileCache,
+    /// Connection buffers not in use (see `busy`).
+    pub pool: BusyPool,
+    pub logs: AccessLogs,
+    pub clock: Clock,
+    pub timers: Timers,
+    pub stats: Stats,
+    /// Upstream connection pools and tokens (the reverse proxy).
+    pub upstreams: Upstreams,
+    /// Readiness answers 503 (a stop was requested).
+    pub not_ready: bool,
+    /// Responses carry `Connection: close`; idle connections are closed.
+    pub draining: bool,
+}
+
+impl Services {
+    /// Buffers for a connection that has work.
+    pub fn take_busy(&mut self) -> Box<Busy> {
+        self.pool.take()
+    }
+
+    /// Buffers back from a connection that is idle or closed.
+    pub fn give_busy(&mut self, busy: Box<Busy>) {
+        self.pool.give(busy);
+    }
+
+    /// Server `index`, or the first one if a configuration change removed it.
+    pub fn server(&self, index: usize) -> &Server {
+        self.config
+            .servers
+            .get(index)
+            .unwrap_or(&self.config.servers[0])
+    }
+
+    /// The server a listener's connections use until a `Host` selects another.
+    pub fn default_server(&self, listener: usize) -> usize {
+        self.routing[listener].default
+    }
+}

@@ -216,6 +216,9 @@ pub struct Proxied {
     pub upstream_done: bool,
     /// The deadline fired: tell the session before the next pump.
     pub fired: bool,
+    /// The upstream failed after the response head: what was received goes out,
+    /// then the client connection closes (a truncated response, never a wrong one).
+    pub truncated: bool,
     /// Bytes written to the client.
     pub sent: u64,
     /// The client connection may be kept after the response.
@@ -258,6 +261,7 @@ impl Proxied {
             status: None,
             upstream_done: false,
             fired: false,
+            truncated: false,
             sent: 0,
             client_keep_alive,
             http10,

@@ -146,6 +146,9 @@ pub fn advance(
             Err(_) => Progress::Close,
         };
     }
+    if p.truncated {
+        return Progress::Close;
+    }
     if p.upstream_done {
         let keep = finish(p, c, svc);
         return Progress::Finished { keep };
@@ -192,7 +195,9 @@ fn act(
                 observe(p, svc);
                 // The client sees a truncated response; it is logged as what it was.
                 account(p, c, svc);
-                return Some(Progress::Close);
+                p.upstream_done = true;
+                p.truncated = true;
+                return None;
             }
             Step::Done { pool } => {
                 p.upstream_done = true;

@@ -533,7 +533,10 @@ fn a_slow_client_stops_the_upstream_being_read() {
 
 #[test]
 fn a_slow_upstream_stops_the_client_being_read() {
-    const LEN: usize = 16 * 1024 * 1024;
+    // Far more than every socket buffer on the way can hold (receive buffers grow to
+    // tcp_rmem's 32 MiB here: client -> forkd and forkd -> upstream, plus send buffers).
+    const LEN: usize = 160 * 1024 * 1024;
+    const BUFFERS_AT_MOST: usize = 100 * 1024 * 1024;
     let up = TestUpstream::start(
         Settings {
             slow_read: Some((16 * 1024, Duration::from_millis(20))),
@@ -542,6 +545,8 @@ fn a_slow_upstream_stops_the_client_being_read() {
         |req| Reply::ok(req.body_len.to_string().as_bytes()),
     );
     let d = proxy_daemon(&[up.addr().to_string()], "send_timeout: \"30s\",");
+    d.get("/warm-up");
+    let before = worker_rss_kib(&d);
     let mut s = d.connect();
     write!(
         s,
@@ -549,30 +554,32 @@ fn a_slow_upstream_stops_the_client_being_read() {
     )
     .unwrap();
     s.set_nonblocking(true).unwrap();
-    let piece = vec![7u8; 64 * 1024];
+    let piece = vec![7u8; 256 * 1024];
     let mut sent = 0;
-    // Write as fast as the socket takes it for a while: it must stop taking it long
-    // before the whole body, since the upstream reads slowly and forkd buffers little.
-    let until = std::time::Instant::now() + Duration::from_millis(800);
-    while std::time::Instant::now() < until && sent < LEN {
-        match s.write(&piece[..piece.len().min(LEN - sent)]) {
-            Ok(n) => sent += n,
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+    // Write as fast as the socket takes it: it must stop taking it, since the
+    // upstream reads slowly (about 800 KB/s) and forkd buffers little.
+    let mut stalled = 0;
+    while stalled < 100 && sent < LEN {
+        match s.write(&piece) {
+            Ok(n) => {
+                sent += n;
+                stalled = 0;
+            }
+            Err(_) => {
+                stalled += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
     }
     assert!(
-        sent < LEN / 2,
-        "forkd took {sent} of {LEN} bytes from the client at once"
+        sent < BUFFERS_AT_MOST,
+        "forkd took {sent} of {LEN} bytes from the client without the upstream reading them"
     );
-    s.set_nonblocking(false).unwrap();
-    while sent < LEN {
-        let n = piece.len().min(LEN - sent);
-        s.write_all(&piece[..n]).unwrap();
-        sent += n;
-    }
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let r = read_response(&mut s, false).expect("a response");
-    assert_eq!(r.body_str(), LEN.to_string());
+    let after = worker_rss_kib(&d);
+    assert!(
+        after < before + 32 * 1024,
+        "worker RSS grew from {before} KiB to {after} KiB"
+    );
 }
 
 /// Requests paced around the upstream's idle close: each may meet a pooled
@@ -634,29 +641,32 @@ fn one_request(port: u16, method: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Keep-alive clients proxying through `d` until `stop`: (ok, failed, first failures).
+/// Clients proxying through forkd on `port` until `stop`, counting into `ok` and
+/// `failed`; returns the first failures.
 fn proxied_load(
     port: u16,
     threads: usize,
     stop: Arc<std::sync::atomic::AtomicBool>,
-) -> Vec<std::thread::JoinHandle<(u64, u64, Vec<String>)>> {
+    ok: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+) -> Vec<std::thread::JoinHandle<Vec<String>>> {
     (0..threads)
         .map(|_| {
-            let stop = stop.clone();
+            let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
             std::thread::spawn(move || {
-                let (mut ok, mut failed, mut why) = (0, 0, Vec::new());
+                let mut why = Vec::new();
                 while !stop.load(SeqCst) {
                     match one_request(port, "GET") {
-                        Ok(()) => ok += 1,
+                        Ok(()) => ok.fetch_add(1, SeqCst),
                         Err(e) => {
-                            failed += 1;
                             if why.len() < 5 {
                                 why.push(e);
                             }
+                            failed.fetch_add(1, SeqCst)
                         }
-                    }
+                    };
                 }
-                (ok, failed, why)
+                why
             })
         })
         .collect()
@@ -671,7 +681,16 @@ fn reloads_and_upgrades_under_proxied_load_fail_no_request() {
         .own_binary()
         .start();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let load = proxied_load(d.port, 4, stop.clone());
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let load = proxied_load(d.port, 4, stop.clone(), ok.clone(), failed.clone());
+    let progress = |ok: &AtomicU64| {
+        let target = ok.load(SeqCst) + 50;
+        assert!(
+            wait_until(Duration::from_secs(30), || ok.load(SeqCst) >= target),
+            "the load made no progress"
+        );
+    };
+    progress(&ok);
     for i in 0..16 {
         // Alternate the server list: pooled connections to a removed server close.
         let servers = if i % 2 == 0 {
@@ -679,27 +698,36 @@ fn reloads_and_upgrades_under_proxied_load_fail_no_request() {
         } else {
             vec![up2.addr().to_string()]
         };
-        let text = proxy_builder(&servers, "").workers(2).config_text(d.port);
-        write_config(&d.config, &text);
+        d.builder = proxy_builder(&servers, "").workers(2).own_binary();
         let (code, out, err) = d.reload();
         assert_eq!(code, 0, "reload {i}: {out} {err}");
+        progress(&ok);
     }
+    assert!(
+        !up2.received().is_empty(),
+        "the reloads did not reach the workers: {}",
+        d.error_log()
+    );
     for i in 0..4 {
+        let old = d.master().expect("a master");
         let (code, out, err) = d.ctl(&["-s", "upgrade"]);
         assert_eq!(code, 0, "upgrade {i}: {out} {err}");
-        let _ = d.master();
+        let new = d.master().expect("a master after the upgrade");
+        assert_ne!(new, old, "upgrade {i}: {out}");
+        d.adopt_master(new);
+        assert!(wait_until(Duration::from_secs(30), || {
+            d.reap_first();
+            !alive(old)
+        }));
+        progress(&ok);
     }
-    std::thread::sleep(Duration::from_millis(300));
     stop.store(true, SeqCst);
-    let (mut ok, mut failed, mut why) = (0, 0, Vec::new());
+    let mut why = Vec::new();
     for t in load {
-        let (o, f, w) = t.join().unwrap();
-        ok += o;
-        failed += f;
-        why.extend(w);
+        why.extend(t.join().unwrap());
     }
-    assert_eq!(failed, 0, "{ok} ok; {why:?}");
-    assert!(ok > 0);
+    assert_eq!(failed.load(SeqCst), 0, "{} ok; {why:?}", ok.load(SeqCst));
+    d.stop_master();
 }
 
 #[test]

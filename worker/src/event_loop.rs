@@ -493,7 +493,10 @@ impl EventLoop {
         self.svc.config = config;
         self.generation = published;
         self.svc.stats.slot().generation.store(published, Relaxed);
-        forkd_shared::info!("adopted configuration generation {published}");
+        forkd_shared::info!(
+            "adopted configuration generation {published} ({} upstream server pool(s))",
+            self.svc.upstreams.pools.len()
+        );
     }
 
     fn accept_on(&mut self, index: usize) {

@@ -330,6 +330,15 @@ impl<C> Pools<C> {
             .find_map(|pool| pool.remove(&mut matches))
     }
 
+    /// Pools (one per configured upstream server).
+    pub fn len(&self) -> usize {
+        self.pools.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pools.is_empty()
+    }
+
     /// Idle connections in all pools.
     pub fn idle(&self) -> usize {
         self.pools.iter().map(Pool::len).sum()

@@ -55,8 +55,10 @@ pub struct Session {
     /// Requests on the current connection, this one included.
     conn_requests: u64,
     /// Upstream bytes read but not yet taken by the response stream.
+    /// Allocated once per session (READ_CHUNK); `inbox[inbox_at..inbox_end]` unread.
     inbox: Vec<u8>,
     inbox_at: usize,
+    inbox_end: usize,
     head_reported: bool,
     body_reported: bool,
     progressed: bool,
@@ -88,6 +90,7 @@ impl Session {
             conn_requests: 0,
             inbox: Vec::new(),
             inbox_at: 0,
+            inbox_end: 0,
             head_reported: false,
             body_reported: false,
             progressed: false,
@@ -108,7 +111,7 @@ impl Session {
             },
             self.capacity,
         );
-        self.inbox.clear();
+        self.inbox_end = 0;
         self.inbox_at = 0;
         self.head_reported = false;
         self.body_reported = false;
@@ -266,35 +269,32 @@ impl Session {
             if let Some(step) = self.deliver() {
                 return Some(step);
             }
-            if self.inbox_at < self.inbox.len() {
+            if self.inbox_at < self.inbox_end {
                 return None; // the client side is full
             }
             if !self.response.wants_input() {
                 return None;
             }
-            self.inbox.clear();
+            self.inbox_end = 0;
             self.inbox_at = 0;
-            self.inbox.resize(READ_CHUNK, 0);
+            if self.inbox.len() < READ_CHUNK {
+                self.inbox.resize(READ_CHUNK, 0); // once: no zeroing per read
+            }
             let socket = self.socket.as_mut()?;
             match socket.read(&mut self.inbox) {
                 Ok(0) => {
-                    self.inbox.clear();
                     return Some(self.upstream_closed());
                 }
                 Ok(n) => {
-                    self.inbox.truncate(n);
+                    self.inbox_end = n;
                     self.progressed = true;
                     if let Some(step) = self.apply(Event::ResponseBytes) {
                         return Some(step);
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.inbox.clear();
-                    return None;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => self.inbox.clear(),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => {
-                    self.inbox.clear();
                     return Some(self.fail(Failure::Reset));
                 }
             }
@@ -303,10 +303,13 @@ impl Session {
 
     /// Feeds inbox bytes to the response stream.
     fn deliver(&mut self) -> Option<Step> {
-        if self.response.is_read_whole() && self.inbox_at == self.inbox.len() {
+        if self.response.is_read_whole() && self.inbox_at == self.inbox_end {
             return Some(self.complete(true));
         }
-        let fed = match self.response.feed(&self.inbox[self.inbox_at..]) {
+        let fed = match self
+            .response
+            .feed(&self.inbox[self.inbox_at..self.inbox_end])
+        {
             Ok(fed) => fed,
             Err(e) => return Some(self.fail(stream_failure(e, self.response.head().is_some()))),
         };
@@ -329,7 +332,7 @@ impl Session {
         }
         if self.response.is_read_whole() {
             // Bytes beyond the response: nobody asked for them, do not pool.
-            let clean = self.inbox_at == self.inbox.len();
+            let clean = self.inbox_at == self.inbox_end;
             return Some(self.complete(clean));
         }
         None

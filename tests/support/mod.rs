@@ -11,6 +11,7 @@
 //! | `port` | `PortReservation`: ports held until the daemon is gone |
 //! | `process` | /proc (children, state, descriptors, sockets), signals, `forkd` as a CLI |
 //! | `stats` | `forkd stats --json`, parsed |
+//! | `upstream` | `TestUpstream`: a threaded HTTP/1.1 upstream with faults on demand |
 //! | `wait` | polling with a deadline |
 #![allow(dead_code, unused_imports)]
 
@@ -20,6 +21,7 @@ pub mod load;
 pub mod port;
 pub mod process;
 pub mod stats;
+pub mod upstream;
 pub mod wait;
 
 pub use daemon::*;

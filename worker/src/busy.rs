@@ -7,6 +7,7 @@
 use crate::http::chunked::ChunkedDecoder;
 use crate::out::OutQueue;
 use crate::timers::Micros;
+use crate::upstreams::Proxied;
 
 /// How a request body being read is framed, and how much of it is left.
 pub enum Body {
@@ -59,6 +60,8 @@ pub struct Busy {
     pub body: Option<PendingBody>,
     /// The transfer rate of the body being read or the response being written.
     pub rate: RateWindow,
+    /// A proxied exchange under way.
+    pub proxy: Option<Box<Proxied>>,
 }
 
 impl Busy {
@@ -71,6 +74,7 @@ impl Busy {
             out: OutQueue::default(),
             body: None,
             rate: RateWindow::default(),
+            proxy: None,
         })
     }
 
@@ -81,7 +85,10 @@ impl Busy {
 
     /// Nothing buffered either way and no body under way.
     pub fn idle(&self) -> bool {
-        self.in_start == self.in_end && self.out.is_empty() && self.body.is_none()
+        self.in_start == self.in_end
+            && self.out.is_empty()
+            && self.body.is_none()
+            && self.proxy.is_none()
     }
 
     /// Input bytes not consumed yet.
@@ -116,6 +123,7 @@ impl Busy {
     pub fn reset(&mut self) {
         self.discard_input();
         self.body = None;
+        self.proxy = None;
         self.rate = RateWindow::default();
         self.out.clear();
     }

@@ -14,6 +14,7 @@ use crate::services::{max_header_bytes, routing, Services};
 use crate::setup::InitError;
 use crate::stats::Stats;
 use crate::timers::Timers;
+use crate::upstreams::{upstream_key, Owner, Upstreams};
 use forkd_shared::config::Config;
 use forkd_shared::exit;
 use forkd_shared::shm::counters;
@@ -130,6 +131,8 @@ impl EventLoop {
         let max_header = max_header_bytes(&config);
         let logs = AccessLogs::open(&config.servers).map_err(InitError::AccessLog)?;
         let capacity = config.worker_connections.get();
+        let registry = poll.registry().try_clone().map_err(InitError::Poll)?;
+        let upstreams = Upstreams::new(registry, &config.upstreams);
         let mut event_loop = EventLoop {
             poll,
             events: Events::with_capacity(1024),
@@ -148,6 +151,7 @@ impl EventLoop {
                 clock: Clock::new(),
                 timers: Timers::default(),
                 stats: Stats::new(init.region, init.region_slot),
+                upstreams,
                 not_ready: false,
                 draining: false,
                 limit_log: Default::default(),
@@ -206,6 +210,26 @@ impl EventLoop {
                     SIGNALS => fast_exit |= self.on_signals(),
                     Token(t) if t > LISTENER_BASE - self.listeners.len() && t <= LISTENER_BASE => {
                         self.accept_on(LISTENER_BASE - t);
+                    }
+                    Token(t) if upstream_key(t).is_some() => {
+                        let key = t & !crate::upstreams::UPSTREAM_BIT;
+                        match self.svc.upstreams.owner(key) {
+                            Some(Owner::Client(client)) => {
+                                let Some(conn) = self.conns.get_mut(client) else {
+                                    continue;
+                                };
+                                let verdict = conn.drive(client, &mut self.svc);
+                                self.settle(client, verdict);
+                            }
+                            Some(Owner::Pooled)
+                                if event.is_readable()
+                                    || event.is_read_closed()
+                                    || event.is_error() =>
+                            {
+                                self.svc.upstreams.evict(key);
+                            }
+                            _ => {}
+                        }
                     }
                     Token(key) => {
                         let Some(conn) = self.conns.get_mut(key) else {
@@ -276,6 +300,9 @@ impl EventLoop {
         let now = Instant::now();
         let mut until = now + Duration::from_secs(1);
         if let Some(due) = self.svc.timers.next_due() {
+            until = until.min(self.svc.clock.instant(due));
+        }
+        if let Some(due) = self.svc.upstreams.next_expiry() {
             until = until.min(self.svc.clock.instant(due));
         }
         match self.run {
@@ -362,6 +389,7 @@ impl EventLoop {
             queue_until: now + QUEUE_DRAIN_MAX,
         };
         self.svc.draining = true;
+        self.svc.upstreams.drain();
         self.svc.stats.set_state(WorkerState::Draining);
         // Idle keep-alive connections get a short grace: a client about to send its next
         // request gets an answer with `Connection: close` instead of a reset.
@@ -473,10 +501,14 @@ impl EventLoop {
         self.svc.pool.resize(max_header);
         self.svc.routing = routing(&config);
         self.svc.cache = FileCache::default();
+        self.svc.upstreams.reconfigure(&config.upstreams);
         self.svc.config = config;
         self.generation = published;
         self.svc.stats.slot().generation.store(published, Relaxed);
-        forkd_shared::info!("adopted configuration generation {published}");
+        forkd_shared::info!(
+            "adopted configuration generation {published} ({} upstream server pool(s))",
+            self.svc.upstreams.pools.len()
+        );
     }
 
     fn accept_on(&mut self, index: usize) {
@@ -721,6 +753,7 @@ impl EventLoop {
 
     fn expire_deadlines(&mut self) {
         let now = self.svc.clock.now_us;
+        self.svc.upstreams.expire(now);
         while let Some(entry) = self.svc.timers.pop_due(now) {
             let key = entry.1;
             let Some(conn) = self.conns.get_mut(key) else {

@@ -12,6 +12,7 @@
 //! - `proxy_protocol`: the sans-io PROXY protocol v1/v2 header parser; `real_ip`: the
 //!   client behind trusted proxies.
 //! - `handlers`: what routes do (static files, health probes).
+//! - `proxy`: the reverse proxy's sans-io parts (heads, bodies, pools, retries).
 //! - [`busy`], [`file_cache`], [`out`], [`timers`], [`clock`], [`access_log`]:
 //!   the per-worker machinery those use.
 #![forbid(unsafe_code)]
@@ -27,12 +28,14 @@ pub mod http;
 mod init;
 pub mod limits;
 pub mod out;
+pub mod proxy;
 pub mod proxy_protocol;
 pub mod real_ip;
 pub mod services;
 pub mod setup;
 pub mod stats;
 pub mod timers;
+pub mod upstreams;
 
 use forkd_shared::exit;
 

@@ -1,5 +1,6 @@
 //! Per-worker state every connection uses: the configuration and its routing tables,
-//! the file cache, the buffer pool, access logs, clock, timers and stats.
+//! the file cache, the buffer pool, access logs, clock, timers, stats and the
+//! upstream side (pools and upstream tokens).
 //!
 //! Owned by the event loop and lent to a connection while it runs; it knows nothing
 //! of connections, so `conn` and `event_loop` both depend on it and not on each other
@@ -11,6 +12,7 @@ use crate::clock::Clock;
 use crate::file_cache::FileCache;
 use crate::stats::Stats;
 use crate::timers::Timers;
+use crate::upstreams::Upstreams;
 use forkd_shared::config::{Config, Server};
 
 /// Which servers a listener's connections may be routed to.
@@ -66,6 +68,8 @@ pub struct Services {
     pub clock: Clock,
     pub timers: Timers,
     pub stats: Stats,
+    /// Upstream connection pools and tokens (the reverse proxy).
+    pub upstreams: Upstreams,
     /// Readiness answers 503 (a stop was requested).
     pub not_ready: bool,
     /// Responses carry `Connection: close`; idle connections are closed.

@@ -16,10 +16,12 @@ mod locate;
 pub mod raw;
 pub mod site;
 pub mod units;
+mod upstream;
 mod validate;
 
 pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
 pub use raw::{AcceptMode, LogLevel};
+pub use upstream::{Upstream, UpstreamAddress, UpstreamServer};
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
@@ -57,6 +59,8 @@ pub struct Config {
     /// Bytes of compressed responses a worker keeps.
     pub compress_cache: usize,
     pub servers: Vec<Server>,
+    /// `upstreams`, in file order; `Handler::Proxy` holds an index into it.
+    pub upstreams: Vec<Upstream>,
     /// Every distinct listen address with the largest backlog any server asked for.
     pub listeners: Vec<Listener>,
 }
@@ -169,6 +173,10 @@ pub enum Handler {
         status: u16,
         body: String,
         content_type: String,
+    },
+    /// Hands the request to `Config::upstreams[upstream]`.
+    Proxy {
+        upstream: usize,
     },
 }
 

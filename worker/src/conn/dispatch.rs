@@ -3,9 +3,9 @@
 //! sent. Never touches the socket: the connection's I/O (`io.rs`) feeds it requests
 //! and writes what it queues.
 //!
-//! A handler returns a finished response ([`Outcome`]) today; a handler that must
-//! wait on another socket (the proxy) will return that instead, and `io.rs` will
-//! drive it.
+//! A handler returns a finished response ([`Outcome`]); a `Proxy` route returns
+//! "proxy this" instead ([`Next::Proxy`], a [`Proxied`] exchange built here), which
+//! `proxied.rs` drives over the upstream socket.
 
 use crate::access_log;
 use crate::busy::{Body, PendingBody};
@@ -20,8 +20,12 @@ use crate::http::path::{self, PathError};
 use crate::http::request::{self, BodyKind, Method, Request, RequestError, Version};
 use crate::http::response::{self, Persistence, Status};
 use crate::out::OutQueue;
+use crate::proxy::response_head::ResponseContext;
+use crate::proxy::session::Session;
+use crate::proxy::upstream_request::{self, Forwarding, Framing, Scheme};
 use crate::services::Services;
 use crate::timers::Micros;
+use crate::upstreams::Proxied;
 use forkd_shared::config::{Handler, Server};
 use std::borrow::Cow;
 use std::net::IpAddr;
@@ -46,6 +50,9 @@ pub enum Next {
     /// The request breaks a limit of the server its `Host` selected: answered by the
     /// connection like a malformed request (error page, then close).
     Reject(RequestError),
+    /// A `Proxy` route: the exchange to drive (its body, if any, follows the head in
+    /// the input and goes upstream as it is read).
+    Proxy(Box<Proxied>),
 }
 
 /// What of a connection answering a request touches, borrowed apart from the input
@@ -119,6 +126,9 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
             svc.config.servers[server].max_header_bytes,
         ))),
     };
+    if let Some(upstream) = proxy_route(svc, server, req, x.peer) {
+        return proxy(x, svc, req, head, server, upstream);
+    }
     if let Some(body) = body {
         if req.expect_continue && refused_from_head(svc, server, req, x.peer) {
             // RFC 9110 §10.1.1: the final answer instead of `100 Continue`. The client
@@ -252,6 +262,95 @@ fn too_many(
     persistence
 }
 
+/// The upstream of the route `req` goes to, if that route is a `Proxy` the client
+/// `peer` may use (a refused one is answered 403 by `respond`, like any route).
+fn proxy_route(svc: &Services, server: usize, req: &Request, peer: IpAddr) -> Option<usize> {
+    let server = &svc.config.servers[server];
+    let path = route_path(req.path).ok()?;
+    let route = &server.routes[server.route_index(&path)?];
+    if !route.access.permits(peer) {
+        return None;
+    }
+    match route.handler {
+        Handler::Proxy { upstream } => Some(upstream),
+        _ => None,
+    }
+}
+
+/// Per direction, the bytes a proxied exchange buffers between the two sockets.
+const PROXY_BUFFER: usize = 64 * 1024;
+/// The largest response head accepted from an upstream (more is a 502).
+const MAX_UPSTREAM_HEAD: usize = 32 * 1024;
+
+/// "Proxy this": the upstream head written, the exchange built.
+fn proxy(
+    x: Exchange,
+    svc: &mut Services,
+    req: &Request,
+    head: &[u8],
+    server: usize,
+    upstream_index: usize,
+) -> Next {
+    *x.requests = x.requests.saturating_add(1);
+    let srv = &svc.config.servers[server];
+    let keep = req.keep_alive
+        && !svc.draining
+        && (srv.keepalive_requests == 0 || u64::from(*x.requests) < srv.keepalive_requests);
+    let upstream = &svc.config.upstreams[upstream_index];
+    let framing = match req.body {
+        BodyKind::None => Framing::None,
+        BodyKind::Length(n) => Framing::Length(n),
+        BodyKind::Chunked => Framing::Chunked,
+    };
+    let fallback = srv
+        .names
+        .first()
+        .map_or(&b"localhost"[..], |n| n.as_bytes());
+    let fwd = Forwarding {
+        client_ip: x.peer,
+        scheme: Scheme::Http,
+        fallback_host: fallback,
+        close: upstream.keepalive == 0,
+    };
+    let mut out = Vec::with_capacity(head.len() + 192);
+    let written =
+        match upstream_request::write(head, framing, &fwd, &mut svc.upstreams.ids, &mut out) {
+            Ok(w) => w,
+            // The head was parsed once already; re-tokenising it cannot fail.
+            Err(_) => return Next::Reject(RequestError::Malformed("unparseable head")),
+        };
+    let request_id = out[written.request_id.clone()].to_vec();
+    let context = ResponseContext {
+        head_request: req.method == Method::Head,
+        client_http10: req.version == Version::Http10,
+        client_keep_alive: keep,
+        upstream_requests: 0,
+        keepalive_requests: upstream.keepalive_requests,
+        max_head: MAX_UPSTREAM_HEAD,
+    };
+    let session = Session::new(
+        out,
+        framing,
+        req.method_name,
+        upstream.servers.len(),
+        upstream.retries,
+        context,
+        PROXY_BUFFER,
+    );
+    let expect = req.expect_continue && framing != Framing::None;
+    Next::Proxy(Box::new(Proxied::new(
+        session,
+        upstream_index,
+        server,
+        expect,
+        x.started,
+        svc.clock.now_us,
+        keep,
+        req.version == Version::Http10,
+        &request_id,
+    )))
+}
+
 /// Whether the answer to `req` is an error known from its head alone (a path that
 /// cannot be normalised, no route, a method the route's handler refuses).
 fn refused_from_head(svc: &Services, server: usize, req: &Request, peer: IpAddr) -> bool {
@@ -381,6 +480,9 @@ fn respond(
                 };
                 ret::serve(&fixed, &mut reply)
             }
+            // A body read across a reload that made this route a proxy: the
+            // exchange was not started for it, so nothing can be forwarded now.
+            Handler::Proxy { .. } => reply.error(Status::SERVICE_UNAVAILABLE, &[]),
         },
     };
     let latency = svc.clock.precise_us().saturating_sub(x.started);
@@ -471,8 +573,23 @@ pub fn error_page(
     peer: IpAddr,
     started: Micros,
 ) {
+    error_page_for(out, svc, status, server, peer, started, None);
+}
+
+/// [`error_page`] for a request whose head is known (a proxied request the upstream
+/// failed: 502, 504), logged with its method and target; `head_only` for HEAD.
+pub fn error_page_for(
+    out: &mut OutQueue,
+    svc: &mut Services,
+    status: Status,
+    server: usize,
+    peer: IpAddr,
+    started: Micros,
+    req: Option<&Request>,
+) {
     let date = *svc.clock.http_date_array();
     ensure_out(out);
+    let head_only = req.is_some_and(|r| r.method == Method::Head);
     let site = response::Site {
         headers: b"",
         pages: &svc.config.servers[server.min(svc.config.servers.len() - 1)].error_pages,
@@ -484,26 +601,43 @@ pub fn error_page(
         Persistence::Close,
         &[],
         &site,
-        false,
+        head_only,
     );
     let latency = svc.clock.precise_us().saturating_sub(started);
     svc.stats.response(status.0, Some(latency));
-    if svc.logs.enabled(server) {
-        let entry = access_log::Entry {
-            peer,
-            method: "-",
-            target: b"",
-            http10: false,
-            status: status.0,
-            body_bytes,
-            referer: None,
-            user_agent: None,
-        };
-        svc.logs.record(server, &entry, svc.clock.log_time());
+    match req {
+        Some(req) => {
+            let outcome = Outcome {
+                status,
+                body_bytes,
+                logged: true,
+            };
+            log_request(svc, server, peer, req, &outcome);
+        }
+        None if svc.logs.enabled(server) => {
+            let entry = access_log::Entry {
+                peer,
+                method: "-",
+                target: b"",
+                http10: false,
+                status: status.0,
+                body_bytes,
+                referer: None,
+                user_agent: None,
+            };
+            svc.logs.record(server, &entry, svc.clock.log_time());
+        }
+        None => {}
     }
 }
 
-fn log_request(svc: &mut Services, server: usize, peer: IpAddr, req: &Request, outcome: &Outcome) {
+pub fn log_request(
+    svc: &mut Services,
+    server: usize,
+    peer: IpAddr,
+    req: &Request,
+    outcome: &Outcome,
+) {
     if !svc.logs.enabled(server) {
         return;
     }

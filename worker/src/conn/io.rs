@@ -11,13 +11,20 @@
 //!             └─ Write{then: ReadHead} ◀─────────────── Write{then}
 //!                  then: Close ──▶ closed
 //!                  then: Linger ─▶ Linger (drain input, then closed)
+//!
+//!  ReadHead ──Proxy route──▶ Proxy ──response written──▶ ReadHead (or closed)
+//!                              └── upstream failed before the head ─▶ Write{then: Linger}
 //! ```
+//!
+//! In `Proxy` the exchange (`Busy::proxy`) is driven by `proxied.rs`: the client is
+//! read only for its body, as the upstream takes it.
 //!
 //! Requests are answered in order; a buffer full of pipelined requests produces one
 //! batch of responses and one `write`. Input is only read while nothing is waiting
 //! to be written, so a client that does not read its responses stops being read.
 
 use super::dispatch::{self, After, Exchange, Next};
+use super::proxied::{self, Client, Progress};
 use crate::busy::{Body, Busy, RateWindow};
 use crate::http::request::{self, RequestError};
 use crate::http::response::Status;
@@ -105,6 +112,8 @@ enum Phase {
     Write(After),
     /// Response sent and our side shut down: discarding input until EOF or timeout.
     Linger,
+    /// A proxied exchange (`Busy::proxy`) under way.
+    Proxy,
 }
 
 /// What a connection is doing, for the stats gauges.
@@ -195,7 +204,7 @@ impl Conn {
 
     pub fn activity(&self) -> Activity {
         match self.phase {
-            Phase::Write(_) => Activity::Writing,
+            Phase::Write(_) | Phase::Proxy => Activity::Writing,
             _ if self.is_idle() => Activity::Idle,
             _ => Activity::Reading,
         }
@@ -205,7 +214,7 @@ impl Conn {
     /// response not fully sent (nginx's 499).
     pub fn abandoned(&self) -> bool {
         match self.phase {
-            Phase::ReadBody => true,
+            Phase::ReadBody | Phase::Proxy => true,
             Phase::Write(After::ReadHead) => self.wants_write(),
             _ => false,
         }
@@ -213,7 +222,12 @@ impl Conn {
 
     /// Output is waiting for the socket to take it.
     pub fn wants_write(&self) -> bool {
-        self.busy.as_ref().is_some_and(|b| !b.out.is_empty())
+        self.busy.as_ref().is_some_and(|b| {
+            !b.out.is_empty()
+                || b.proxy
+                    .as_ref()
+                    .is_some_and(|p| !p.session.client_output().is_empty())
+        })
     }
 
     /// The client address (see `peer`).
@@ -294,7 +308,10 @@ impl Conn {
         if let Some(held) = self.bits.take_held() {
             crate::limits::admit::release(svc, held);
         }
-        if let Some(busy) = self.busy.take() {
+        if let Some(mut busy) = self.busy.take() {
+            if let Some(token) = busy.proxy.take().and_then(|p| p.token) {
+                svc.upstreams.forget(token); // the session's socket closes with it
+            }
             svc.give_busy(busy);
         }
     }
@@ -307,7 +324,7 @@ impl Conn {
     /// Advances the connection as far as it can go without blocking.
     pub fn drive(&mut self, key: usize, svc: &mut Services) -> Verdict {
         self.bits.set(Bits::YIELDED, false);
-        let verdict = self.step(svc);
+        let verdict = self.step(key, svc);
         if verdict == Verdict::Keep {
             self.park(svc);
             self.arm(key, svc);
@@ -320,7 +337,7 @@ impl Conn {
         self.bits.has(Bits::YIELDED)
     }
 
-    fn step(&mut self, svc: &mut Services) -> Verdict {
+    fn step(&mut self, key: usize, svc: &mut Services) -> Verdict {
         let mut steps = STEPS_PER_TURN;
         let mut bytes = BYTES_PER_TURN;
         loop {
@@ -367,7 +384,7 @@ impl Conn {
                             self.start_writing(after, svc);
                             continue;
                         }
-                        None if self.phase == Phase::ReadBody => continue,
+                        None if matches!(self.phase, Phase::ReadBody | Phase::Proxy) => continue,
                         None => {}
                     }
                     if self.wants_write() {
@@ -405,6 +422,62 @@ impl Conn {
                         Ok(true) => continue,
                         Ok(false) => return Verdict::Keep,
                         Err(_) => return Verdict::Close,
+                    }
+                }
+                Phase::Proxy => {
+                    let Some(busy) = self.busy.as_deref_mut() else {
+                        return Verdict::Close;
+                    };
+                    let Some(mut p) = busy.proxy.take() else {
+                        return Verdict::Close;
+                    };
+                    let mut client = Client {
+                        key,
+                        stream: &mut self.stream,
+                        peer: self.peer,
+                        progress: &mut self.progress,
+                    };
+                    let progress = proxied::advance(&mut p, &mut client, busy, svc, &mut bytes);
+                    match progress {
+                        Progress::Again
+                        | Progress::ReadClient
+                        | Progress::Wait
+                        | Progress::Budget => {
+                            busy.proxy = Some(p);
+                        }
+                        _ => {
+                            if let Some(token) = p.token {
+                                svc.upstreams.forget(token);
+                            }
+                        }
+                    }
+                    match progress {
+                        Progress::Again => continue,
+                        Progress::ReadClient => match self.fill(svc) {
+                            Ok(true) => continue,
+                            Ok(false) => return Verdict::Keep,
+                            Err(_) => return Verdict::Close,
+                        },
+                        Progress::Wait => return Verdict::Keep,
+                        Progress::Budget => {
+                            self.bits.set(Bits::YIELDED, true);
+                            return Verdict::Keep;
+                        }
+                        Progress::Finished { keep: true } => {
+                            self.phase = Phase::ReadHead;
+                            self.idle_since = svc.clock.now_us;
+                            if !self.bits.has(Bits::NODELAY) {
+                                self.bits.set(Bits::NODELAY, true);
+                                let _ = self.stream.set_nodelay(true);
+                            }
+                        }
+                        Progress::Finished { keep: false } | Progress::Close => {
+                            return Verdict::Close
+                        }
+                        Progress::Failed => {
+                            self.phase = Phase::ReadHead;
+                            self.start_writing(After::Linger, svc);
+                        }
                     }
                 }
                 Phase::Linger => {
@@ -477,6 +550,11 @@ impl Conn {
                             return None;
                         }
                         Next::Finish(after) => return Some(after),
+                        Next::Proxy(p) => {
+                            busy.proxy = Some(p);
+                            self.phase = Phase::Proxy;
+                            return None;
+                        }
                         Next::Reject(e) => {
                             self.reject(svc, e.status(), e);
                             return Some(After::Linger);
@@ -654,6 +732,16 @@ impl Conn {
             }
             Phase::Linger => self.idle_since + LINGER,
             Phase::ProxyHeader => self.idle_since + us(server.header_timeout),
+            Phase::Proxy => match self.busy.as_deref() {
+                Some(b) => match b.proxy.as_deref() {
+                    Some(p) => {
+                        let (upstream, client) = proxied::deadlines(p, b, svc, self.progress);
+                        upstream.min(client)
+                    }
+                    None => self.progress + us(server.send_timeout),
+                },
+                None => self.progress + us(server.send_timeout),
+            },
         };
         svc.timers.set(key, &mut self.deadline, at);
     }
@@ -759,7 +847,33 @@ impl Conn {
                 );
                 Verdict::Close
             }
+            Phase::Proxy => self.proxy_timeout(key, svc),
         }
+    }
+
+    /// The deadline of a proxied exchange passed: the upstream's (the session decides
+    /// what it becomes: a retry, 502/504, a truncated response) or the client's.
+    fn proxy_timeout(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        let now = svc.clock.now_us;
+        let Some(busy) = self.busy.as_deref_mut() else {
+            return Verdict::Close;
+        };
+        let Some(mut p) = busy.proxy.take() else {
+            return Verdict::Close;
+        };
+        let (upstream, client) = proxied::deadlines(&p, busy, svc, self.progress);
+        let fired_upstream = upstream <= now;
+        p.fired = fired_upstream;
+        busy.proxy = Some(p);
+        if fired_upstream {
+            return self.drive(key, svc);
+        }
+        if client <= now {
+            forkd_shared::info!("client {} timed out during a proxied exchange", self.peer);
+            return Verdict::Close;
+        }
+        self.arm(key, svc);
+        Verdict::Keep
     }
 
     /// A request under way is answered 408 and the connection closes.

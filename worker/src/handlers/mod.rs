@@ -26,6 +26,8 @@ pub fn allows(handler: &Handler, method: Method) -> bool {
         Handler::Status | Handler::Metrics => health::allows(method),
         // Like nginx's `return`: the same answer whatever the method.
         Handler::Redirect { .. } | Handler::Return { .. } => true,
+        // The upstream decides.
+        Handler::Proxy { .. } => true,
     }
 }
 

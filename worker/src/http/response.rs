@@ -29,7 +29,9 @@ impl Status {
     pub const HEADER_FIELDS_TOO_LARGE: Status = Status(431);
     pub const INTERNAL_SERVER_ERROR: Status = Status(500);
     pub const NOT_IMPLEMENTED: Status = Status(501);
+    pub const BAD_GATEWAY: Status = Status(502);
     pub const SERVICE_UNAVAILABLE: Status = Status(503);
+    pub const GATEWAY_TIMEOUT: Status = Status(504);
     pub const HTTP_VERSION_NOT_SUPPORTED: Status = Status(505);
 
     /// The status line, without the trailing CRLF: `HTTP/1.1 200 OK`.
@@ -53,7 +55,9 @@ impl Status {
             429 => "HTTP/1.1 429 Too Many Requests",
             431 => "HTTP/1.1 431 Request Header Fields Too Large",
             501 => "HTTP/1.1 501 Not Implemented",
+            502 => "HTTP/1.1 502 Bad Gateway",
             503 => "HTTP/1.1 503 Service Unavailable",
+            504 => "HTTP/1.1 504 Gateway Timeout",
             505 => "HTTP/1.1 505 HTTP Version Not Supported",
             _ => "HTTP/1.1 500 Internal Server Error",
         }

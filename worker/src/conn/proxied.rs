@@ -1,0 +1,434 @@
+//! The client side of a proxied exchange: feeds the client's body to the
+//! [`Session`](crate::proxy::session::Session), pumps the upstream socket, writes the
+//! response to the client, and acts on each [`Step`]: which server next, a pooled or a
+//! new connection, the connection back to its pool, an error page, the logs.
+//!
+//! Backpressure both ways comes from the session's bounded streams: the client is
+//! read only while the request stream has room, the upstream only while the response
+//! stream has room, and the response stream drains only as the client socket takes
+//! it. `io.rs` calls [`advance`] from the connection's state machine and reads the
+//! client socket when asked ([`Progress::ReadClient`]).
+
+use super::dispatch;
+use crate::busy::Busy;
+use crate::handlers::Outcome;
+use crate::http::request::{self, Version};
+use crate::http::response::Status;
+use crate::out::Flush;
+use crate::proxy::response_head::ClientBody;
+use crate::proxy::session::Step;
+use crate::services::Services;
+use crate::timers::Micros;
+use crate::upstreams::Proxied;
+use mio::net::TcpStream;
+use std::io::{self, Write};
+use std::net::IpAddr;
+
+/// What the connection does after [`advance`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// Bytes moved: call again.
+    Again,
+    /// The exchange wants client body bytes and none are buffered: read the client.
+    ReadClient,
+    /// Wait for an event (either socket) or the deadline.
+    Wait,
+    /// The turn's write budget is spent.
+    Budget,
+    /// The response was written whole; `keep`: the client connection stays open.
+    Finished { keep: bool },
+    /// Nothing of a response was sent: an error page is queued; close after it.
+    Failed,
+    /// Part of the response was sent and the rest cannot be: close the client.
+    Close,
+}
+
+/// The client connection's side of [`advance`].
+pub struct Client<'a> {
+    pub key: usize,
+    pub stream: &'a mut TcpStream,
+    pub peer: IpAddr,
+    /// The connection's last progress (reads and writes), for its timeouts.
+    pub progress: &'a mut Micros,
+}
+
+/// Moves the exchange as far as both sockets allow.
+pub fn advance(
+    p: &mut Proxied,
+    c: &mut Client,
+    busy: &mut Busy,
+    svc: &mut Services,
+    budget: &mut u64,
+) -> Progress {
+    // `100 Continue` (queued below) goes out before any response byte.
+    if !busy.out.is_empty() {
+        let mut sent = 0;
+        let result = busy.out.flush(c.stream, &mut sent, *budget);
+        *budget = budget.saturating_sub(sent);
+        if sent > 0 {
+            *c.progress = svc.clock.now_us;
+            svc.stats.bytes_out(sent);
+        }
+        match result {
+            Err(_) => return Progress::Close,
+            Ok(Flush::Blocked) => return Progress::Wait,
+            Ok(Flush::Budget) => return Progress::Budget,
+            Ok(Flush::Done) => {}
+        }
+    }
+    if p.server.is_none() && !p.upstream_done {
+        let step = next_server(p, c.key, svc);
+        if let Some(done) = act(p, c, busy, svc, step) {
+            return done;
+        }
+    }
+    if std::mem::take(&mut p.fired) {
+        let step = p.session.timed_out();
+        if let Some(done) = act(p, c, busy, svc, step) {
+            return done;
+        }
+    }
+    let mut moved = false;
+    if p.session.wants_client_body() && busy.has_input() {
+        match p
+            .session
+            .feed_client_body(&busy.inbuf[busy.in_start..busy.in_end])
+        {
+            Ok(n) => {
+                busy.consume(n);
+                moved = n > 0;
+            }
+            Err(_) => {
+                // A badly framed chunked body: nothing after it can be trusted.
+                forget_token(p, svc);
+                busy.discard_input();
+                return fail(p, c, busy, svc, Status::BAD_REQUEST);
+            }
+        }
+    }
+    if !p.upstream_done {
+        let step = p.session.pump();
+        if let Some(done) = act(p, c, busy, svc, step) {
+            return done;
+        }
+    }
+    observe(p, svc);
+    if p.expect_continue && p.session.ready_for_body() {
+        p.expect_continue = false;
+        if p.head_at.is_none() {
+            busy.out
+                .bytes()
+                .extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            svc.stats.response(100, None);
+            return Progress::Again;
+        }
+    }
+    let out = p.session.client_output();
+    if !out.is_empty() {
+        if *budget == 0 {
+            return Progress::Budget;
+        }
+        let n = out
+            .len()
+            .min(usize::try_from(*budget).unwrap_or(usize::MAX));
+        return match c.stream.write(&out[..n]) {
+            Ok(0) => Progress::Close,
+            Ok(n) => {
+                p.session.client_wrote(n);
+                p.sent += n as u64;
+                *budget = budget.saturating_sub(n as u64);
+                *c.progress = svc.clock.now_us;
+                svc.stats.bytes_out(n as u64);
+                Progress::Again
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Progress::Wait,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Progress::Again,
+            Err(_) => Progress::Close,
+        };
+    }
+    if p.truncated {
+        return Progress::Close;
+    }
+    if p.upstream_done {
+        let keep = finish(p, c, svc);
+        return Progress::Finished { keep };
+    }
+    if moved {
+        return Progress::Again;
+    }
+    if p.session.wants_client_body() && !busy.has_input() {
+        return Progress::ReadClient;
+    }
+    Progress::Wait
+}
+
+/// Acts on a step of the session; `Some` when `advance` returns that.
+fn act(
+    p: &mut Proxied,
+    c: &mut Client,
+    busy: &mut Busy,
+    svc: &mut Services,
+    mut step: Step,
+) -> Option<Progress> {
+    loop {
+        step = match step {
+            Step::Pending => return None,
+            Step::NeedFreshConnection { server } => {
+                log_failure(p, svc, true);
+                forget_token(p, svc);
+                connect(p, c.key, server, svc)
+            }
+            Step::NeedNextServer => {
+                log_failure(p, svc, true);
+                forget_token(p, svc);
+                next_server(p, c.key, svc)
+            }
+            Step::Respond(status) => {
+                log_failure(p, svc, false);
+                forget_token(p, svc);
+                busy.discard_input();
+                return Some(fail(p, c, busy, svc, Status(status)));
+            }
+            Step::CloseClient => {
+                log_failure(p, svc, false);
+                forget_token(p, svc);
+                observe(p, svc);
+                // The client sees a truncated response; it is logged as what it was.
+                account(p, c, svc);
+                p.upstream_done = true;
+                p.truncated = true;
+                return None;
+            }
+            Step::Done { pool } => {
+                p.upstream_done = true;
+                observe(p, svc);
+                match (pool, p.token.take(), p.server) {
+                    (Some((socket, requests)), Some(token), Some((_, id))) if !svc.draining => {
+                        let now = svc.clock.now_us;
+                        svc.upstreams.put(id, socket, token, requests, now);
+                    }
+                    (_, token, _) => {
+                        if let Some(token) = token {
+                            svc.upstreams.forget(token);
+                        }
+                    }
+                }
+                return None;
+            }
+        };
+    }
+}
+
+/// Starts an attempt on the next untried server of the upstream (a pooled
+/// connection if it has one); every server tried: 502.
+fn next_server(p: &mut Proxied, key: usize, svc: &mut Services) -> Step {
+    if p.upstream >= svc.config.upstreams.len() {
+        return Step::Respond(502); // removed by a reload
+    }
+    let tried = p.session.exchange().tried();
+    let Some(server) = svc.upstreams.pools.next_server(p.upstream, tried) else {
+        return Step::Respond(502);
+    };
+    let id = svc.upstreams.pools.server_id(p.upstream, server);
+    p.server = Some((server, id));
+    let now = svc.clock.now_us;
+    if let Some((socket, requests, token)) = svc.upstreams.take(id, now, key) {
+        begin_attempt(p, svc, token);
+        p.session.attach(server, socket, Some(requests));
+        return p.session.pump();
+    }
+    connect(p, key, server, svc)
+}
+
+/// Starts an attempt on `server` over a new connection.
+fn connect(p: &mut Proxied, key: usize, server: usize, svc: &mut Services) -> Step {
+    let Some(addr) = svc
+        .config
+        .upstreams
+        .get(p.upstream)
+        .and_then(|u| u.servers.get(server))
+        .map(|s| &s.addr)
+    else {
+        return Step::Respond(502); // removed by a reload
+    };
+    let id = svc.upstreams.pools.server_id(p.upstream, server);
+    p.server = Some((server, id));
+    match svc.upstreams.connect(addr, key) {
+        Ok((socket, token)) => {
+            begin_attempt(p, svc, token);
+            p.session.attach(server, socket, None);
+            p.session.pump()
+        }
+        Err(e) => {
+            p.failure_logged = false;
+            p.session.connect_failed(server, &e)
+        }
+    }
+}
+
+fn begin_attempt(p: &mut Proxied, svc: &Services, token: usize) {
+    p.token = Some(token);
+    p.failure_logged = false;
+    p.state_tag = None;
+    p.state_since = svc.clock.now_us;
+    p.upstream_progress = svc.clock.now_us;
+}
+
+/// The session dropped its socket (closed): its token is free.
+fn forget_token(p: &mut Proxied, svc: &mut Services) {
+    if let Some(token) = p.token.take() {
+        svc.upstreams.forget(token);
+    }
+}
+
+/// Notes state changes (for the deadlines), progress and the response head.
+fn observe(p: &mut Proxied, svc: &Services) {
+    let now = svc.clock.now_us;
+    let tag = std::mem::discriminant(&p.session.exchange().state);
+    if p.state_tag != Some(tag) {
+        p.state_tag = Some(tag);
+        p.state_since = now;
+        p.upstream_progress = now;
+    }
+    if p.session.take_progress() {
+        p.upstream_progress = now;
+    }
+    if p.head_at.is_none() {
+        if let Some(head) = p.session.response_head() {
+            p.head_at = Some(svc.clock.precise_us());
+            p.status = Some(head.status);
+        }
+    }
+}
+
+/// Logs the current attempt's failure once, with the upstream and server.
+fn log_failure(p: &mut Proxied, svc: &Services, retried: bool) {
+    if p.failure_logged {
+        return;
+    }
+    let Some(failure) = p.session.last_failure() else {
+        return;
+    };
+    p.failure_logged = true;
+    let upstream = svc.config.upstreams.get(p.upstream);
+    let name = upstream.map_or("?", |u| u.name.as_str());
+    let label = p
+        .server
+        .and_then(|(s, _)| upstream.and_then(|u| u.servers.get(s)))
+        .map_or("?", |s| s.label.as_str());
+    if retried {
+        forkd_shared::warn!("upstream {name} {label}: {failure} (retrying)");
+    } else {
+        forkd_shared::error!("upstream {name} {label}: {failure}");
+    }
+}
+
+/// Queues the error page for `status` (counted and logged like any error page).
+fn fail(
+    p: &mut Proxied,
+    c: &Client,
+    busy: &mut Busy,
+    svc: &mut Services,
+    status: Status,
+) -> Progress {
+    let head = p.session.request_head();
+    let parsed = request::parse(head, head.len());
+    let mut req = match parsed {
+        Ok(Some(req)) => Some(req),
+        _ => None,
+    };
+    if let Some(req) = req.as_mut() {
+        req.version = client_version(p);
+    }
+    let (server, peer, started) = (p.client_server, c.peer, p.started);
+    dispatch::error_page_for(
+        &mut busy.out,
+        svc,
+        status,
+        server,
+        peer,
+        started,
+        req.as_ref(),
+    );
+    Progress::Failed
+}
+
+fn client_version(p: &Proxied) -> Version {
+    if p.http10 {
+        Version::Http10
+    } else {
+        Version::Http11
+    }
+}
+
+/// Counts and logs the response; says whether the client connection stays open.
+fn finish(p: &mut Proxied, c: &Client, svc: &mut Services) -> bool {
+    account(p, c, svc);
+    let close = p.session.response_head().is_none_or(|h| h.client_close);
+    p.client_keep_alive && !close && p.session.request_complete() && !svc.draining
+}
+
+/// Counts the response in the stats and writes its access-log line.
+fn account(p: &Proxied, c: &Client, svc: &mut Services) {
+    let status = p.status.unwrap_or(502);
+    let latency = svc.clock.precise_us().saturating_sub(p.started);
+    svc.stats.response(status, Some(latency));
+    if !svc.logs.enabled(p.client_server) {
+        return;
+    }
+    let body_bytes = match p.session.response_head().map(|h| h.client_body) {
+        Some(ClientBody::Length(n)) => n.min(p.sent),
+        Some(ClientBody::None) | None => 0,
+        // Chunked or close-delimited: the bytes sent (nginx's $bytes_sent).
+        Some(_) => p.sent,
+    };
+    let head = p.session.request_head();
+    if let Ok(Some(mut req)) = request::parse(head, head.len()) {
+        req.version = client_version(p);
+        let outcome = Outcome {
+            status: Status(status),
+            body_bytes,
+            logged: true,
+        };
+        dispatch::log_request(svc, p.client_server, c.peer, &req, &outcome);
+    }
+}
+
+/// The deadlines that apply now: the upstream's (the exchange's current state) and
+/// the client's (writing the response, or waiting for the body). The earlier one is
+/// the connection's deadline.
+pub fn deadlines(
+    p: &Proxied,
+    busy: &Busy,
+    svc: &Services,
+    client_progress: Micros,
+) -> (Micros, Micros) {
+    let server = svc.server(p.client_server);
+    let us = |d: std::time::Duration| d.as_micros() as Micros;
+    let writing = !busy.out.is_empty() || !p.session.client_output().is_empty();
+    let waiting_body = p.session.wants_client_body() && !busy.has_input();
+    let client = if writing || p.upstream_done {
+        client_progress + us(server.send_timeout)
+    } else if waiting_body {
+        client_progress + us(server.body_timeout)
+    } else {
+        Micros::MAX
+    };
+    let state = &p.session.exchange().state;
+    use crate::proxy::exchange::State;
+    // Waiting on the client is not the upstream's delay.
+    let held = match state {
+        State::StreamingResponseBody { .. } => writing,
+        State::SendingHead { .. } | State::StreamingRequestBody { .. } => waiting_body,
+        _ => false,
+    };
+    let upstream = match svc.config.upstreams.get(p.upstream) {
+        Some(u) if !held && !p.upstream_done => match p.session.exchange().timeout(u) {
+            Some(t) if t.rearm_on_progress => p.state_since.max(p.upstream_progress) + us(t.after),
+            Some(t) => p.state_since + us(t.after),
+            None => Micros::MAX,
+        },
+        _ => Micros::MAX,
+    };
+    (upstream, client)
+}

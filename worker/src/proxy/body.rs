@@ -1,0 +1,532 @@
+//! Bodies in transit, in both directions: a [`Decoder`] that yields the data of a
+//! `Content-Length`, chunked or close-delimited body, an [`Encoder`] that frames data
+//! for the other side, and a [`Relay`] that joins the two over a bounded buffer.
+//!
+//! `http::chunked` only consumes a body (it is for bodies forkd discards), so the
+//! chunked decoder here is its own: the same strict rules (hex size of at most 16
+//! digits, CRLF line ends, CRLF after data), but it reports where the data is and
+//! keeps the trailer fields (bounded) so a chunked body is re-encoded with them.
+//! Chunk extensions are dropped: the body is re-chunked, never forwarded raw.
+//!
+//! Backpressure is the relay's whole point: [`Relay::feed`] takes only as many bytes
+//! as fit in its buffer, so a slow reader on one side stops reads on the other, and an
+//! exchange's memory stays at `capacity` (plus a chunk-size line) whatever the body.
+
+use super::push_hex;
+use std::ops::Range;
+
+/// Trailer fields kept per body; more is a framing error.
+pub const MAX_TRAILERS: usize = 8 * 1024;
+
+/// Why a body could not be relayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyError {
+    /// Bad chunk framing (size, line ends, trailers too large).
+    BadChunk,
+    /// The sender closed before the end of a `Content-Length` or chunked body.
+    Truncated,
+}
+
+/// One step of decoding: `consumed` input bytes, of which `data` (a range of the input,
+/// possibly empty) are body data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub consumed: usize,
+    pub data: Range<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    Size { digits: u8 },
+    Extension,
+    SizeLf,
+    Data,
+    DataCr,
+    DataLf,
+    TrailerStart,
+    TrailerLine,
+    TrailerLf,
+    EndLf,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Decoding {
+    Length,
+    Chunked(Chunk),
+    UntilClose,
+    Done,
+}
+
+/// Reads a body's framing and yields its data.
+#[derive(Debug, Clone)]
+pub struct Decoder {
+    state: Decoding,
+    /// Body bytes left (`Length`), or bytes left in the current chunk / its size so far.
+    remaining: u64,
+    trailers: Vec<u8>,
+}
+
+impl Decoder {
+    pub fn length(n: u64) -> Decoder {
+        let state = if n == 0 {
+            Decoding::Done
+        } else {
+            Decoding::Length
+        };
+        Decoder {
+            state,
+            remaining: n,
+            trailers: Vec::new(),
+        }
+    }
+
+    pub fn chunked() -> Decoder {
+        Decoder {
+            state: Decoding::Chunked(Chunk::Size { digits: 0 }),
+            remaining: 0,
+            trailers: Vec::new(),
+        }
+    }
+
+    pub fn until_close() -> Decoder {
+        Decoder {
+            state: Decoding::UntilClose,
+            remaining: 0,
+            trailers: Vec::new(),
+        }
+    }
+
+    /// The whole body has been read; bytes after it belong to the next message.
+    pub fn is_done(&self) -> bool {
+        self.state == Decoding::Done
+    }
+
+    /// Trailer field lines of a chunked body, each ending in CRLF (once done).
+    pub fn trailers(&self) -> &[u8] {
+        &self.trailers
+    }
+
+    /// The sender closed its side. Ends a close-delimited body; any other unfinished
+    /// body was truncated.
+    pub fn eof(&mut self) -> Result<(), BodyError> {
+        match self.state {
+            Decoding::Done => Ok(()),
+            Decoding::UntilClose => {
+                self.state = Decoding::Done;
+                Ok(())
+            }
+            _ => Err(BodyError::Truncated),
+        }
+    }
+
+    /// Decodes from the start of `input` up to and including the next run of data (or
+    /// to the end of `input`, or of the body). Call again with the rest.
+    pub fn decode(&mut self, input: &[u8]) -> Result<Step, BodyError> {
+        match self.state {
+            Decoding::Done => Ok(Step {
+                consumed: 0,
+                data: 0..0,
+            }),
+            Decoding::UntilClose => Ok(Step {
+                consumed: input.len(),
+                data: 0..input.len(),
+            }),
+            Decoding::Length => {
+                let take = self.remaining.min(input.len() as u64) as usize;
+                self.remaining -= take as u64;
+                if self.remaining == 0 {
+                    self.state = Decoding::Done;
+                }
+                Ok(Step {
+                    consumed: take,
+                    data: 0..take,
+                })
+            }
+            Decoding::Chunked(_) => self.decode_chunked(input),
+        }
+    }
+
+    fn decode_chunked(&mut self, input: &[u8]) -> Result<Step, BodyError> {
+        let mut i = 0;
+        while let Decoding::Chunked(chunk) = self.state {
+            if chunk == Chunk::Data {
+                let take = self.remaining.min((input.len() - i) as u64) as usize;
+                self.remaining -= take as u64;
+                if self.remaining == 0 {
+                    self.state = Decoding::Chunked(Chunk::DataCr);
+                }
+                return Ok(Step {
+                    consumed: i + take,
+                    data: i..i + take,
+                });
+            }
+            let Some(&b) = input.get(i) else { break };
+            i += 1;
+            let next = match chunk {
+                Chunk::Size { digits } => match hex_value(b) {
+                    Some(_) if digits >= 16 => return Err(BodyError::BadChunk),
+                    Some(v) => {
+                        self.remaining = (self.remaining << 4) | u64::from(v);
+                        Chunk::Size { digits: digits + 1 }
+                    }
+                    None if digits == 0 => return Err(BodyError::BadChunk),
+                    None => match b {
+                        b'\r' => Chunk::SizeLf,
+                        b';' | b' ' | b'\t' => Chunk::Extension,
+                        _ => return Err(BodyError::BadChunk),
+                    },
+                },
+                Chunk::Extension => match b {
+                    b'\r' => Chunk::SizeLf,
+                    b'\n' => return Err(BodyError::BadChunk),
+                    _ => Chunk::Extension,
+                },
+                Chunk::SizeLf if b == b'\n' => {
+                    if self.remaining == 0 {
+                        Chunk::TrailerStart
+                    } else {
+                        Chunk::Data
+                    }
+                }
+                Chunk::DataCr if b == b'\r' => Chunk::DataLf,
+                Chunk::DataLf if b == b'\n' => Chunk::Size { digits: 0 },
+                Chunk::TrailerStart => match b {
+                    b'\r' => Chunk::EndLf,
+                    b'\n' => return Err(BodyError::BadChunk),
+                    _ => {
+                        self.keep_trailer(b)?;
+                        Chunk::TrailerLine
+                    }
+                },
+                Chunk::TrailerLine => match b {
+                    b'\r' => Chunk::TrailerLf,
+                    b'\n' => return Err(BodyError::BadChunk),
+                    _ => {
+                        self.keep_trailer(b)?;
+                        Chunk::TrailerLine
+                    }
+                },
+                Chunk::TrailerLf if b == b'\n' => {
+                    self.trailers.extend_from_slice(b"\r\n");
+                    Chunk::TrailerStart
+                }
+                Chunk::EndLf if b == b'\n' => {
+                    self.state = Decoding::Done;
+                    break;
+                }
+                _ => return Err(BodyError::BadChunk),
+            };
+            self.state = Decoding::Chunked(next);
+        }
+        Ok(Step {
+            consumed: i,
+            data: i..i,
+        })
+    }
+
+    fn keep_trailer(&mut self, b: u8) -> Result<(), BodyError> {
+        if self.trailers.len() >= MAX_TRAILERS {
+            return Err(BodyError::BadChunk);
+        }
+        self.trailers.push(b);
+        Ok(())
+    }
+}
+
+fn hex_value(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Frames data for the receiving side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoder {
+    /// As is: a `Content-Length` body (its length was sent in the head) or a
+    /// close-delimited one.
+    Identity,
+    Chunked,
+}
+
+impl Encoder {
+    /// Appends `data`, framed.
+    pub fn data(self, data: &[u8], out: &mut Vec<u8>) {
+        if data.is_empty() {
+            return;
+        }
+        if self == Encoder::Chunked {
+            push_hex(out, data.len() as u64);
+            out.extend_from_slice(b"\r\n");
+            out.extend_from_slice(data);
+            out.extend_from_slice(b"\r\n");
+        } else {
+            out.extend_from_slice(data);
+        }
+    }
+
+    /// Appends the end of the body: the last chunk and `trailers` (field lines, each
+    /// ending in CRLF) for chunked, nothing otherwise.
+    pub fn finish(self, trailers: &[u8], out: &mut Vec<u8>) {
+        if self == Encoder::Chunked {
+            out.extend_from_slice(b"0\r\n");
+            out.extend_from_slice(trailers);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+}
+
+/// A body on its way from one socket to another, through a bounded buffer.
+#[derive(Debug)]
+pub struct Relay {
+    decoder: Decoder,
+    encoder: Encoder,
+    out: Vec<u8>,
+    /// Bytes of `out` already written to the receiver.
+    sent: usize,
+    capacity: usize,
+    finished: bool,
+    /// Body bytes relayed so far (for the access log).
+    pub data_bytes: u64,
+}
+
+impl Relay {
+    pub fn new(decoder: Decoder, encoder: Encoder, capacity: usize) -> Relay {
+        let mut relay = Relay {
+            decoder,
+            encoder,
+            out: Vec::new(),
+            sent: 0,
+            capacity,
+            finished: false,
+            data_bytes: 0,
+        };
+        relay.finish_if_done();
+        relay
+    }
+
+    /// Takes bytes from the sender; returns how many were taken. Takes none when the
+    /// buffer is full or the body is complete (what is left belongs to the next message).
+    pub fn feed(&mut self, input: &[u8]) -> Result<usize, BodyError> {
+        let mut taken = 0;
+        while taken < input.len() && !self.decoder.is_done() {
+            let room = self.capacity.saturating_sub(self.pending().len());
+            if room == 0 {
+                break;
+            }
+            let end = input.len().min(taken + room);
+            let step = self.decoder.decode(&input[taken..end])?;
+            let data = &input[taken + step.data.start..taken + step.data.end];
+            self.data_bytes += data.len() as u64;
+            self.encoder.data(data, &mut self.out);
+            taken += step.consumed;
+            if step.consumed == 0 {
+                break;
+            }
+        }
+        self.finish_if_done();
+        Ok(taken)
+    }
+
+    /// The sender closed its side.
+    pub fn eof(&mut self) -> Result<(), BodyError> {
+        self.decoder.eof()?;
+        self.finish_if_done();
+        Ok(())
+    }
+
+    /// Whether the sender should be read: the body is not complete and there is room.
+    pub fn wants_input(&self) -> bool {
+        !self.decoder.is_done() && self.pending().len() < self.capacity
+    }
+
+    /// Framed bytes waiting to be written to the receiver.
+    pub fn pending(&self) -> &[u8] {
+        &self.out[self.sent..]
+    }
+
+    /// `n` bytes of [`Relay::pending`] were written.
+    pub fn advance(&mut self, n: usize) {
+        self.sent += n;
+        debug_assert!(self.sent <= self.out.len());
+        if self.sent == self.out.len() {
+            self.out.clear();
+            self.sent = 0;
+        } else if self.sent >= self.capacity / 2 {
+            self.out.drain(..self.sent);
+            self.sent = 0;
+        }
+    }
+
+    /// The whole body was read from the sender (some may still be pending).
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// The whole body was read and written.
+    pub fn is_complete(&self) -> bool {
+        self.finished && self.pending().is_empty()
+    }
+
+    fn finish_if_done(&mut self) {
+        if self.decoder.is_done() && !self.finished {
+            self.finished = true;
+            self.encoder.finish(self.decoder.trailers(), &mut self.out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Relays `input` split into pieces of `piece` bytes, draining the buffer after
+    /// each; returns (output, input bytes taken).
+    fn relay_all(mut relay: Relay, input: &[u8], piece: usize) -> (Vec<u8>, usize) {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < input.len() && !relay.is_complete() {
+            let end = input.len().min(at + piece);
+            let n = relay.feed(&input[at..end]).unwrap();
+            out.extend_from_slice(relay.pending());
+            let pending = relay.pending().len();
+            relay.advance(pending);
+            if n == 0 && !relay.wants_input() {
+                break;
+            }
+            at += n;
+        }
+        (out, at)
+    }
+
+    #[test]
+    fn chunked_is_decoded_with_trailers_and_re_encoded_at_any_split() {
+        let body = b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Sum: 42\r\n\r\nNEXT";
+        for piece in [1, 2, 3, 7, 64] {
+            let relay = Relay::new(Decoder::chunked(), Encoder::Chunked, 1024);
+            let (out, taken) = relay_all(relay, body, piece);
+            assert_eq!(taken, body.len() - 4, "piece {piece}: stops at the end");
+            // Re-chunked per piece of data: decode it again to compare the data.
+            let mut d = Decoder::chunked();
+            let mut data = Vec::new();
+            let mut at = 0;
+            while !d.is_done() {
+                let s = d.decode(&out[at..]).unwrap();
+                data.extend_from_slice(&out[at + s.data.start..at + s.data.end]);
+                at += s.consumed;
+            }
+            assert_eq!(data, b"hello world", "piece {piece}");
+            assert_eq!(d.trailers(), b"X-Sum: 42\r\n", "piece {piece}");
+            assert!(!out.windows(3).any(|w| w == b"ext"), "extensions dropped");
+        }
+    }
+
+    #[test]
+    fn chunked_to_identity_yields_just_the_data() {
+        let relay = Relay::new(Decoder::chunked(), Encoder::Identity, 1024);
+        let (out, _) = relay_all(relay, b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n", 64);
+        assert_eq!(out, b"abcde");
+    }
+
+    #[test]
+    fn close_delimited_is_chunked_and_ended_at_eof() {
+        let mut relay = Relay::new(Decoder::until_close(), Encoder::Chunked, 1024);
+        assert_eq!(relay.feed(b"abc").unwrap(), 3);
+        assert!(!relay.is_complete());
+        relay.eof().unwrap();
+        assert_eq!(relay.pending(), b"3\r\nabc\r\n0\r\n\r\n");
+        relay.advance(relay.pending().len());
+        assert!(relay.is_complete());
+    }
+
+    #[test]
+    fn content_length_counts_down_and_leaves_the_rest() {
+        let mut relay = Relay::new(Decoder::length(5), Encoder::Identity, 1024);
+        assert_eq!(relay.feed(b"hel").unwrap(), 3);
+        assert_eq!(relay.feed(b"loHTTP/1.1").unwrap(), 2);
+        assert_eq!(relay.pending(), b"hello");
+        assert!(!relay.wants_input());
+        relay.advance(5);
+        assert!(relay.is_complete());
+        assert!(Relay::new(Decoder::length(0), Encoder::Identity, 8).is_complete());
+    }
+
+    #[test]
+    fn a_full_buffer_stops_taking_input() {
+        let mut relay = Relay::new(Decoder::length(100), Encoder::Identity, 16);
+        assert_eq!(relay.feed(&[b'x'; 40]).unwrap(), 16);
+        assert!(!relay.wants_input());
+        assert_eq!(relay.feed(&[b'x'; 40]).unwrap(), 0, "nothing while full");
+        relay.advance(10);
+        assert!(relay.wants_input());
+        assert_eq!(relay.feed(&[b'x'; 40]).unwrap(), 10);
+        assert_eq!(relay.pending().len(), 16);
+    }
+
+    #[test]
+    fn memory_stays_bounded_for_a_large_body() {
+        let total: u64 = 64 << 20;
+        let mut relay = Relay::new(Decoder::length(total), Encoder::Chunked, 64 * 1024);
+        let piece = vec![7u8; 256 * 1024];
+        let mut sent = 0u64;
+        let mut fed = 0u64;
+        while !relay.is_complete() {
+            let want = ((total - fed) as usize).min(piece.len());
+            fed += relay.feed(&piece[..want]).unwrap() as u64;
+            assert!(relay.pending().len() <= 64 * 1024 + 32);
+            // The receiver takes a little at a time.
+            let n = relay.pending().len().min(10_000);
+            sent += n as u64;
+            relay.advance(n);
+        }
+        assert_eq!(fed, total);
+        assert_eq!(relay.data_bytes, total);
+        assert!(sent > total, "chunk framing was added");
+        assert!(
+            relay.out.capacity() <= 2 * 64 * 1024 + 64,
+            "{}",
+            relay.out.capacity()
+        );
+    }
+
+    #[test]
+    fn truncated_and_bad_bodies_are_errors() {
+        let mut relay = Relay::new(Decoder::length(5), Encoder::Identity, 64);
+        relay.feed(b"abc").unwrap();
+        assert_eq!(relay.eof(), Err(BodyError::Truncated));
+        let mut d = Decoder::chunked();
+        d.decode(b"5\r\nab").unwrap();
+        assert_eq!(d.eof(), Err(BodyError::Truncated));
+        for bad in [
+            &b"zz\r\n"[..],
+            b"5\nhello",
+            b"2\r\nabX",
+            b"11111111111111111\r\n",
+            b"0\r\n\n",
+        ] {
+            let mut d = Decoder::chunked();
+            let mut at = 0;
+            let result = loop {
+                match d.decode(&bad[at..]) {
+                    Err(e) => break Err(e),
+                    Ok(s) if s.consumed == 0 => break Ok(()),
+                    Ok(s) => at += s.consumed,
+                }
+            };
+            assert_eq!(result, Err(BodyError::BadChunk), "{bad:?}");
+        }
+        let mut d = Decoder::chunked();
+        let huge = [b"0\r\n".as_slice(), &[b'a'; MAX_TRAILERS + 1]].concat();
+        let mut at = 0;
+        let result = loop {
+            match d.decode(&huge[at..]) {
+                Err(e) => break Err(e),
+                Ok(s) if s.consumed == 0 => break Ok(()),
+                Ok(s) => at += s.consumed,
+            }
+        };
+        assert_eq!(result, Err(BodyError::BadChunk));
+    }
+}

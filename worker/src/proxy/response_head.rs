@@ -1,0 +1,548 @@
+//! The upstream's response head: parsed (httparse), framed per RFC 9112 §6.3, and
+//! re-serialised for the client.
+//!
+//! Framing, in the RFC's order:
+//!
+//! | upstream response | upstream body | to a 1.1 client | to a 1.0 client |
+//! |---|---|---|---|
+//! | to HEAD, 1xx, 204, 304 | none | none | none |
+//! | `Transfer-Encoding` and `Content-Length` | 502, connection closed | | |
+//! | `Transfer-Encoding: chunked` | chunked | chunked | until close |
+//! | other transfer codings | 502, connection closed | | |
+//! | valid `Content-Length` | that length | that length | that length |
+//! | invalid `Content-Length` | 502, connection closed | | |
+//! | neither | until close (not reusable) | chunked | until close |
+//!
+//! 1xx other than 101 are forwarded to a 1.1 client (RFC 9110 §15.2: never to a 1.0
+//! one) and parsing goes on with the next head; a 101 is a 502, since forkd never
+//! forwards `Upgrade`. Hop-by-hop fields and those `Connection` names are dropped.
+
+use super::{is_hop_by_hop, parse_decimal, push_decimal, trim, ConnectionTokens};
+
+/// How many fields an upstream response head may have.
+pub const MAX_FIELDS: usize = 100;
+
+/// What the proxy knows about the exchange when the head arrives.
+#[derive(Debug, Clone, Copy)]
+pub struct ResponseContext {
+    /// The client's method was HEAD.
+    pub head_request: bool,
+    /// The client speaks HTTP/1.0.
+    pub client_http10: bool,
+    /// The client connection may stay open after this response (as `conn` decided
+    /// from the request, the server's keep-alive settings and draining).
+    pub client_keep_alive: bool,
+    /// Requests sent on this upstream connection so far, this one included.
+    pub upstream_requests: u64,
+    /// The upstream's `keepalive_requests`.
+    pub keepalive_requests: u64,
+    /// The largest head accepted (more is a 502).
+    pub max_head: usize,
+}
+
+/// How the body is read from the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamBody {
+    None,
+    Length(u64),
+    Chunked,
+    UntilClose,
+}
+
+/// How the body is sent to the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientBody {
+    None,
+    Length(u64),
+    Chunked,
+    /// Close-delimited: the client connection closes at the end.
+    UntilClose,
+}
+
+/// A final (non-1xx) response head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResponseHead {
+    pub status: u16,
+    /// Upstream bytes the head took; the body starts after them.
+    pub head_len: usize,
+    pub upstream_body: UpstreamBody,
+    pub client_body: ClientBody,
+    /// The upstream connection may be pooled once the body has been read whole.
+    pub upstream_reusable: bool,
+    /// The client connection closes after this response.
+    pub client_close: bool,
+}
+
+/// One head read from the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parsed {
+    /// A 1xx other than 101, `head_len` bytes; `forwarded` says whether it was written
+    /// to the output (not for a 1.0 client). The next head follows.
+    Interim {
+        head_len: usize,
+        forwarded: bool,
+    },
+    Final(ResponseHead),
+}
+
+/// An upstream response that cannot be forwarded: the client gets a 502 and the
+/// upstream connection is closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseError {
+    /// httparse rejected it (the reason, for the error log).
+    Malformed(&'static str),
+    /// The head is larger than `max_head` or has too many fields.
+    TooLarge,
+    /// Both `Transfer-Encoding` and `Content-Length` (a smuggling attempt or a bug).
+    LengthAndChunked,
+    /// A `Content-Length` that is not one decimal number.
+    InvalidLength,
+    /// A transfer coding other than a final `chunked`.
+    UnsupportedCoding,
+    /// 101 without forkd having asked for an upgrade.
+    UnexpectedSwitch,
+}
+
+impl ResponseError {
+    /// A short reason for the error log.
+    pub fn reason(self) -> &'static str {
+        match self {
+            ResponseError::Malformed(why) => why,
+            ResponseError::TooLarge => "response head too large",
+            ResponseError::LengthAndChunked => "both Transfer-Encoding and Content-Length",
+            ResponseError::InvalidLength => "invalid Content-Length",
+            ResponseError::UnsupportedCoding => "unsupported transfer coding",
+            ResponseError::UnexpectedSwitch => "101 Switching Protocols without Upgrade",
+        }
+    }
+}
+
+/// Parses the head at the start of `buf`; for a final or forwarded interim head,
+/// appends the client's head to `out`. `Ok(None)`: not complete yet (nothing written).
+pub fn parse(
+    buf: &[u8],
+    ctx: &ResponseContext,
+    out: &mut Vec<u8>,
+) -> Result<Option<Parsed>, ResponseError> {
+    // Uninitialised: zeroing a hundred slots costs more than parsing a dozen fields.
+    let mut fields = [const { std::mem::MaybeUninit::<httparse::Header>::uninit() }; MAX_FIELDS];
+    let mut resp = httparse::Response::new(&mut []);
+    let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut resp,
+        buf,
+        &mut fields,
+    );
+    let head_len = match parsed {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() >= ctx.max_head => {
+            return Err(ResponseError::TooLarge)
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(ResponseError::TooLarge),
+        Err(e) => return Err(ResponseError::Malformed(malformed_reason(e))),
+    };
+    if head_len > ctx.max_head {
+        return Err(ResponseError::TooLarge);
+    }
+    let status = resp.code.unwrap_or(0);
+    let reason = resp.reason.unwrap_or("");
+    let http10 = resp.version == Some(0);
+    let headers: &[httparse::Header] = resp.headers;
+    let tokens = ConnectionTokens::of(headers);
+
+    if status == 101 {
+        return Err(ResponseError::UnexpectedSwitch);
+    }
+    if (100..200).contains(&status) {
+        let forwarded = !ctx.client_http10;
+        if forwarded {
+            write_status_line(out, status, reason);
+            write_end_to_end(out, headers, tokens, true);
+            out.extend_from_slice(b"\r\n");
+        }
+        return Ok(Some(Parsed::Interim {
+            head_len,
+            forwarded,
+        }));
+    }
+
+    let framing = framing_fields(headers)?;
+    let no_body = ctx.head_request || status == 204 || status == 304;
+    let upstream_body = match framing {
+        _ if no_body => UpstreamBody::None,
+        Framing { chunked: true, .. } => UpstreamBody::Chunked,
+        Framing {
+            length: Some(n), ..
+        } => UpstreamBody::Length(n),
+        Framing { .. } => UpstreamBody::UntilClose,
+    };
+    let client_body = match upstream_body {
+        UpstreamBody::None => ClientBody::None,
+        UpstreamBody::Length(n) => ClientBody::Length(n),
+        UpstreamBody::Chunked | UpstreamBody::UntilClose if ctx.client_http10 => {
+            ClientBody::UntilClose
+        }
+        UpstreamBody::Chunked | UpstreamBody::UntilClose => ClientBody::Chunked,
+    };
+    let upstream_close = http10 || tokens.contains(b"close");
+    let upstream_reusable = !upstream_close
+        && upstream_body != UpstreamBody::UntilClose
+        && ctx.upstream_requests < ctx.keepalive_requests;
+    let client_close = !ctx.client_keep_alive || client_body == ClientBody::UntilClose;
+
+    write_status_line(out, status, reason);
+    // A HEAD or 304 response's Content-Length describes the representation: keep it.
+    let keep_length = no_body && status != 204;
+    write_end_to_end(out, headers, tokens, !keep_length);
+    match client_body {
+        ClientBody::Length(n) => {
+            out.extend_from_slice(b"Content-Length: ");
+            push_decimal(out, n);
+            out.extend_from_slice(b"\r\n");
+        }
+        ClientBody::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+        ClientBody::None | ClientBody::UntilClose => {}
+    }
+    if client_close {
+        out.extend_from_slice(b"Connection: close\r\n");
+    } else if ctx.client_http10 {
+        out.extend_from_slice(b"Connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    Ok(Some(Parsed::Final(ResponseHead {
+        status,
+        head_len,
+        upstream_body,
+        client_body,
+        upstream_reusable,
+        client_close,
+    })))
+}
+
+/// The framing fields of a response, checked.
+struct Framing {
+    chunked: bool,
+    length: Option<u64>,
+}
+
+fn framing_fields(headers: &[httparse::Header]) -> Result<Framing, ResponseError> {
+    let mut length: Option<u64> = None;
+    let mut coding_seen = false;
+    let mut chunked = false;
+    for h in headers {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            for item in h.value.split(|&b| b == b',').map(trim) {
+                let n = parse_decimal(item).ok_or(ResponseError::InvalidLength)?;
+                if length.is_some_and(|prev| prev != n) {
+                    return Err(ResponseError::InvalidLength);
+                }
+                length = Some(n);
+            }
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            for coding in h.value.split(|&b| b == b',').map(trim) {
+                if coding.is_empty() {
+                    continue;
+                }
+                // `chunked` must be the only and final coding; others are not decoded.
+                if chunked || !coding.eq_ignore_ascii_case(b"chunked") {
+                    return Err(ResponseError::UnsupportedCoding);
+                }
+                chunked = true;
+            }
+            coding_seen = true;
+        }
+    }
+    if coding_seen && length.is_some() {
+        return Err(ResponseError::LengthAndChunked);
+    }
+    if coding_seen && !chunked {
+        return Err(ResponseError::UnsupportedCoding);
+    }
+    Ok(Framing { chunked, length })
+}
+
+fn write_status_line(out: &mut Vec<u8>, status: u16, reason: &str) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    push_decimal(out, u64::from(status));
+    out.push(b' ');
+    out.extend_from_slice(reason.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Writes the fields that are not hop-by-hop, not named by `Connection`, and not
+/// framing (`Content-Length` too unless `drop_length` is false).
+fn write_end_to_end(
+    out: &mut Vec<u8>,
+    headers: &[httparse::Header],
+    tokens: ConnectionTokens,
+    drop_length: bool,
+) {
+    for h in headers {
+        let name = h.name.as_bytes();
+        if is_hop_by_hop(name)
+            || tokens.contains(name)
+            || (drop_length && name.eq_ignore_ascii_case(b"content-length"))
+        {
+            continue;
+        }
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(trim(h.value));
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+fn malformed_reason(e: httparse::Error) -> &'static str {
+    match e {
+        httparse::Error::Status => "invalid status line",
+        httparse::Error::Version => "not an HTTP/1.x response",
+        httparse::Error::HeaderName => "invalid header name",
+        httparse::Error::HeaderValue => "invalid header value",
+        httparse::Error::NewLine => "invalid line ending",
+        httparse::Error::Token => "invalid token",
+        httparse::Error::TooManyHeaders => "too many header fields",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CTX: ResponseContext = ResponseContext {
+        head_request: false,
+        client_http10: false,
+        client_keep_alive: true,
+        upstream_requests: 1,
+        keepalive_requests: 100,
+        max_head: 4096,
+    };
+
+    fn final_head(raw: &str, ctx: &ResponseContext) -> (ResponseHead, String) {
+        let mut out = Vec::new();
+        match parse(raw.as_bytes(), ctx, &mut out) {
+            Ok(Some(Parsed::Final(h))) => (h, String::from_utf8(out).unwrap()),
+            other => panic!("{raw:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn content_length_is_kept_and_the_connection_reusable() {
+        let raw = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-App: 1\r\n\r\nhello";
+        let (h, out) = final_head(raw, &CTX);
+        assert_eq!(
+            out,
+            "HTTP/1.1 200 OK\r\nX-App: 1\r\nContent-Length: 5\r\n\r\n"
+        );
+        assert_eq!(h.head_len, raw.len() - 5);
+        assert_eq!(h.upstream_body, UpstreamBody::Length(5));
+        assert_eq!(h.client_body, ClientBody::Length(5));
+        assert!(h.upstream_reusable && !h.client_close);
+    }
+
+    #[test]
+    fn chunked_goes_chunked_to_11_and_close_delimited_to_10() {
+        let raw = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let (h, out) = final_head(raw, &CTX);
+        assert_eq!(out, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+        assert_eq!(
+            (h.upstream_body, h.client_body),
+            (UpstreamBody::Chunked, ClientBody::Chunked)
+        );
+        let ctx10 = ResponseContext {
+            client_http10: true,
+            ..CTX
+        };
+        let (h, out) = final_head(raw, &ctx10);
+        assert_eq!(out, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n");
+        assert_eq!(h.client_body, ClientBody::UntilClose);
+        assert!(h.client_close && h.upstream_reusable);
+    }
+
+    #[test]
+    fn close_delimited_is_chunked_to_11_and_never_reused() {
+        let raw = "HTTP/1.0 200 OK\r\nServer: SimpleHTTP/0.6\r\n\r\n";
+        let (h, out) = final_head(raw, &CTX);
+        assert_eq!(
+            out,
+            "HTTP/1.1 200 OK\r\nServer: SimpleHTTP/0.6\r\nTransfer-Encoding: chunked\r\n\r\n"
+        );
+        assert_eq!(
+            (h.upstream_body, h.client_body),
+            (UpstreamBody::UntilClose, ClientBody::Chunked)
+        );
+        assert!(!h.upstream_reusable && !h.client_close);
+        let ctx10 = ResponseContext {
+            client_http10: true,
+            ..CTX
+        };
+        let (h, out) = final_head(raw, &ctx10);
+        assert_eq!(
+            out,
+            "HTTP/1.1 200 OK\r\nServer: SimpleHTTP/0.6\r\nConnection: close\r\n\r\n"
+        );
+        assert_eq!(h.client_body, ClientBody::UntilClose);
+    }
+
+    #[test]
+    fn head_204_304_have_no_body() {
+        let ctx = ResponseContext {
+            head_request: true,
+            ..CTX
+        };
+        let (h, out) = final_head("HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n", &ctx);
+        assert_eq!(h.upstream_body, UpstreamBody::None);
+        assert_eq!(
+            out, "HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n",
+            "HEAD keeps the length"
+        );
+        let (h, out) = final_head("HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\n\r\n", &CTX);
+        assert_eq!(
+            (h.upstream_body, h.client_body),
+            (UpstreamBody::None, ClientBody::None)
+        );
+        assert_eq!(out, "HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\n\r\n");
+        let (h, out) = final_head("HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n", &CTX);
+        assert_eq!(h.upstream_body, UpstreamBody::None);
+        assert_eq!(out, "HTTP/1.1 204 No Content\r\n\r\n");
+        assert!(h.upstream_reusable);
+    }
+
+    #[test]
+    fn both_framings_or_a_bad_length_are_refused() {
+        let mut out = Vec::new();
+        for (raw, want) in [
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+                ResponseError::LengthAndChunked,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+                ResponseError::InvalidLength,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+                ResponseError::InvalidLength,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 0x10\r\n\r\n",
+                ResponseError::InvalidLength,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                ResponseError::UnsupportedCoding,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n",
+                ResponseError::UnsupportedCoding,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: ,\r\n\r\n",
+                ResponseError::UnsupportedCoding,
+            ),
+            (
+                "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n",
+                ResponseError::UnexpectedSwitch,
+            ),
+        ] {
+            assert_eq!(parse(raw.as_bytes(), &CTX, &mut out), Err(want), "{raw:?}");
+        }
+        assert!(out.is_empty(), "nothing is written for a refused head");
+        assert!(matches!(
+            parse(b"garbage\r\n\r\n", &CTX, &mut out),
+            Err(ResponseError::Malformed(_))
+        ));
+        let same = "HTTP/1.1 200 OK\r\nContent-Length: 3, 3\r\n\r\n";
+        assert_eq!(
+            final_head(same, &CTX).0.upstream_body,
+            UpstreamBody::Length(3)
+        );
+    }
+
+    #[test]
+    fn interim_responses_are_forwarded_to_11_clients_only() {
+        let raw =
+            b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\n";
+        let n = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let mut out = Vec::new();
+        let got = parse(raw, &CTX, &mut out).unwrap().unwrap();
+        assert_eq!(
+            got,
+            Parsed::Interim {
+                head_len: n,
+                forwarded: true
+            }
+        );
+        assert_eq!(out, &raw[..n]);
+        out.clear();
+        let ctx10 = ResponseContext {
+            client_http10: true,
+            ..CTX
+        };
+        let got = parse(raw, &ctx10, &mut out).unwrap().unwrap();
+        assert_eq!(
+            got,
+            Parsed::Interim {
+                head_len: n,
+                forwarded: false
+            }
+        );
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn hop_by_hop_response_fields_are_dropped_and_close_is_not_reused() {
+        let raw = "HTTP/1.1 200 OK\r\nConnection: close, X-Internal\r\nX-Internal: 1\r\n\
+                   Keep-Alive: timeout=5\r\nUpgrade: h2c\r\nContent-Length: 0\r\n\r\n";
+        let (h, out) = final_head(raw, &CTX);
+        assert_eq!(out, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+        assert!(!h.upstream_reusable);
+        assert!(!h.client_close, "the upstream's close is not the client's");
+    }
+
+    #[test]
+    fn keepalive_requests_and_http10_retire_the_connection() {
+        let raw = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+        let last = ResponseContext {
+            upstream_requests: 100,
+            ..CTX
+        };
+        assert!(!final_head(raw, &last).0.upstream_reusable);
+        let raw10 = "HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n";
+        assert!(!final_head(raw10, &CTX).0.upstream_reusable);
+    }
+
+    #[test]
+    fn connection_header_follows_the_client_side() {
+        let raw = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+        let closing = ResponseContext {
+            client_keep_alive: false,
+            ..CTX
+        };
+        let (h, out) = final_head(raw, &closing);
+        assert!(
+            h.client_close && out.ends_with("Connection: close\r\n\r\n"),
+            "{out}"
+        );
+        let ka10 = ResponseContext {
+            client_http10: true,
+            ..CTX
+        };
+        let (_, out) = final_head(raw, &ka10);
+        assert!(out.ends_with("Connection: keep-alive\r\n\r\n"), "{out}");
+    }
+
+    #[test]
+    fn partial_and_oversized_heads() {
+        let mut out = Vec::new();
+        assert_eq!(parse(b"HTTP/1.1 200 OK\r\nX: y", &CTX, &mut out), Ok(None));
+        let small = ResponseContext {
+            max_head: 16,
+            ..CTX
+        };
+        assert_eq!(
+            parse(b"HTTP/1.1 200 OK\r\nX: yyyyyy", &small, &mut out),
+            Err(ResponseError::TooLarge)
+        );
+        assert!(out.is_empty());
+    }
+}

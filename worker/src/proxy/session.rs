@@ -1,0 +1,743 @@
+//! One proxied exchange with its upstream socket: the glue the client connection
+//! holds. It moves bytes between the upstream socket and the two streams, turns
+//! what happened into [`Event`]s for the [`Exchange`], and turns the exchange's
+//! [`Action`]s into a [`Step`] the connection code acts on.
+//!
+//! The caller registers the socket readable and writable (edge-triggered) and calls
+//! [`Session::pump`] after every event on it, after feeding client body bytes, and
+//! after writing client output: `pump` reads and writes until the socket would block
+//! or a buffer is full, so no edge is lost. Which pool, which server, the tokens and
+//! the timers stay with the caller.
+
+use super::connect::{connect_failure, UpstreamSocket};
+use super::exchange::{Action, Event, Exchange};
+use super::response_head::ResponseContext;
+use super::retry::Failure;
+use super::stream::{RequestStream, ResponseStream, StreamError};
+use super::upstream_request::Framing;
+use std::io::{self, Read, Write};
+
+/// Upstream bytes read at once.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// What the connection code does next.
+#[derive(Debug)]
+pub enum Step {
+    /// Nothing to do but wait for the next event (or the deadline).
+    Pending,
+    /// Get a new connection to `server` (not from the pool) and [`Session::attach`] it.
+    NeedFreshConnection { server: usize },
+    /// Pick the next untried server (`Pools::next_server(upstream, tried())`), get a
+    /// connection to it and attach it; none left: answer 502.
+    NeedNextServer,
+    /// Answer the client with this status; nothing of the response was sent.
+    Respond(u16),
+    /// Part of the response was sent: close the client connection.
+    CloseClient,
+    /// The upstream side is finished; `pool` is the upstream connection and its
+    /// request count if it may be pooled (else it was closed). The end of the response
+    /// may still be in [`Session::client_output`]: write it out, then the exchange is
+    /// over (and the client connection closes if not [`Session::request_complete`]).
+    Done { pool: Option<(UpstreamSocket, u64)> },
+}
+
+/// One proxied exchange.
+#[derive(Debug)]
+pub struct Session {
+    exchange: Exchange,
+    request: RequestStream,
+    response: ResponseStream,
+    /// The response context without the per-connection request count.
+    context: ResponseContext,
+    capacity: usize,
+    socket: Option<UpstreamSocket>,
+    connecting: bool,
+    /// Requests on the current connection, this one included.
+    conn_requests: u64,
+    /// Upstream bytes read but not yet taken by the response stream.
+    /// Allocated once per session (READ_CHUNK); `inbox[inbox_at..inbox_end]` unread.
+    inbox: Vec<u8>,
+    inbox_at: usize,
+    inbox_end: usize,
+    head_reported: bool,
+    body_reported: bool,
+    progressed: bool,
+    last_failure: Option<Failure>,
+}
+
+impl Session {
+    /// A session for `head` (from `upstream_request::write`) with the client's body
+    /// `framing`, `method`, the upstream's server count and `retries`, the response
+    /// context (its `upstream_requests` is set per connection), and `capacity` bytes
+    /// per direction.
+    pub fn new(
+        head: Vec<u8>,
+        framing: Framing,
+        method: &str,
+        servers: usize,
+        retries: u32,
+        context: ResponseContext,
+        capacity: usize,
+    ) -> Session {
+        Session {
+            exchange: Exchange::new(method, servers, retries),
+            request: RequestStream::new(head, framing, capacity),
+            response: ResponseStream::new(context, capacity),
+            context,
+            capacity,
+            socket: None,
+            connecting: false,
+            conn_requests: 0,
+            inbox: Vec::new(),
+            inbox_at: 0,
+            inbox_end: 0,
+            head_reported: false,
+            body_reported: false,
+            progressed: false,
+            last_failure: None,
+        }
+    }
+
+    /// Starts an attempt on `server` over `socket`: a pooled one (`pooled` = the
+    /// requests it already served) or a new, connecting one (`None`).
+    pub fn attach(&mut self, server: usize, socket: UpstreamSocket, pooled: Option<u64>) {
+        self.exchange.start(server, pooled.is_some());
+        self.connecting = pooled.is_none();
+        self.conn_requests = pooled.unwrap_or(0) + 1;
+        self.response = ResponseStream::new(
+            ResponseContext {
+                upstream_requests: self.conn_requests,
+                ..self.context
+            },
+            self.capacity,
+        );
+        self.inbox_end = 0;
+        self.inbox_at = 0;
+        self.head_reported = false;
+        self.body_reported = false;
+        self.socket = Some(socket);
+    }
+
+    /// A connect attempt failed before there was a socket (`connect` itself failed).
+    pub fn connect_failed(&mut self, server: usize, e: &io::Error) -> Step {
+        self.exchange.start(server, false);
+        self.fail(connect_failure(e))
+    }
+
+    pub fn exchange(&self) -> &Exchange {
+        &self.exchange
+    }
+
+    /// The upstream socket, to register or re-register.
+    pub fn socket_mut(&mut self) -> Option<&mut UpstreamSocket> {
+        self.socket.as_mut()
+    }
+
+    /// The failure that ended the last attempt, for the error log.
+    pub fn last_failure(&self) -> Option<Failure> {
+        self.last_failure
+    }
+
+    /// Whether bytes moved since the last call (re-arm a `rearm_on_progress` deadline).
+    pub fn take_progress(&mut self) -> bool {
+        std::mem::take(&mut self.progressed)
+    }
+
+    /// Client body bytes; returns how many were taken (the rest: the client's next
+    /// request, or no room yet). Call [`Session::pump`] afterwards. A badly framed
+    /// body is `Err(Step::Respond(400))`; close both connections after it.
+    pub fn feed_client_body(&mut self, input: &[u8]) -> Result<usize, Step> {
+        self.request.feed(input).map_err(|_| Step::Respond(400))
+    }
+
+    /// The upstream connection is established: the moment to answer a client's
+    /// `Expect: 100-continue` (once), so the client sends its body only when it can
+    /// go somewhere.
+    pub fn ready_for_body(&self) -> bool {
+        self.socket.is_some() && !self.connecting
+    }
+
+    /// The client's body was read (and sent) whole. When the response ended first
+    /// (an application may answer before reading the body), the rest of the client's
+    /// body is still on its connection: close it after the response.
+    pub fn request_complete(&self) -> bool {
+        self.request.is_complete()
+    }
+
+    /// Whether the client should be read for body bytes.
+    pub fn wants_client_body(&self) -> bool {
+        self.request.wants_input()
+    }
+
+    /// The request head as sent upstream (the replay copy): for the access log, which
+    /// parses it again instead of keeping a copy of the client's head.
+    pub fn request_head(&self) -> &[u8] {
+        self.request.head()
+    }
+
+    /// The final response head, once it arrived.
+    pub fn response_head(&self) -> Option<&super::response_head::ResponseHead> {
+        self.response.head()
+    }
+
+    /// Bytes for the client.
+    pub fn client_output(&self) -> &[u8] {
+        self.response.pending()
+    }
+
+    /// `n` bytes of [`Session::client_output`] were written. Call `pump` afterwards.
+    pub fn client_wrote(&mut self, n: usize) {
+        self.response.advance(n);
+    }
+
+    /// The deadline of the current state fired.
+    pub fn timed_out(&mut self) -> Step {
+        match self.exchange.timeout_failure() {
+            Some(failure) => self.fail(failure),
+            None => Step::Pending,
+        }
+    }
+
+    /// Does all the I/O the upstream socket allows now.
+    pub fn pump(&mut self) -> Step {
+        if self.socket.is_none() {
+            return Step::Pending;
+        }
+        if self.connecting {
+            match self.socket.as_ref().map(UpstreamSocket::finish_connect) {
+                Some(Ok(true)) => {
+                    self.connecting = false;
+                    self.progressed = true;
+                    if let Some(step) = self.apply(Event::Connected) {
+                        return step;
+                    }
+                }
+                Some(Ok(false)) | None => return Step::Pending,
+                Some(Err(e)) => return self.fail(connect_failure(&e)),
+            }
+        }
+        if let Some(step) = self.write_upstream() {
+            return step;
+        }
+        if let Some(step) = self.read_upstream() {
+            return step;
+        }
+        Step::Pending
+    }
+
+    /// Writes the request; Some(step) when the exchange moved on.
+    fn write_upstream(&mut self) -> Option<Step> {
+        while !self.request.pending().is_empty() {
+            let socket = self.socket.as_mut()?;
+            match socket.write(self.request.pending()) {
+                Ok(0) => return Some(self.fail(Failure::Reset)),
+                Ok(n) => {
+                    self.request.advance(n);
+                    self.progressed = true;
+                    if !self.request.replayable() {
+                        self.exchange.body_not_replayable();
+                    }
+                    if let Some(step) = self.apply(Event::Wrote { n }) {
+                        return Some(step);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return Some(self.fail(Failure::Reset)),
+            }
+        }
+        if self.request.head_written() && !self.head_reported {
+            self.head_reported = true;
+            if let Some(step) = self.apply(Event::HeadWritten) {
+                return Some(step);
+            }
+        }
+        if self.request.is_complete() && !self.body_reported {
+            self.body_reported = true;
+            if let Some(step) = self.apply(Event::RequestBodyDone) {
+                return Some(step);
+            }
+        }
+        None
+    }
+
+    /// Reads the response as far as the client side has room; Some(step) when the
+    /// exchange moved on.
+    fn read_upstream(&mut self) -> Option<Step> {
+        loop {
+            // Also pushes through bytes the stream holds back (an empty inbox).
+            if let Some(step) = self.deliver() {
+                return Some(step);
+            }
+            if self.inbox_at < self.inbox_end {
+                return None; // the client side is full
+            }
+            if !self.response.wants_input() {
+                return None;
+            }
+            self.inbox_end = 0;
+            self.inbox_at = 0;
+            if self.inbox.len() < READ_CHUNK {
+                self.inbox.resize(READ_CHUNK, 0); // once: no zeroing per read
+            }
+            let socket = self.socket.as_mut()?;
+            match socket.read(&mut self.inbox) {
+                Ok(0) => {
+                    return Some(self.upstream_closed());
+                }
+                Ok(n) => {
+                    self.inbox_end = n;
+                    self.progressed = true;
+                    if let Some(step) = self.apply(Event::ResponseBytes) {
+                        return Some(step);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    return Some(self.fail(Failure::Reset));
+                }
+            }
+        }
+    }
+
+    /// Feeds inbox bytes to the response stream.
+    fn deliver(&mut self) -> Option<Step> {
+        if self.response.is_read_whole() && self.inbox_at == self.inbox_end {
+            return Some(self.complete(true));
+        }
+        let fed = match self
+            .response
+            .feed(&self.inbox[self.inbox_at..self.inbox_end])
+        {
+            Ok(fed) => fed,
+            Err(e) => return Some(self.fail(stream_failure(e, self.response.head().is_some()))),
+        };
+        self.inbox_at += fed.consumed;
+        for i in 0..fed.interim {
+            let forwarded = i < fed.interim_forwarded;
+            if let Some(step) = self.apply(Event::InterimHead { forwarded }) {
+                return Some(step);
+            }
+        }
+        if let Some(head) = fed.head {
+            let has_body = head.upstream_body != super::response_head::UpstreamBody::None;
+            let event = Event::FinalHead {
+                has_body,
+                reusable: head.upstream_reusable,
+            };
+            if let Some(step) = self.apply(event) {
+                return Some(step);
+            }
+        }
+        if self.response.is_read_whole() {
+            // Bytes beyond the response: nobody asked for them, do not pool.
+            let clean = self.inbox_at == self.inbox_end;
+            return Some(self.complete(clean));
+        }
+        None
+    }
+
+    fn upstream_closed(&mut self) -> Step {
+        match self.response.eof() {
+            // A close-delimited body ended (or one whose bytes were all read).
+            Ok(()) if self.response.is_read_whole() => self.complete(false),
+            // Bytes that came with the head still wait for room: they go through as
+            // the client drains (`pump` feeds them), then the close ends the body.
+            Ok(()) => Step::Pending,
+            Err(e) => self.fail(stream_failure(e, self.response.head().is_some())),
+        }
+    }
+
+    fn complete(&mut self, reusable: bool) -> Step {
+        let reusable = reusable && self.response.head().is_some_and(|h| h.upstream_reusable);
+        if let super::exchange::State::Done { .. } = self.exchange.state {
+            // Ended already (a response without a body): the release was returned.
+            return Step::Pending;
+        }
+        let action = self.exchange.on(Event::ResponseDone { reusable });
+        self.act(action)
+    }
+
+    /// Applies an event; Some(step) unless the exchange just goes on.
+    fn apply(&mut self, event: Event) -> Option<Step> {
+        match self.exchange.on(event) {
+            Action::Continue => None,
+            action => Some(self.act(action)),
+        }
+    }
+
+    fn fail(&mut self, failure: Failure) -> Step {
+        self.last_failure = Some(failure);
+        let action = self.exchange.on(Event::Failed(failure));
+        self.act(action)
+    }
+
+    fn act(&mut self, action: Action) -> Step {
+        match action {
+            Action::Continue => Step::Pending,
+            Action::Release { reusable } => {
+                let socket = self.socket.take();
+                Step::Done {
+                    pool: socket.filter(|_| reusable).map(|s| (s, self.conn_requests)),
+                }
+            }
+            Action::Connect { server } => {
+                self.socket = None;
+                self.request.rewind();
+                Step::NeedFreshConnection { server }
+            }
+            Action::ConnectNext => {
+                self.socket = None;
+                self.request.rewind();
+                Step::NeedNextServer
+            }
+            Action::Respond(status) => {
+                self.socket = None;
+                Step::Respond(status)
+            }
+            Action::CloseClient => {
+                self.socket = None;
+                Step::CloseClient
+            }
+        }
+    }
+}
+
+fn stream_failure(e: StreamError, head_seen: bool) -> Failure {
+    match e {
+        StreamError::Head(_) => Failure::BadResponse,
+        StreamError::ClosedBeforeHead => Failure::Reset,
+        StreamError::Body(_) if head_seen => Failure::BadBody,
+        StreamError::Body(_) => Failure::BadResponse,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forkd_shared::config::UpstreamAddress;
+    use mio::{Events, Interest, Poll, Token};
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    const CTX: ResponseContext = ResponseContext {
+        head_request: false,
+        client_http10: false,
+        client_keep_alive: true,
+        upstream_requests: 0,
+        keepalive_requests: 100,
+        max_head: 8192,
+    };
+
+    const GET: &[u8] = b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n";
+
+    /// Reads one request head (no body) from `s`.
+    fn read_head(s: &mut TcpStream) -> Option<Vec<u8>> {
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            match s.read(&mut byte) {
+                Ok(1) => head.push(byte[0]),
+                _ => return None,
+            }
+        }
+        Some(head)
+    }
+
+    /// An upstream that, per accepted connection, answers the requests with the
+    /// listed responses, then closes and reports it on the channel.
+    fn upstream(per_connection: Vec<Vec<&'static [u8]>>) -> (SocketAddr, mpsc::Receiver<usize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for (i, responses) in per_connection.into_iter().enumerate() {
+                let Ok((mut s, _)) = listener.accept() else {
+                    return;
+                };
+                for r in responses {
+                    if read_head(&mut s).is_none() {
+                        break;
+                    }
+                    s.write_all(r).unwrap();
+                }
+                drop(s);
+                let _ = tx.send(i);
+            }
+        });
+        (addr, rx)
+    }
+
+    fn session(capacity: usize, servers: usize) -> Session {
+        Session::new(
+            GET.to_vec(),
+            Framing::None,
+            "GET",
+            servers,
+            1,
+            CTX,
+            capacity,
+        )
+    }
+
+    /// Drives `s` like the event loop would until the upstream side is done; the
+    /// client takes at most `client_chunk` bytes per turn. Returns the client bytes
+    /// and the final step.
+    fn drive(s: &mut Session, addr: SocketAddr, client_chunk: usize) -> (Vec<u8>, Step) {
+        let mut poll = Poll::new().unwrap();
+        let mut events = Events::with_capacity(8);
+        let mut client = Vec::new();
+        let register = |s: &mut Session, poll: &Poll| {
+            if let Some(sock) = s.socket_mut() {
+                poll.registry()
+                    .register(sock, Token(0), Interest::READABLE | Interest::WRITABLE)
+                    .unwrap();
+            }
+        };
+        register(s, &poll);
+        for _ in 0..2000 {
+            let step = s.pump();
+            let n = s.client_output().len().min(client_chunk);
+            client.extend_from_slice(&s.client_output()[..n]);
+            s.client_wrote(n);
+            match step {
+                Step::Pending if n > 0 => continue,
+                Step::Pending => {
+                    poll.poll(&mut events, Some(Duration::from_millis(20)))
+                        .unwrap();
+                }
+                Step::NeedFreshConnection { server } => {
+                    let sock = UpstreamSocket::connect(&UpstreamAddress::Tcp(addr)).unwrap();
+                    s.attach(server, sock, None);
+                    register(s, &poll);
+                }
+                done => {
+                    // A test's poll is dropped here: take the socket off it (in forkd
+                    // a pooled socket stays registered and only changes token).
+                    let done = match done {
+                        Step::Done {
+                            pool: Some((mut sock, n)),
+                        } => {
+                            poll.registry().deregister(&mut sock).unwrap();
+                            Step::Done {
+                                pool: Some((sock, n)),
+                            }
+                        }
+                        other => other,
+                    };
+                    while !s.client_output().is_empty() {
+                        let n = s.client_output().len();
+                        client.extend_from_slice(s.client_output());
+                        s.client_wrote(n);
+                    }
+                    return (client, done);
+                }
+            }
+        }
+        panic!(
+            "the exchange did not end; client got {:?}",
+            String::from_utf8_lossy(&client)
+        );
+    }
+
+    fn connect(addr: SocketAddr) -> UpstreamSocket {
+        UpstreamSocket::connect(&UpstreamAddress::Tcp(addr)).unwrap()
+    }
+
+    #[test]
+    fn a_get_on_a_new_connection_ends_with_the_connection_poolable() {
+        let (addr, _) = upstream(vec![vec![
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+        ]]);
+        let mut s = session(1024, 1);
+        assert!(!s.ready_for_body());
+        s.attach(0, connect(addr), None);
+        assert!(!s.ready_for_body(), "still connecting");
+        let (client, step) = drive(&mut s, addr, usize::MAX);
+        assert_eq!(client, b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello");
+        match step {
+            Step::Done { pool: Some((_, 1)) } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_pooled_connection_the_upstream_closed_is_replaced_transparently() {
+        let ok: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        let (addr, closed) = upstream(vec![vec![ok], vec![ok]]);
+        let mut first = session(1024, 1);
+        first.attach(0, connect(addr), None);
+        let Step::Done {
+            pool: Some((pooled, requests)),
+        } = drive(&mut first, addr, usize::MAX).1
+        else {
+            panic!("first exchange did not pool its connection");
+        };
+        // The upstream closes the idle connection (its idle timeout).
+        assert_eq!(closed.recv_timeout(Duration::from_secs(10)), Ok(0));
+        let mut second = session(1024, 1);
+        second.attach(0, pooled, Some(requests));
+        let (client, step) = drive(&mut second, addr, usize::MAX);
+        assert_eq!(client, ok);
+        assert!(matches!(step, Step::Done { .. }), "{step:?}");
+        assert_eq!(second.last_failure(), Some(Failure::Reset));
+        assert!(
+            !second.exchange().reused(),
+            "answered on the fresh connection"
+        );
+    }
+
+    #[test]
+    fn a_refused_connection_moves_on_or_is_a_502() {
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        for (servers, want) in [(2, "NeedNextServer"), (1, "Respond(502)")] {
+            let mut s = session(1024, servers);
+            let step = match UpstreamSocket::connect(&UpstreamAddress::Tcp(addr)) {
+                Err(e) => s.connect_failed(0, &e),
+                Ok(sock) => {
+                    s.attach(0, sock, None);
+                    drive(&mut s, addr, usize::MAX).1
+                }
+            };
+            assert_eq!(format!("{step:?}"), want);
+        }
+    }
+
+    #[test]
+    fn a_close_delimited_body_reaches_a_slow_client_whole_through_a_small_buffer() {
+        static BODY: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+        let body = BODY.get_or_init(|| (0..100_000u32).map(|i| (i % 251) as u8).collect());
+        let response: &'static [u8] = Box::leak(
+            [b"HTTP/1.0 200 OK\r\n\r\n".as_slice(), body.as_slice()]
+                .concat()
+                .into_boxed_slice(),
+        );
+        let (addr, _) = upstream(vec![vec![response]]);
+        let mut s = session(4096, 1);
+        s.attach(0, connect(addr), None);
+        let (client, step) = drive(&mut s, addr, 1000);
+        assert!(matches!(step, Step::Done { pool: None }), "{step:?}");
+        let head_end = client.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        assert_eq!(
+            &client[..head_end],
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        );
+        let mut d = super::super::body::Decoder::chunked();
+        let mut data = Vec::new();
+        let mut at = head_end;
+        while !d.is_done() {
+            let step = d.decode(&client[at..]).unwrap();
+            data.extend_from_slice(&client[at + step.data.start..at + step.data.end]);
+            at += step.consumed;
+        }
+        assert_eq!(&data, body);
+    }
+
+    #[test]
+    fn a_garbage_response_is_a_502() {
+        let (addr, _) = upstream(vec![vec![b"SSH-2.0-OpenSSH\r\n\r\n"]]);
+        let mut s = session(1024, 1);
+        s.attach(0, connect(addr), None);
+        let (client, step) = drive(&mut s, addr, usize::MAX);
+        assert!(client.is_empty());
+        assert!(matches!(step, Step::Respond(502)), "{step:?}");
+        assert_eq!(s.last_failure(), Some(Failure::BadResponse));
+    }
+
+    #[test]
+    fn a_large_request_body_is_streamed_and_a_slow_upstream_stops_the_client_side() {
+        const LEN: u64 = 32 << 20;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let reader = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let head = read_head(&mut s).unwrap();
+            // Slow to start reading: the bytes in flight pile up in the kernel.
+            std::thread::sleep(Duration::from_millis(200));
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut got = 0u64;
+            let mut sum = 0u64;
+            while got < LEN {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "body cut short at {got}");
+                sum = buf[..n]
+                    .iter()
+                    .fold(sum, |a, &b| a.wrapping_mul(31).wrapping_add(u64::from(b)));
+                got += n as u64;
+            }
+            s.write_all(b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n")
+                .unwrap();
+            (String::from_utf8(head).unwrap(), got, sum)
+        });
+        let head = format!("PUT /big HTTP/1.1\r\nHost: h\r\nContent-Length: {LEN}\r\n\r\n");
+        let mut s = Session::new(
+            head.into_bytes(),
+            Framing::Length(LEN),
+            "PUT",
+            1,
+            1,
+            CTX,
+            16 * 1024,
+        );
+        s.attach(0, connect(addr), None);
+        let mut poll = Poll::new().unwrap();
+        poll.registry()
+            .register(
+                s.socket_mut().unwrap(),
+                Token(0),
+                Interest::READABLE | Interest::WRITABLE,
+            )
+            .unwrap();
+        let mut events = Events::with_capacity(8);
+        let piece: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 253) as u8).collect();
+        let (mut offered, mut sum, mut refused) = (0u64, 0u64, 0u32);
+        let mut client = Vec::new();
+        let step = loop {
+            if offered < LEN && s.wants_client_body() {
+                let want = (LEN - offered).min(piece.len() as u64) as usize;
+                let took = s.feed_client_body(&piece[..want]).unwrap();
+                sum = piece[..took]
+                    .iter()
+                    .fold(sum, |a, &b| a.wrapping_mul(31).wrapping_add(u64::from(b)));
+                offered += took as u64;
+            } else if offered < LEN {
+                refused += 1;
+            }
+            let step = s.pump();
+            let n = s.client_output().len();
+            client.extend_from_slice(s.client_output());
+            s.client_wrote(n);
+            match step {
+                Step::Pending => {
+                    if offered == LEN || !s.wants_client_body() {
+                        poll.poll(&mut events, Some(Duration::from_millis(50)))
+                            .unwrap();
+                    }
+                }
+                other => break other,
+            }
+        };
+        let (upstream_head, got, upstream_sum) = reader.join().unwrap();
+        assert!(
+            upstream_head.contains(&format!("Content-Length: {LEN}\r\n")),
+            "{upstream_head}"
+        );
+        assert_eq!((got, upstream_sum), (LEN, sum), "every body byte, in order");
+        assert!(
+            refused > 0,
+            "the client side was paused while the upstream did not read"
+        );
+        assert!(matches!(step, Step::Done { pool: Some(_) }), "{step:?}");
+        while !s.client_output().is_empty() {
+            let n = s.client_output().len();
+            client.extend_from_slice(s.client_output());
+            s.client_wrote(n);
+        }
+        assert_eq!(client, b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n");
+    }
+}

@@ -1,0 +1,621 @@
+//! Both directions of an exchange as byte streams, composed from the other modules so
+//! the connection code only moves bytes between sockets and these:
+//!
+//! - [`RequestStream`]: the re-serialised head (kept as the replay copy for a retry),
+//!   then the client's body through a [`Relay`].
+//! - [`ResponseStream`]: upstream bytes in; interim heads, the final head and the body
+//!   out, framed for the client.
+//!
+//! Both are bounded: `feed` takes only what fits, `pending` is what to write next, and
+//! `advance` says how much was written.
+
+use super::body::{BodyError, Decoder, Encoder, Relay};
+use super::response_head::{
+    self, ClientBody, Parsed, ResponseContext, ResponseError, ResponseHead, UpstreamBody,
+};
+use super::upstream_request::Framing;
+
+/// The request on its way upstream.
+#[derive(Debug)]
+pub struct RequestStream {
+    /// The head as written by `upstream_request::write`: also the replay copy.
+    head: Vec<u8>,
+    head_sent: usize,
+    framing: Framing,
+    relay: Relay,
+    capacity: usize,
+    /// Body bytes written upstream (after the head).
+    body_sent: u64,
+}
+
+impl RequestStream {
+    /// `head`: the upstream head; `framing`: the client's body framing (the head
+    /// announces the same one).
+    pub fn new(head: Vec<u8>, framing: Framing, capacity: usize) -> RequestStream {
+        RequestStream {
+            relay: relay_for(framing, capacity),
+            head,
+            head_sent: 0,
+            framing,
+            capacity,
+            body_sent: 0,
+        }
+    }
+
+    /// Takes client body bytes; returns how many (the rest is the client's next
+    /// request, or does not fit yet).
+    pub fn feed(&mut self, input: &[u8]) -> Result<usize, BodyError> {
+        self.relay.feed(input)
+    }
+
+    /// The client closed its side.
+    pub fn eof(&mut self) -> Result<(), BodyError> {
+        self.relay.eof()
+    }
+
+    /// Whether the client should be read for body bytes.
+    pub fn wants_input(&self) -> bool {
+        self.relay.wants_input()
+    }
+
+    /// What to write upstream next: the rest of the head, then body bytes.
+    pub fn pending(&self) -> &[u8] {
+        if self.head_sent < self.head.len() {
+            &self.head[self.head_sent..]
+        } else {
+            self.relay.pending()
+        }
+    }
+
+    /// `n` bytes of [`RequestStream::pending`] were written.
+    pub fn advance(&mut self, n: usize) {
+        if self.head_sent < self.head.len() {
+            self.head_sent += n;
+            debug_assert!(self.head_sent <= self.head.len());
+        } else {
+            self.body_sent += n as u64;
+            self.relay.advance(n);
+        }
+    }
+
+    /// The head was written whole.
+    pub fn head_written(&self) -> bool {
+        self.head_sent == self.head.len()
+    }
+
+    /// Head and body were written whole.
+    pub fn is_complete(&self) -> bool {
+        self.head_written() && self.relay.is_complete()
+    }
+
+    /// Whether the request can be sent again from the start: no body byte has been
+    /// written (the head is kept; body bytes are not).
+    pub fn replayable(&self) -> bool {
+        self.body_sent == 0
+    }
+
+    /// Starts over for a retry on a new connection. False (and nothing changes) when
+    /// body bytes were already written.
+    pub fn rewind(&mut self) -> bool {
+        if !self.replayable() {
+            return false;
+        }
+        self.head_sent = 0;
+        true
+    }
+
+    pub fn framing(&self) -> Framing {
+        self.framing
+    }
+
+    /// The replay copy of the head.
+    pub fn head(&self) -> &[u8] {
+        &self.head
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+}
+
+fn relay_for(framing: Framing, capacity: usize) -> Relay {
+    match framing {
+        Framing::None => Relay::new(Decoder::length(0), Encoder::Identity, capacity),
+        Framing::Length(n) => Relay::new(Decoder::length(n), Encoder::Identity, capacity),
+        Framing::Chunked => Relay::new(Decoder::chunked(), Encoder::Chunked, capacity),
+    }
+}
+
+/// Why a response could not be relayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamError {
+    Head(ResponseError),
+    Body(BodyError),
+    /// The upstream closed before a complete head.
+    ClosedBeforeHead,
+}
+
+/// What one `feed` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Fed {
+    /// Upstream bytes taken.
+    pub consumed: usize,
+    /// Interim (1xx) heads read, and how many of them were forwarded.
+    pub interim: usize,
+    pub interim_forwarded: usize,
+    /// The final head, when it was read in this call.
+    pub head: Option<ResponseHead>,
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// Upstream head bytes so far (only when a head arrives in pieces).
+    Head { partial: Vec<u8> },
+    Body {
+        head: ResponseHead,
+        relay: Relay,
+        /// Body bytes that came with the head but did not fit the relay yet.
+        leftover: Vec<u8>,
+    },
+}
+
+/// The response on its way to the client.
+#[derive(Debug)]
+pub struct ResponseStream {
+    ctx: ResponseContext,
+    phase: Phase,
+    /// Client-bound head bytes (interim and final heads) not written yet.
+    heads: Vec<u8>,
+    heads_sent: usize,
+    capacity: usize,
+    /// The upstream closed; delivered to the relay once `leftover` is through.
+    upstream_closed: bool,
+}
+
+impl ResponseStream {
+    pub fn new(ctx: ResponseContext, capacity: usize) -> ResponseStream {
+        ResponseStream {
+            ctx,
+            phase: Phase::Head {
+                partial: Vec::new(),
+            },
+            heads: Vec::new(),
+            heads_sent: 0,
+            capacity,
+            upstream_closed: false,
+        }
+    }
+
+    /// The final head, once read.
+    pub fn head(&self) -> Option<&ResponseHead> {
+        match &self.phase {
+            Phase::Body { head, .. } => Some(head),
+            Phase::Head { .. } => None,
+        }
+    }
+
+    /// Takes upstream bytes. Once the response is complete it takes no more: bytes
+    /// left over then are ones nobody asked for, and the connection must not be pooled.
+    pub fn feed(&mut self, input: &[u8]) -> Result<Fed, StreamError> {
+        let mut fed = Fed::default();
+        loop {
+            match &mut self.phase {
+                Phase::Head { partial } => {
+                    let mut owned = std::mem::take(partial);
+                    let from_partial = !owned.is_empty();
+                    if from_partial {
+                        owned.extend_from_slice(&input[fed.consumed..]);
+                    }
+                    let buf: &[u8] = if from_partial {
+                        &owned
+                    } else {
+                        &input[fed.consumed..]
+                    };
+                    if buf.is_empty() {
+                        return Ok(fed);
+                    }
+                    let parsed = response_head::parse(buf, &self.ctx, &mut self.heads)
+                        .map_err(StreamError::Head)?;
+                    let Some(parsed) = parsed else {
+                        // Incomplete: keep what there is, all of it is consumed.
+                        let keep = if from_partial { owned } else { buf.to_vec() };
+                        self.phase = Phase::Head { partial: keep };
+                        fed.consumed = input.len();
+                        return Ok(fed);
+                    };
+                    let head_len = match parsed {
+                        Parsed::Interim { head_len, .. } => head_len,
+                        Parsed::Final(h) => h.head_len,
+                    };
+                    // From a partial head, every input byte is now in `owned`; what
+                    // follows the head moves on with the next phase.
+                    let rest = if from_partial {
+                        fed.consumed = input.len();
+                        owned[head_len..].to_vec()
+                    } else {
+                        fed.consumed += head_len;
+                        Vec::new()
+                    };
+                    match parsed {
+                        Parsed::Interim { forwarded, .. } => {
+                            fed.interim += 1;
+                            fed.interim_forwarded += usize::from(forwarded);
+                            self.phase = Phase::Head { partial: rest };
+                        }
+                        Parsed::Final(head) => {
+                            fed.head = Some(head);
+                            self.phase = Phase::Body {
+                                head,
+                                relay: relay_to_client(&head, self.capacity),
+                                leftover: rest,
+                            };
+                        }
+                    }
+                }
+                Phase::Body {
+                    relay, leftover, ..
+                } => {
+                    if !leftover.is_empty() {
+                        let n = relay.feed(leftover).map_err(StreamError::Body)?;
+                        leftover.drain(..n);
+                        if !leftover.is_empty() {
+                            return Ok(fed);
+                        }
+                        if self.upstream_closed {
+                            relay.eof().map_err(StreamError::Body)?;
+                        }
+                    }
+                    let n = relay
+                        .feed(&input[fed.consumed..])
+                        .map_err(StreamError::Body)?;
+                    fed.consumed += n;
+                    return Ok(fed);
+                }
+            }
+        }
+    }
+
+    /// The upstream closed its side. Bytes that came with the head and are still
+    /// waiting for room go through first (keep calling `feed(&[])` as the client
+    /// drains); the body's end is then taken from the close.
+    pub fn eof(&mut self) -> Result<(), StreamError> {
+        self.upstream_closed = true;
+        match &mut self.phase {
+            Phase::Head { .. } => Err(StreamError::ClosedBeforeHead),
+            Phase::Body { leftover, .. } if !leftover.is_empty() => Ok(()),
+            Phase::Body { relay, .. } => relay.eof().map_err(StreamError::Body),
+        }
+    }
+
+    /// Whether the upstream should be read.
+    pub fn wants_input(&self) -> bool {
+        match &self.phase {
+            Phase::Head { .. } => self.heads.len() - self.heads_sent < self.capacity,
+            Phase::Body {
+                relay, leftover, ..
+            } => leftover.is_empty() && relay.wants_input(),
+        }
+    }
+
+    /// What to write to the client next.
+    pub fn pending(&self) -> &[u8] {
+        if self.heads_sent < self.heads.len() {
+            return &self.heads[self.heads_sent..];
+        }
+        match &self.phase {
+            Phase::Body { relay, .. } => relay.pending(),
+            Phase::Head { .. } => &[],
+        }
+    }
+
+    /// `n` bytes of [`ResponseStream::pending`] were written.
+    pub fn advance(&mut self, n: usize) {
+        if self.heads_sent < self.heads.len() {
+            self.heads_sent += n;
+            if self.heads_sent == self.heads.len() {
+                self.heads.clear();
+                self.heads_sent = 0;
+            }
+        } else if let Phase::Body { relay, .. } = &mut self.phase {
+            relay.advance(n);
+        }
+    }
+
+    /// The whole response was read from the upstream (some may still be pending
+    /// for the client): the upstream connection is free.
+    pub fn is_read_whole(&self) -> bool {
+        match &self.phase {
+            Phase::Body {
+                relay, leftover, ..
+            } => leftover.is_empty() && relay.is_finished(),
+            Phase::Head { .. } => false,
+        }
+    }
+
+    /// The whole response was read and written to the client.
+    pub fn is_complete(&self) -> bool {
+        self.heads.is_empty()
+            && match &self.phase {
+                Phase::Body {
+                    relay, leftover, ..
+                } => leftover.is_empty() && relay.is_complete(),
+                Phase::Head { .. } => false,
+            }
+    }
+}
+
+fn relay_to_client(head: &ResponseHead, capacity: usize) -> Relay {
+    let decoder = match head.upstream_body {
+        UpstreamBody::None => Decoder::length(0),
+        UpstreamBody::Length(n) => Decoder::length(n),
+        UpstreamBody::Chunked => Decoder::chunked(),
+        UpstreamBody::UntilClose => Decoder::until_close(),
+    };
+    let encoder = match head.client_body {
+        ClientBody::Chunked => Encoder::Chunked,
+        ClientBody::None | ClientBody::Length(_) | ClientBody::UntilClose => Encoder::Identity,
+    };
+    Relay::new(decoder, encoder, capacity)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CTX: ResponseContext = ResponseContext {
+        head_request: false,
+        client_http10: false,
+        client_keep_alive: true,
+        upstream_requests: 1,
+        keepalive_requests: 100,
+        max_head: 4096,
+    };
+
+    /// Feeds `upstream` in pieces of `piece` bytes, then EOF if `close`; the client
+    /// takes everything at once. Returns the client's bytes and the stream.
+    fn through(
+        upstream: &[u8],
+        ctx: ResponseContext,
+        piece: usize,
+        close: bool,
+    ) -> (Vec<u8>, ResponseStream) {
+        let mut s = ResponseStream::new(ctx, 64);
+        let mut client = Vec::new();
+        let mut at = 0;
+        let mut stalls = 0;
+        while at < upstream.len() {
+            let end = upstream.len().min(at + piece);
+            let fed = s.feed(&upstream[at..end]).unwrap();
+            at += fed.consumed;
+            let n = drain(&mut s, &mut client);
+            if fed.consumed == 0 && n == 0 {
+                stalls += 1;
+                if stalls > 3 {
+                    break; // the response ended: the rest is not part of it
+                }
+            }
+        }
+        if close {
+            s.eof().unwrap();
+        }
+        drain(&mut s, &mut client);
+        (client, s)
+    }
+
+    /// Writes everything pending to `client`; returns how many bytes.
+    fn drain(s: &mut ResponseStream, client: &mut Vec<u8>) -> usize {
+        let mut total = 0;
+        while !s.pending().is_empty() {
+            let n = s.pending().len();
+            client.extend_from_slice(s.pending());
+            s.advance(n);
+            total += n;
+        }
+        total
+    }
+
+    #[test]
+    fn every_framing_byte_for_byte_at_any_split() {
+        let close_delimited =
+            b"HTTP/1.0 200 OK\r\nServer: SimpleHTTP/0.6 Python/3\r\n\r\nhello, world";
+        let cases: [(&[u8], bool, &[u8]); 4] = [
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+                false,
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Sum\r\n\r\n3;x=y\r\nabc\r\n2\r\nde\r\n0\r\nX-Sum: 5\r\n\r\n",
+                false,
+                b"HTTP/1.1 200 OK\r\nTrailer: X-Sum\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\nX-Sum: 5\r\n\r\n",
+            ),
+            (
+                close_delimited,
+                true,
+                b"HTTP/1.1 200 OK\r\nServer: SimpleHTTP/0.6 Python/3\r\nTransfer-Encoding: chunked\r\n\r\nc\r\nhello, world\r\n0\r\n\r\n",
+            ),
+            (
+                b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+                false,
+                b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+            ),
+        ];
+        for (upstream, close, want) in cases {
+            // Whole, or split: data chunks are then re-chunked per piece, so compare
+            // the unsplit output exactly and the split ones after decoding.
+            let (got, s) = through(upstream, CTX, upstream.len(), close);
+            assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(want));
+            assert!(s.is_complete());
+            for piece in [1, 5, 13] {
+                let (got, s) = through(upstream, CTX, piece, close);
+                assert!(s.is_complete(), "piece {piece}");
+                let head_end = got.windows(4).rposition(|w| w == b"\r\n\r\n").is_some();
+                assert!(head_end);
+                if want.windows(17).any(|w| w == b"Transfer-Encoding") {
+                    assert_eq!(
+                        decode_chunked_body(&got),
+                        decode_chunked_body(want),
+                        "piece {piece}"
+                    );
+                } else {
+                    assert_eq!(got, want, "piece {piece}");
+                }
+            }
+        }
+    }
+
+    /// The data and trailers of a chunked message (head skipped).
+    fn decode_chunked_body(message: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        let start = message.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let mut d = Decoder::chunked();
+        let mut data = Vec::new();
+        let mut at = start;
+        while !d.is_done() {
+            let s = d.decode(&message[at..]).unwrap();
+            data.extend_from_slice(&message[at + s.data.start..at + s.data.end]);
+            at += s.consumed;
+        }
+        (data, d.trailers().to_vec())
+    }
+
+    /// Bytes `python3 -m http.server` (Python 3.11) sent, captured once: an HTTP/1.0
+    /// server with a length, and `Connection: close` on errors.
+    #[test]
+    fn python_http_server_responses_are_relayed_as_11() {
+        let file = b"HTTP/1.0 200 OK\r\nServer: SimpleHTTP/0.6 Python/3.11.7\r\n\
+            Date: Tue, 01 Dec 2026 10:02:47 GMT\r\nContent-type: text/plain\r\n\
+            Content-Length: 18\r\nLast-Modified: Tue, 01 Dec 2026 10:02:46 GMT\r\n\r\n\
+            hello from python\n";
+        let (got, s) = through(file, CTX, 7, true);
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            "HTTP/1.1 200 OK\r\nServer: SimpleHTTP/0.6 Python/3.11.7\r\n\
+             Date: Tue, 01 Dec 2026 10:02:47 GMT\r\nContent-type: text/plain\r\n\
+             Last-Modified: Tue, 01 Dec 2026 10:02:46 GMT\r\nContent-Length: 18\r\n\r\n\
+             hello from python\n"
+        );
+        let head = s.head().unwrap();
+        assert!(!head.upstream_reusable, "HTTP/1.0: never pooled");
+        assert!(!head.client_close, "the client keeps its connection");
+
+        let missing = b"HTTP/1.0 404 File not found\r\nServer: SimpleHTTP/0.6 Python/3.11.7\r\n\
+            Connection: close\r\nContent-Type: text/html;charset=utf-8\r\n\
+            Content-Length: 8\r\n\r\n<h1>404\n";
+        let (got, s) = through(missing, CTX, missing.len(), true);
+        let got = String::from_utf8(got).unwrap();
+        assert!(got.starts_with("HTTP/1.1 404 File not found\r\n"), "{got}");
+        assert!(!got.contains("Connection"), "{got}");
+        assert!(got.ends_with("Content-Length: 8\r\n\r\n<h1>404\n"), "{got}");
+        assert!(!s.head().unwrap().upstream_reusable);
+    }
+
+    #[test]
+    fn close_delimited_to_a_10_client_stays_close_delimited() {
+        let ctx = ResponseContext {
+            client_http10: true,
+            ..CTX
+        };
+        let (got, s) = through(b"HTTP/1.0 200 OK\r\n\r\nabc", ctx, 2, true);
+        assert_eq!(got, b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nabc");
+        assert!(s.head().unwrap().client_close);
+    }
+
+    #[test]
+    fn a_truncated_body_and_an_early_close_are_errors() {
+        let mut s = ResponseStream::new(CTX, 64);
+        s.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+            .unwrap();
+        assert_eq!(s.eof(), Err(StreamError::Body(BodyError::Truncated)));
+        let mut s = ResponseStream::new(CTX, 64);
+        s.feed(b"HTTP/1.1 200 OK\r\n").unwrap();
+        assert_eq!(s.eof(), Err(StreamError::ClosedBeforeHead));
+        let mut s = ResponseStream::new(CTX, 64);
+        assert_eq!(
+            s.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            Err(StreamError::Head(ResponseError::LengthAndChunked))
+        );
+        assert!(s.pending().is_empty(), "nothing reaches the client");
+    }
+
+    #[test]
+    fn feed_reports_interim_and_final_heads_once() {
+        let mut s = ResponseStream::new(CTX, 64);
+        let input = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        let fed = s.feed(input).unwrap();
+        assert_eq!((fed.interim, fed.interim_forwarded), (1, 1));
+        assert_eq!(fed.head.map(|h| h.status), Some(200));
+        assert_eq!(fed.consumed, input.len());
+        assert!(s.is_complete() || !s.pending().is_empty());
+        let fed = s.feed(b"").unwrap();
+        assert_eq!((fed.interim, fed.head), (0, None));
+    }
+
+    #[test]
+    fn a_close_delimited_body_larger_than_the_buffer_ends_after_its_leftover() {
+        // Head and body arrive in one read, the upstream closes, the client is slow.
+        let mut upstream = b"HTTP/1.0 200 OK\r\n\r\n".to_vec();
+        upstream.extend_from_slice(&[b'z'; 50]);
+        let mut s = ResponseStream::new(CTX, 16);
+        let mut partial = b"HTTP/1.0 200 OK\r\n".to_vec();
+        s.feed(&partial).unwrap();
+        partial.clear();
+        assert_eq!(
+            s.feed(&upstream[17..]).unwrap().consumed,
+            upstream.len() - 17
+        );
+        s.eof().unwrap();
+        let mut client = Vec::new();
+        for _ in 0..1000 {
+            if s.is_complete() {
+                break;
+            }
+            s.feed(&[]).unwrap();
+            let n = s.pending().len().min(5);
+            client.extend_from_slice(&s.pending()[..n]);
+            s.advance(n);
+        }
+        assert!(
+            s.is_complete(),
+            "the close ends the body once the leftover is through"
+        );
+        let (data, _) = decode_chunked_body(&client);
+        assert_eq!(data, [b'z'; 50]);
+    }
+
+    #[test]
+    fn a_slow_client_stops_the_upstream_being_read() {
+        let mut s = ResponseStream::new(CTX, 16);
+        let body = [b'x'; 100];
+        let mut upstream = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n".to_vec();
+        upstream.extend_from_slice(&body);
+        let fed = s.feed(&upstream).unwrap();
+        assert!(fed.consumed < upstream.len());
+        // The client takes nothing: feeding more takes nothing.
+        assert!(!s.wants_input());
+        assert_eq!(s.feed(&upstream[fed.consumed..]).unwrap().consumed, 0);
+    }
+
+    #[test]
+    fn the_request_head_is_replayed_until_body_bytes_leave() {
+        let head = b"PUT /x HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\n".to_vec();
+        let mut r = RequestStream::new(head.clone(), Framing::Length(4), 64);
+        assert_eq!(r.pending(), &head[..]);
+        r.advance(10);
+        assert!(r.rewind());
+        assert_eq!(r.pending(), &head[..]);
+        r.advance(head.len());
+        assert!(r.head_written() && !r.is_complete());
+        assert_eq!(r.feed(b"bodyGET").unwrap(), 4);
+        assert_eq!(r.pending(), b"body");
+        r.advance(2);
+        assert!(!r.rewind() && !r.replayable());
+        r.advance(2);
+        assert!(r.is_complete());
+        let mut get = RequestStream::new(b"GET / HTTP/1.1\r\n\r\n".to_vec(), Framing::None, 64);
+        get.advance(18);
+        assert!(get.is_complete());
+        let mut chunked = RequestStream::new(Vec::new(), Framing::Chunked, 64);
+        chunked.feed(b"2;e\r\nhi\r\n0\r\n\r\n").unwrap();
+        assert_eq!(chunked.pending(), b"2\r\nhi\r\n0\r\n\r\n");
+    }
+}

@@ -1,0 +1,302 @@
+//! The worker's upstream side: its connection pools, the tokens of its upstream
+//! sockets in the event loop's `Poll`, and [`Proxied`], one client's exchange with an
+//! upstream (the `Session` and what the connection code needs around it).
+//!
+//! Tokens say what they point at: a listener, the signalfd, a client connection (its
+//! slab key), or an upstream connection (`UPSTREAM_BIT | key` of the slab here). An
+//! upstream token's entry says who owns the socket now: a client connection (an event
+//! drives that client) or a pool (an event means the upstream closed an idle
+//! connection, or sent bytes nobody asked for: it is removed at once). The token of a
+//! connection does not change when it moves in or out of a pool, so that costs no
+//! `epoll_ctl`.
+//!
+//! Knows nothing of client connections beyond their slab keys.
+
+use crate::proxy::connect::UpstreamSocket;
+use crate::proxy::exchange::State;
+use crate::proxy::pool::{Pools, ServerId};
+use crate::proxy::request_id::RequestIds;
+use crate::proxy::session::Session;
+use crate::timers::Micros;
+use forkd_shared::config::{Upstream, UpstreamAddress};
+use mio::{Interest, Registry, Token};
+use slab::Slab;
+use std::io;
+
+/// Set in the token of every upstream connection (listeners and the signalfd use the
+/// top of the range, with bit 63 set; client connections are small slab keys).
+pub const UPSTREAM_BIT: usize = 1 << 62;
+
+/// Whether `token` is an upstream connection's, and its key here.
+pub fn upstream_key(token: usize) -> Option<usize> {
+    (token & (1 << 63) == 0 && token & UPSTREAM_BIT != 0).then_some(token & !UPSTREAM_BIT)
+}
+
+/// Who holds an upstream connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// The client connection with this slab key (its exchange uses it).
+    Client(usize),
+    /// Idle in a pool.
+    Pooled,
+}
+
+/// An idle connection in a pool.
+#[derive(Debug)]
+pub struct Pooled {
+    pub socket: UpstreamSocket,
+    pub token: usize,
+}
+
+/// The worker's upstream connections.
+pub struct Upstreams {
+    registry: Registry,
+    owners: Slab<Owner>,
+    pub pools: Pools<Pooled>,
+    pub ids: RequestIds,
+    /// Connections to close, collected by the pool operations (reused allocation).
+    closing: Vec<Pooled>,
+}
+
+impl Upstreams {
+    pub fn new(registry: Registry, upstreams: &[Upstream]) -> Upstreams {
+        Upstreams {
+            registry,
+            owners: Slab::new(),
+            pools: Pools::new(upstreams),
+            ids: RequestIds::for_this_process(),
+            closing: Vec::new(),
+        }
+    }
+
+    /// Connects to `addr` for client `client`, registered under a new token.
+    pub fn connect(
+        &mut self,
+        addr: &UpstreamAddress,
+        client: usize,
+    ) -> io::Result<(UpstreamSocket, usize)> {
+        let mut socket = UpstreamSocket::connect(addr)?;
+        let key = self.owners.insert(Owner::Client(client));
+        let interest = Interest::READABLE | Interest::WRITABLE;
+        if let Err(e) = self
+            .registry
+            .register(&mut socket, Token(UPSTREAM_BIT | key), interest)
+        {
+            self.owners.remove(key);
+            return Err(e);
+        }
+        Ok((socket, key))
+    }
+
+    /// A pooled connection to `id` for client `client`: (socket, requests it served,
+    /// token key).
+    pub fn take(
+        &mut self,
+        id: ServerId,
+        now: Micros,
+        client: usize,
+    ) -> Option<(UpstreamSocket, u64, usize)> {
+        let pool = self.pools.pool(id)?;
+        let reused = pool.take(now, &mut self.closing);
+        self.close_collected();
+        let reused = reused?;
+        if let Some(owner) = self.owners.get_mut(reused.conn.token) {
+            *owner = Owner::Client(client);
+        }
+        Some((reused.conn.socket, reused.requests, reused.conn.token))
+    }
+
+    /// An exchange is done with its connection: pool it (if `id`'s server is still
+    /// configured and its pool has room) or close it.
+    pub fn put(
+        &mut self,
+        id: ServerId,
+        socket: UpstreamSocket,
+        token: usize,
+        requests: u64,
+        now: Micros,
+    ) {
+        let conn = Pooled { socket, token };
+        let refused = match self.pools.pool(id) {
+            Some(pool) => pool.put(conn, requests, now).err(),
+            None => Some(conn),
+        };
+        match refused {
+            Some(conn) => self.forget(conn.token),
+            None => {
+                if let Some(owner) = self.owners.get_mut(token) {
+                    *owner = Owner::Pooled;
+                }
+            }
+        }
+    }
+
+    /// The token of a connection that was closed (dropped) is free again.
+    pub fn forget(&mut self, token: usize) {
+        self.owners.try_remove(token);
+    }
+
+    pub fn owner(&self, key: usize) -> Option<Owner> {
+        self.owners.get(key).copied()
+    }
+
+    /// An event on an idle pooled connection: the upstream closed it or sent bytes
+    /// nobody asked for. It is closed before a request can meet it.
+    pub fn evict(&mut self, key: usize) {
+        drop(self.pools.remove(|c| c.token == key));
+        self.forget(key);
+    }
+
+    /// Closes the idle connections whose `keepalive_timeout` passed.
+    pub fn expire(&mut self, now: Micros) {
+        if self.pools.next_expiry().is_some_and(|at| at <= now) {
+            self.pools.expire(now, &mut self.closing);
+            self.close_collected();
+        }
+    }
+
+    /// When the next idle connection expires.
+    pub fn next_expiry(&self) -> Option<Micros> {
+        self.pools.next_expiry()
+    }
+
+    /// Drain: every idle connection closes now.
+    pub fn drain(&mut self) {
+        self.pools.drain(&mut self.closing);
+        self.close_collected();
+    }
+
+    /// Reload: pools of servers that stay keep their connections (with the new
+    /// limits); those of removed servers close.
+    pub fn reconfigure(&mut self, upstreams: &[Upstream]) {
+        self.pools.reconfigure(upstreams, &mut self.closing);
+        self.close_collected();
+    }
+
+    fn close_collected(&mut self) {
+        for conn in std::mem::take(&mut self.closing) {
+            self.owners.try_remove(conn.token);
+        }
+    }
+}
+
+/// One client's proxied exchange: the [`Session`] (upstream socket, both bounded
+/// streams, the state machine), which upstream and server it uses, its token, and
+/// the times its deadlines and the logs need. Owned by the client connection's
+/// `Busy`, so an idle keep-alive connection stays as small as before.
+///
+/// The plain accessors are what a stats or access-log hook needs.
+#[derive(Debug)]
+pub struct Proxied {
+    pub session: Session,
+    /// Index into `Config::upstreams`.
+    pub upstream: usize,
+    /// The server of the current (or last) attempt, and its pool.
+    pub server: Option<(usize, ServerId)>,
+    /// The current upstream socket's token key.
+    pub token: Option<usize>,
+    /// The forkd server (`Config::servers`) that routed the request.
+    pub client_server: usize,
+    /// `Expect: 100-continue` not answered yet.
+    pub expect_continue: bool,
+    /// When the request's first byte arrived.
+    pub started: Micros,
+    /// When the exchange entered its current state, and its last upstream progress.
+    pub state_since: Micros,
+    pub upstream_progress: Micros,
+    /// The exchange state `state_since` is for (to notice a change).
+    pub state_tag: Option<std::mem::Discriminant<State>>,
+    /// The failure of the current attempt was logged.
+    pub failure_logged: bool,
+    /// When the final response head arrived.
+    pub head_at: Option<Micros>,
+    /// The response head's status.
+    pub status: Option<u16>,
+    /// The upstream side finished (its connection pooled or closed).
+    pub upstream_done: bool,
+    /// The deadline fired: tell the session before the next pump.
+    pub fired: bool,
+    /// The upstream failed after the response head: what was received goes out,
+    /// then the client connection closes (a truncated response, never a wrong one).
+    pub truncated: bool,
+    /// Bytes written to the client.
+    pub sent: u64,
+    /// The client connection may be kept after the response.
+    pub client_keep_alive: bool,
+    pub http10: bool,
+    /// The `X-Request-Id` sent upstream.
+    request_id: [u8; 32],
+    request_id_len: u8,
+}
+
+impl Proxied {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        session: Session,
+        upstream: usize,
+        client_server: usize,
+        expect_continue: bool,
+        started: Micros,
+        now: Micros,
+        client_keep_alive: bool,
+        http10: bool,
+        request_id: &[u8],
+    ) -> Proxied {
+        let mut id = [0u8; 32];
+        let len = request_id.len().min(32);
+        id[..len].copy_from_slice(&request_id[..len]);
+        Proxied {
+            session,
+            upstream,
+            server: None,
+            token: None,
+            client_server,
+            expect_continue,
+            started,
+            state_since: now,
+            upstream_progress: now,
+            state_tag: None,
+            failure_logged: false,
+            head_at: None,
+            status: None,
+            upstream_done: false,
+            fired: false,
+            truncated: false,
+            sent: 0,
+            client_keep_alive,
+            http10,
+            request_id: id,
+            request_id_len: len as u8,
+        }
+    }
+
+    /// Index of the upstream in `Config::upstreams`.
+    pub fn upstream_index(&self) -> usize {
+        self.upstream
+    }
+
+    /// Index of the server (in its upstream's `servers`) of the last attempt.
+    pub fn server_index(&self) -> Option<usize> {
+        self.server.map(|(s, _)| s)
+    }
+
+    /// The upstream's response status, once its head arrived.
+    pub fn upstream_status(&self) -> Option<u16> {
+        self.status
+    }
+
+    /// Microseconds from the request's first byte to the upstream's response head.
+    pub fn time_to_head_us(&self) -> Option<Micros> {
+        self.head_at.map(|at| at.saturating_sub(self.started))
+    }
+
+    /// The last attempt used a pooled connection (else a new one).
+    pub fn reused_connection(&self) -> bool {
+        self.session.exchange().reused()
+    }
+
+    /// The `X-Request-Id` sent upstream (the client's, or generated).
+    pub fn request_id(&self) -> &[u8] {
+        &self.request_id[..usize::from(self.request_id_len)]
+    }
+}

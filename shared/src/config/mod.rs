@@ -13,10 +13,12 @@ mod error;
 mod locate;
 pub mod raw;
 pub mod units;
+mod upstream;
 mod validate;
 
 pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
 pub use raw::{AcceptMode, LogLevel};
+pub use upstream::{Upstream, UpstreamAddress, UpstreamServer};
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
@@ -52,6 +54,8 @@ pub struct Config {
     /// How long a binary upgrade waits for the new master to serve before rolling back.
     pub upgrade_timeout: Duration,
     pub servers: Vec<Server>,
+    /// `upstreams`, sorted by name; `Handler::Proxy` holds an index into it.
+    pub upstreams: Vec<Upstream>,
     /// Every distinct listen address with the largest backlog any server asked for.
     pub listeners: Vec<Listener>,
 }
@@ -106,7 +110,14 @@ pub enum Handler {
     Readiness,
     Status,
     Metrics,
-    Static { root: PathBuf, index: Vec<String> },
+    Static {
+        root: PathBuf,
+        index: Vec<String>,
+    },
+    /// Hands the request to `Config::upstreams[upstream]`.
+    Proxy {
+        upstream: usize,
+    },
 }
 
 impl Config {

@@ -9,8 +9,10 @@
 use super::units::{ConfDuration, ConfSize};
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
+use std::path::PathBuf;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,6 +47,9 @@ pub struct RawConfig {
     pub shutdown_delay: ConfDuration,
     #[serde(default = "default_upgrade_timeout")]
     pub upgrade_timeout: ConfDuration,
+    /// Named groups of application servers that `Proxy` routes send requests to.
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, RawUpstream>,
     pub servers: Vec<RawServer>,
 }
 
@@ -137,6 +142,86 @@ pub enum RawHandler {
         #[serde(default = "default_index")]
         index: Vec<String>,
     },
+    /// Hands the request to a server of the named entry of `upstreams`.
+    Proxy { upstream: String },
+}
+
+/// One entry of `upstreams`: its servers, and how this worker talks to them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub servers: Vec<UpstreamAddr>,
+    /// Idle connections kept per worker and server (most recently used first); 0 = none.
+    #[serde(default = "default_upstream_keepalive")]
+    pub keepalive: usize,
+    /// An idle pooled connection is closed after this.
+    #[serde(default = "default_upstream_keepalive_timeout")]
+    pub keepalive_timeout: ConfDuration,
+    /// A pooled connection is retired after this many requests.
+    #[serde(default = "default_upstream_keepalive_requests")]
+    pub keepalive_requests: u64,
+    #[serde(default = "default_upstream_connect_timeout")]
+    pub connect_timeout: ConfDuration,
+    /// Between two writes to the upstream that make progress.
+    #[serde(default = "default_upstream_send_timeout")]
+    pub send_timeout: ConfDuration,
+    /// Between two reads of the response.
+    #[serde(default = "default_upstream_read_timeout")]
+    pub read_timeout: ConfDuration,
+    /// Attempts beyond the first.
+    #[serde(default = "default_upstream_retries")]
+    pub retries: u32,
+}
+
+/// An upstream server's address: `"127.0.0.1:9000"`, `"[::1]:9000"`,
+/// `"localhost:9000"` (resolved when the configuration is loaded), or
+/// `"unix:/run/app.sock"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpstreamAddr {
+    Ip(SocketAddr),
+    /// A host name and port, resolved by `validate`.
+    Name(String, u16),
+    Unix(PathBuf),
+}
+
+impl UpstreamAddr {
+    /// Parses an address as written in `servers`.
+    pub fn parse(text: &str) -> Result<UpstreamAddr, String> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            if !path.starts_with('/') {
+                return Err(format!(
+                    "upstream address `{text}`: a unix socket path must be absolute (e.g. \"unix:/run/app.sock\")"
+                ));
+            }
+            return Ok(UpstreamAddr::Unix(PathBuf::from(path)));
+        }
+        if let Ok(addr) = text.parse::<SocketAddr>() {
+            return Ok(UpstreamAddr::Ip(addr));
+        }
+        let bad = || {
+            format!(
+                "upstream address `{text}` is not HOST:PORT or unix:/PATH (e.g. \"127.0.0.1:9000\", \"app.internal:9000\", \"unix:/run/app.sock\")"
+            )
+        };
+        let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        let host_ok = !host.is_empty()
+            && host.len() <= 253
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+        if !host_ok || port == 0 {
+            return Err(bad());
+        }
+        Ok(UpstreamAddr::Name(host.to_ascii_lowercase(), port))
+    }
+}
+
+impl<'de> Deserialize<'de> for UpstreamAddr {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        UpstreamAddr::parse(&text).map_err(de::Error::custom)
+    }
 }
 
 #[derive(Debug, Default, Deserialize, Clone, Copy, PartialEq, Eq)]
@@ -274,6 +359,27 @@ fn default_min_rate() -> ConfRate {
 }
 fn default_min_rate_grace() -> ConfDuration {
     ConfDuration(std::time::Duration::from_secs(10))
+}
+fn default_upstream_keepalive() -> usize {
+    32
+}
+fn default_upstream_keepalive_timeout() -> ConfDuration {
+    ConfDuration(std::time::Duration::from_secs(4))
+}
+fn default_upstream_keepalive_requests() -> u64 {
+    1000
+}
+fn default_upstream_connect_timeout() -> ConfDuration {
+    ConfDuration(std::time::Duration::from_secs(1))
+}
+fn default_upstream_send_timeout() -> ConfDuration {
+    ConfDuration(std::time::Duration::from_secs(30))
+}
+fn default_upstream_read_timeout() -> ConfDuration {
+    ConfDuration(std::time::Duration::from_secs(60))
+}
+fn default_upstream_retries() -> u32 {
+    1
 }
 fn default_index() -> Vec<String> {
     vec!["index.html".into()]

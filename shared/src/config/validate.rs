@@ -7,7 +7,8 @@
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors};
 use super::locate::locate;
 use super::raw::{self, RawConfig, RawHandler, RawLogTarget, Workers};
-use super::{Config, Handler, Listener, LogTarget, Route, Server};
+use super::upstream::{validate_upstream, UpstreamProblem};
+use super::{Config, Handler, Listener, LogTarget, Route, Server, Upstream};
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
@@ -38,6 +39,38 @@ impl Checker<'_> {
             kind: ConfigErrorKind::Invalid { field, message },
         });
     }
+
+    /// Records an error located at byte `offset` of the text.
+    fn error_at(&mut self, offset: usize, field: String, message: String) {
+        let (line, col) = line_col(self.text, offset);
+        self.errors.push(ConfigError {
+            file: self.file.to_path_buf(),
+            line,
+            col,
+            kind: ConfigErrorKind::Invalid { field, message },
+        });
+    }
+}
+
+/// Byte offset of `"key"` written as a map key (followed by `:`), if any.
+fn key_offset(text: &str, key: &str) -> Option<usize> {
+    let quoted = format!("\"{key}\"");
+    text.match_indices(&quoted)
+        .map(|(offset, _)| offset)
+        .find(|&offset| text[offset + quoted.len()..].trim_start().starts_with(':'))
+}
+
+/// Byte offset of the first `needle` at or after `from`, or `from` when there is none.
+fn find_after(text: &str, from: usize, needle: &str) -> usize {
+    text[from..].find(needle).map_or(from, |i| from + i)
+}
+
+/// 1-based line and column of byte `offset` of `text`.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rfind('\n').map_or(offset, |nl| offset - nl - 1) + 1;
+    (line, col)
 }
 
 fn resolve(base: &Path, path: &str) -> PathBuf {
@@ -154,6 +187,48 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
             "servers".into(),
             "at least one server is needed".into(),
         );
+    }
+
+    let mut upstreams: Vec<Upstream> = Vec::with_capacity(raw.upstreams.len());
+    for (name, u) in raw.upstreams {
+        let key = key_offset(text, &name).unwrap_or(0);
+        let field = |name: &str, key: &str| format!("upstreams.\"{name}\".{key}");
+        match validate_upstream(&name, u) {
+            Ok(u) => upstreams.push(u),
+            Err(problems) => {
+                for p in problems {
+                    match p {
+                        UpstreamProblem::NoServers => check.error_at(
+                            find_after(text, key, "servers"),
+                            field(&name, "servers"),
+                            "at least one server is needed".into(),
+                        ),
+                        UpstreamProblem::ZeroKeepaliveRequests => check.error_at(
+                            find_after(text, key, "keepalive_requests"),
+                            field(&name, "keepalive_requests"),
+                            "must be at least 1".into(),
+                        ),
+                        UpstreamProblem::Unresolved(addr, why) => check.error_at(
+                            find_after(text, key, &format!("\"{addr}")),
+                            field(&name, "servers"),
+                            format!("cannot resolve `{addr}`: {why}"),
+                        ),
+                    }
+                }
+                // Keeps later indices right, so routes to it are not reported as unknown.
+                upstreams.push(Upstream {
+                    name,
+                    servers: Vec::new(),
+                    keepalive: 0,
+                    keepalive_timeout: std::time::Duration::ZERO,
+                    keepalive_requests: 1,
+                    connect_timeout: std::time::Duration::ZERO,
+                    send_timeout: std::time::Duration::ZERO,
+                    read_timeout: std::time::Duration::ZERO,
+                    retries: 0,
+                });
+            }
+        }
     }
 
     let mut servers = Vec::with_capacity(raw.servers.len());
@@ -288,6 +363,30 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                     }
                     Handler::Static { root: dir, index }
                 }
+                RawHandler::Proxy { upstream } => {
+                    let (literal, nth) = occurrence(&upstream);
+                    match upstreams.iter().position(|u| u.name == upstream) {
+                        Some(i) => Handler::Proxy { upstream: i },
+                        None => {
+                            let known: Vec<&str> =
+                                upstreams.iter().map(|u| u.name.as_str()).collect();
+                            check.error(
+                                &literal,
+                                nth,
+                                format!("{rfield}.handler.upstream"),
+                                if known.is_empty() {
+                                    format!("no upstream named `{upstream}`: `upstreams` is empty")
+                                } else {
+                                    format!(
+                                        "no upstream named `{upstream}` (known: {})",
+                                        known.join(", ")
+                                    )
+                                },
+                            );
+                            Handler::Proxy { upstream: 0 }
+                        }
+                    }
+                }
             };
             routes.push(Route {
                 prefix: r.prefix.0,
@@ -338,6 +437,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
         shutdown_delay: raw.shutdown_delay.0,
         upgrade_timeout: raw.upgrade_timeout.0,
         servers,
+        upstreams,
         listeners,
     })
 }
@@ -489,6 +589,87 @@ mod tests {
         assert_eq!(c.listeners[1].addr, "0.0.0.0:9090".parse().unwrap());
     }
 
+    const PROXY: &str = r#"(
+    upstreams: {
+        "app": (
+            servers: ["127.0.0.1:9000", "unix:/run/app.sock"],
+            keepalive: 8,
+            read_timeout: "5s",
+        ),
+    },
+    servers: [(
+        listen: ["127.0.0.1:8080"],
+        routes: [
+            (prefix: "/api/", handler: Proxy(upstream: "app")),
+            (prefix: "/", handler: Static(root: "www")),
+        ],
+    )],
+)"#;
+
+    #[test]
+    fn proxy_routes_name_an_upstream_with_documented_defaults() {
+        let d = site();
+        let c = parse(&d.0, PROXY).unwrap();
+        assert_eq!(c.upstreams.len(), 1);
+        let u = &c.upstreams[0];
+        assert_eq!(u.name, "app");
+        assert_eq!(
+            u.servers
+                .iter()
+                .map(|s| s.label.as_str())
+                .collect::<Vec<_>>(),
+            ["127.0.0.1:9000", "unix:/run/app.sock"]
+        );
+        assert_eq!(u.keepalive, 8);
+        assert_eq!(u.keepalive_timeout.as_secs(), 4);
+        assert_eq!(u.keepalive_requests, 1000);
+        assert_eq!(u.connect_timeout.as_secs(), 1);
+        assert_eq!(u.send_timeout.as_secs(), 30);
+        assert_eq!(u.read_timeout.as_secs(), 5);
+        assert_eq!(u.retries, 1);
+        assert_eq!(
+            c.servers[0].route(b"/api/x").unwrap().handler,
+            Handler::Proxy { upstream: 0 }
+        );
+    }
+
+    #[test]
+    fn unknown_upstream_is_located_at_the_route() {
+        let d = site();
+        let text = PROXY.replace("upstream: \"app\"", "upstream: \"ap\"");
+        let err = parse(&d.0, &text).unwrap_err();
+        assert!(err.contains("forkd.ron:12:56: servers[0].routes[0].handler.upstream: no upstream named `ap` (known: app)"), "{err}");
+    }
+
+    #[test]
+    fn empty_server_list_is_located_in_its_upstream() {
+        let d = site();
+        let text = PROXY.replace("[\"127.0.0.1:9000\", \"unix:/run/app.sock\"]", "[]");
+        let err = parse(&d.0, &text).unwrap_err();
+        assert!(
+            err.contains(
+                "forkd.ron:4:13: upstreams.\"app\".servers: at least one server is needed"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bad_upstream_addresses_are_located_where_written() {
+        let d = site();
+        for bad in [
+            "127.0.0.1",
+            "unix:run/app.sock",
+            "127.0.0.1:http",
+            "a b:80",
+            ":80",
+        ] {
+            let text = PROXY.replace("127.0.0.1:9000", bad);
+            let err = parse(&d.0, &text).unwrap_err();
+            assert!(err.contains("forkd.ron:4:"), "{bad}: {err}");
+            assert!(err.contains(bad), "{bad}: {err}");
+        }
+    }
     #[test]
     fn rates_take_a_size_per_second_or_zero() {
         let d = site();

@@ -236,6 +236,8 @@ fn respond(
                 let now = svc.clock.unix_secs;
                 static_files::serve(&route, req, path, &mut svc.cache, now, &mut reply)
             }
+            // Interim, until the proxy is integrated into the event loop (h-proxy).
+            Handler::Proxy { .. } => reply.error(Status::NOT_IMPLEMENTED, &[]),
         },
     };
     let latency = svc.clock.precise_us().saturating_sub(x.started);

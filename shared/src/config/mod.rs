@@ -54,7 +54,7 @@ pub struct Config {
     /// How long a binary upgrade waits for the new master to serve before rolling back.
     pub upgrade_timeout: Duration,
     pub servers: Vec<Server>,
-    /// `upstreams`, sorted by name; `Handler::Proxy` holds an index into it.
+    /// `upstreams`, in file order; `Handler::Proxy` holds an index into it.
     pub upstreams: Vec<Upstream>,
     /// Every distinct listen address with the largest backlog any server asked for.
     pub listeners: Vec<Listener>,

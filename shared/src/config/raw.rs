@@ -9,7 +9,6 @@
 use super::units::{ConfDuration, ConfSize};
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
@@ -49,7 +48,7 @@ pub struct RawConfig {
     pub upgrade_timeout: ConfDuration,
     /// Named groups of application servers that `Proxy` routes send requests to.
     #[serde(default)]
-    pub upstreams: BTreeMap<String, RawUpstream>,
+    pub upstreams: UpstreamMap,
     pub servers: Vec<RawServer>,
 }
 
@@ -171,6 +170,39 @@ pub struct RawUpstream {
     /// Attempts beyond the first.
     #[serde(default = "default_upstream_retries")]
     pub retries: u32,
+}
+
+/// `upstreams: { "name": (...), ... }` in file order; a name defined twice is an error
+/// (a map would silently keep the last).
+#[derive(Debug, Default)]
+pub struct UpstreamMap(pub Vec<(String, RawUpstream)>);
+
+impl<'de> Deserialize<'de> for UpstreamMap {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MapVisitor;
+        impl<'de> de::Visitor<'de> for MapVisitor {
+            type Value = UpstreamMap;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a map from upstream names to upstreams")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<UpstreamMap, A::Error> {
+                let mut entries: Vec<(String, RawUpstream)> = Vec::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    if entries.iter().any(|(n, _)| *n == name) {
+                        return Err(de::Error::custom(format!(
+                            "upstream `{name}` is defined twice"
+                        )));
+                    }
+                    if name.is_empty() {
+                        return Err(de::Error::custom("an upstream name cannot be empty"));
+                    }
+                    entries.push((name, map.next_value()?));
+                }
+                Ok(UpstreamMap(entries))
+            }
+        }
+        deserializer.deserialize_map(MapVisitor)
+    }
 }
 
 /// An upstream server's address: `"127.0.0.1:9000"`, `"[::1]:9000"`,

@@ -189,8 +189,8 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
         );
     }
 
-    let mut upstreams: Vec<Upstream> = Vec::with_capacity(raw.upstreams.len());
-    for (name, u) in raw.upstreams {
+    let mut upstreams: Vec<Upstream> = Vec::with_capacity(raw.upstreams.0.len());
+    for (name, u) in raw.upstreams.0 {
         let key = key_offset(text, &name).unwrap_or(0);
         let field = |name: &str, key: &str| format!("upstreams.\"{name}\".{key}");
         match validate_upstream(&name, u) {
@@ -652,6 +652,18 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn an_upstream_defined_twice_is_an_error_at_the_second() {
+        let d = site();
+        let text = PROXY.replace(
+            "    },\n    servers",
+            "        \"app\": (servers: [\"127.0.0.1:1\"]),\n    },\n    servers",
+        );
+        let err = parse(&d.0, &text).unwrap_err();
+        assert!(err.contains("forkd.ron:8:"), "{err}");
+        assert!(err.contains("upstream `app` is defined twice"), "{err}");
     }
 
     #[test]

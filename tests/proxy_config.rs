@@ -117,3 +117,32 @@ fn unknown_upstream_key_is_an_error_at_the_key() {
     let at = format!("{}:5:", config.display());
     assert!(err.contains(&at) && err.contains("keep_alive"), "{err}");
 }
+
+#[test]
+fn an_upstream_defined_twice_is_an_error() {
+    let text = proxy_config(r#""127.0.0.1:9000""#, "app").replacen(
+        "    },\n    servers",
+        "        \"app\": (servers: [\"127.0.0.1:9001\"]),\n    },\n    servers",
+        1,
+    );
+    let (_dir, config) = write_config(&text);
+    let err = rejected(&config);
+    let at = format!("{}:7:", config.display());
+    assert!(
+        err.contains(&at) && err.contains("upstream `app` is defined twice"),
+        "{err}"
+    );
+}
+
+#[test]
+fn zero_keepalive_requests_is_an_error_at_the_key() {
+    let text = proxy_config(r#""127.0.0.1:9000""#, "app")
+        .replace("keepalive: 4,", "keepalive: 4, keepalive_requests: 0,");
+    let (_dir, config) = write_config(&text);
+    let err = rejected(&config);
+    let want = format!(
+        "{}:5:27: upstreams.\"app\".keepalive_requests: must be at least 1",
+        config.display()
+    );
+    assert!(err.contains(&want), "want {want}\ngot {err}");
+}

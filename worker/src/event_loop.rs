@@ -154,6 +154,8 @@ impl EventLoop {
             declined: 0,
             master: init.master.as_raw(),
         };
+        let config = &event_loop.svc.config;
+        event_loop.svc.stats.map_upstreams(config);
         event_loop
             .resume_accepting()
             .map_err(|source| InitError::Register {
@@ -461,6 +463,7 @@ impl EventLoop {
         self.svc.pool.resize(max_header);
         self.svc.routing = routing(&config);
         self.svc.cache = FileCache::default();
+        self.svc.stats.map_upstreams(&config);
         self.svc.config = config;
         self.generation = published;
         self.svc.stats.slot().generation.store(published, Relaxed);

@@ -3,9 +3,17 @@
 //! Counters are bumped where the events happen (plain loads and stores: this worker is
 //! the slot's only writer, so no locked instruction is needed). Gauges that would cost
 //! work per event — connections by state, open fds, RSS — are sampled once a second.
+//!
+//! Upstream servers: the master gives each configured `(upstream, server)` a cell of
+//! the region's upstream area; [`Stats::map_upstreams`] looks them up when the worker
+//! adopts a configuration, and the proxy counts through [`Stats::upstream_cell`] and
+//! the `upstream_*` methods, on this worker's own row (plain loads and stores).
 
+use forkd_shared::config::Config;
 use forkd_shared::shm::counters::{self, Counter};
 use forkd_shared::shm::layout::{WorkerSlot, WorkerState};
+use forkd_shared::shm::upstream::{self, UpstreamCell};
+use forkd_shared::shm::upstream_counters;
 use forkd_shared::shm::Region;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::{Relaxed, Release};
@@ -16,7 +24,15 @@ pub struct Stats {
     index: usize,
     /// A monotonic reading in both forms, to turn `Instant`s into CLOCK_MONOTONIC ms.
     origin: (Instant, u64),
+    /// `cells[upstream][server]`: the region cell of each server of the configuration
+    /// in force (None: not counted, see `shm::upstream` on capacity).
+    cells: Vec<Vec<Option<CellId>>>,
 }
+
+/// An upstream server's cell in the region's upstream area, from
+/// [`Stats::upstream_cell`]: what the proxy keeps beside a server to count its events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CellId(u16);
 
 impl Stats {
     pub fn new(region: Rc<Region>, index: usize) -> Stats {
@@ -24,7 +40,99 @@ impl Stats {
             region,
             index,
             origin: (Instant::now(), forkd_shared::shm::monotonic_ms()),
+            cells: Vec::new(),
         }
+    }
+
+    /// Maps `config`'s upstream servers to the cells the master gave them when it
+    /// published the configuration (at start and before every reload's snapshot), so
+    /// call it when adopting a configuration.
+    pub fn map_upstreams(&mut self, config: &Config) {
+        let area = &self.region.layout().upstreams;
+        self.cells = upstream::config_labels(config)
+            .iter()
+            .map(|(name, servers)| {
+                servers
+                    .iter()
+                    .map(|server| upstream::lookup(area, name, server).map(|c| CellId(c as u16)))
+                    .collect()
+            })
+            .collect();
+    }
+
+    /// The cell of server `server` of `Config::upstreams[upstream]`; None if it is not
+    /// counted (beyond the region's capacity) or the indices are not the configuration's.
+    #[inline]
+    pub fn upstream_cell(&self, upstream: usize, server: usize) -> Option<CellId> {
+        *self.cells.get(upstream)?.get(server)?
+    }
+
+    #[inline]
+    fn cell(&self, cell: CellId) -> &UpstreamCell {
+        &self.region.layout().upstreams.rows[self.index][cell.0 as usize]
+    }
+
+    /// Adds `n` to upstream counter `c` (declared in `shm::upstream_counters`) of
+    /// `cell`: the named methods below are these.
+    #[inline]
+    pub fn upstream_bump(&self, cell: CellId, c: Counter, n: u64) {
+        self.cell(cell).bump(c, n);
+    }
+
+    /// A request (an attempt: a retry counts again) was sent to the server.
+    #[inline]
+    pub fn upstream_request(&self, cell: CellId) {
+        self.upstream_bump(cell, upstream_counters::REQUESTS, 1);
+    }
+
+    /// A response head arrived: `status`, `head_latency_us` after the request was sent.
+    /// Interim (1xx) heads count by class; pass their time only for the final head.
+    #[inline]
+    pub fn upstream_response(&self, cell: CellId, status: u16, head_latency_us: Option<u64>) {
+        let c = self.cell(cell);
+        c.bump(upstream_counters::response_class(status / 100), 1);
+        if let Some(us) = head_latency_us {
+            c.record_time(us);
+        }
+    }
+
+    /// Connecting to the server failed (refused, reset, unreachable).
+    #[inline]
+    pub fn upstream_connect_error(&self, cell: CellId) {
+        self.upstream_bump(cell, upstream_counters::CONNECT_ERRORS, 1);
+    }
+
+    /// A connect, send or read timeout with the server.
+    #[inline]
+    pub fn upstream_timeout(&self, cell: CellId) {
+        self.upstream_bump(cell, upstream_counters::TIMEOUTS, 1);
+    }
+
+    /// A request that failed on this server is being retried (count it on the server
+    /// that failed).
+    #[inline]
+    pub fn upstream_retry(&self, cell: CellId) {
+        self.upstream_bump(cell, upstream_counters::RETRIES, 1);
+    }
+
+    /// A connection to the server carries a request: `reused` from the pool, or new.
+    #[inline]
+    pub fn upstream_connection(&self, cell: CellId, reused: bool) {
+        let c = if reused {
+            upstream_counters::CONNECTIONS_REUSED
+        } else {
+            upstream_counters::CONNECTIONS_NEW
+        };
+        self.upstream_bump(cell, c, 1);
+    }
+
+    /// This worker's gauges for the server: open connections, and how many of them
+    /// are idle in its pool (two stores: call it when they change, or once a second).
+    #[inline]
+    pub fn upstream_gauges(&self, cell: CellId, open: u64, idle: u64) {
+        let c = self.cell(cell);
+        c.open.store(open, Relaxed);
+        c.idle.store(idle, Relaxed);
     }
 
     #[inline]

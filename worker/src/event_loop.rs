@@ -464,6 +464,7 @@ impl EventLoop {
         self.svc.routing = routing(&config);
         self.svc.cache = FileCache::default();
         self.svc.stats.map_upstreams(&config);
+        self.svc.logs.set_formats(&config.servers);
         self.svc.config = config;
         self.generation = published;
         self.svc.stats.slot().generation.store(published, Relaxed);

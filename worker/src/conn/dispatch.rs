@@ -156,7 +156,7 @@ fn too_large(x: &mut Exchange, svc: &mut Services, req: &Request, server: usize)
     let outcome = reply.error(Status::CONTENT_TOO_LARGE, &[]);
     let latency = svc.clock.precise_us().saturating_sub(x.started);
     svc.stats.response(outcome.status.0, Some(latency));
-    log_request(svc, server, x.peer, req, &outcome);
+    log_request(svc, server, x.peer, req, &outcome, latency);
 }
 
 /// Whether the answer to `req` is an error known from its head alone (a path that
@@ -243,7 +243,7 @@ fn respond(
     let latency = svc.clock.precise_us().saturating_sub(x.started);
     svc.stats.response(outcome.status.0, Some(latency));
     if outcome.logged {
-        log_request(svc, server_index, x.peer, req, &outcome);
+        log_request(svc, server_index, x.peer, req, &outcome, latency);
     }
     persistence
 }
@@ -310,12 +310,23 @@ pub fn error_page(
             body_bytes,
             referer: None,
             user_agent: None,
+            request_time_us: Some(latency),
+            request_id: None,
+            upstream: None,
         };
-        svc.logs.record(server, &entry, svc.clock.log_time());
+        svc.logs
+            .record(server, &entry, svc.clock.log_time(), svc.clock.unix_secs);
     }
 }
 
-fn log_request(svc: &mut Services, server: usize, peer: IpAddr, req: &Request, outcome: &Outcome) {
+fn log_request(
+    svc: &mut Services,
+    server: usize,
+    peer: IpAddr,
+    req: &Request,
+    outcome: &Outcome,
+    latency_us: u64,
+) {
     if !svc.logs.enabled(server) {
         return;
     }
@@ -328,8 +339,12 @@ fn log_request(svc: &mut Services, server: usize, peer: IpAddr, req: &Request, o
         body_bytes: outcome.body_bytes,
         referer: req.referer,
         user_agent: req.user_agent,
+        request_time_us: Some(latency_us),
+        request_id: None,
+        upstream: None,
     };
-    svc.logs.record(server, &entry, svc.clock.log_time());
+    svc.logs
+        .record(server, &entry, svc.clock.log_time(), svc.clock.unix_secs);
 }
 
 /// Output buffers stay with their `Busy` (which is pooled), so this allocates only for

@@ -68,12 +68,6 @@ impl fmt::Display for ShmError {
                 "{} has layout version {found}, this forkd reads version {LAYOUT_VERSION}",
                 path.display()
             ),
-            ShmError::TooSmall { path, size } if *size as usize >= LEGACY_SIZE => write!(
-                f,
-                "{} is {size} bytes: written by an older forkd without upstream stats \
-                 (a master of this build extends it when it attaches, on -s upgrade)",
-                path.display()
-            ),
             ShmError::TooSmall { path, size } => {
                 write!(
                     f,
@@ -280,9 +274,11 @@ impl Region {
                 mismatch,
             })?;
         let recorded = l.header.region_size.load(Relaxed);
-        l.header
-            .region_size
-            .store(recorded.max(REGION_SIZE as u64), Relaxed);
+        // After the file was extended: readers of a shorter mapping trust this.
+        l.header.region_size.store(
+            recorded.max(REGION_SIZE as u64),
+            std::sync::atomic::Ordering::Release,
+        );
         Ok(region)
     }
 
@@ -325,11 +321,22 @@ impl RegionReader {
             }
             Err(e) => return Err(io("open")(e)),
         };
-        let size = check_header(&file, path, REGION_SIZE)?;
-        // SAFETY: mapped read-only, for as many bytes as the file has (checked to be at
-        // least `REGION_SIZE`); the region's writers change it only through atomics.
-        let map =
-            unsafe { MmapOptions::new().len(size as usize).map(&file) }.map_err(io("mmap"))?;
+        // A region of an older build may end before the areas appended since (the
+        // upstream area): mapped at this build's full size all the same, so a master
+        // of this build that attaches and extends the file later is seen through this
+        // mapping. Pages past the file's end are never touched: readers look at an
+        // appended area only once `header.region_size` covers it, which a master
+        // stores only after extending the file (and region files never shrink).
+        let size = check_header(&file, path, LEGACY_SIZE)?;
+        // SAFETY: mapped read-only, at least `REGION_SIZE` bytes, of which the file
+        // holds at least `LEGACY_SIZE` (checked) and the rest once `region_size` says
+        // so (see above); the region's writers change it only through atomics.
+        let map = unsafe {
+            MmapOptions::new()
+                .len((size as usize).max(REGION_SIZE))
+                .map(&file)
+        }
+        .map_err(io("mmap"))?;
         Ok(RegionReader {
             map,
             path: path.to_path_buf(),
@@ -372,7 +379,9 @@ impl RegionReader {
 
     /// Private: the layout is never handed out of a read-only mapping.
     fn layout(&self) -> &Layout {
-        // SAFETY: checked in `open` to be at least `REGION_SIZE` bytes; page-aligned;
+        // SAFETY: mapped in `open` for at least `REGION_SIZE` bytes (the appended area
+        // of a shorter file is read only once the file covers it: see `open`);
+        // page-aligned;
         // lives as long as `self`; only atomics (see `Region::layout`). The pages are
         // read-only and this type only ever loads from them: `layout` is private and
         // every caller in this file only reads.

@@ -232,7 +232,7 @@ pub fn publish_labels(layout: &Layout, wanted: &[(String, Vec<String>)]) -> Vec<
             }
         })
         .collect();
-    let mut configured = vec![false; UPSTREAM_CELLS];
+    let mut configured = [false; UPSTREAM_CELLS];
     let mut left_out = Vec::new();
     // First the servers that have a cell already (so none of those is reclaimed for
     // a new one), then the new ones.
@@ -478,11 +478,12 @@ mod tests {
             .unwrap();
         file.set_len(LEGACY_SIZE as u64).unwrap();
         drop(file);
-        // A reader of this build says what the file is rather than misreading it.
-        let e = RegionReader::open(&tmp.0)
-            .err()
-            .expect("too short for this build");
-        assert!(e.to_string().contains("older forkd"), "{e}");
+        // A reader of this build reads it (no upstreams yet), and keeps reading it
+        // through the upgrade.
+        let reader = RegionReader::open(&tmp.0).expect("a reader maps the shorter region");
+        let old = reader.report().unwrap();
+        assert_eq!(old.totals[REQUESTS], 107);
+        assert!(old.upstreams.is_empty());
 
         // The new master (binary upgrade) attaches: the file grows, totals stay.
         let new = Region::attach(&tmp.0, me).expect("attaches to the shorter region");
@@ -518,8 +519,12 @@ mod tests {
         assert_eq!(u.values.head_time_count, 1);
         assert_eq!(u.values.open, 0, "an exited worker's gauges are cleared");
         assert!(!l.upstreams.rows[row][c].has_counts());
+        let seen = reader.report().unwrap();
+        assert_eq!(seen.totals[REQUESTS], 107);
+        assert_eq!(
+            seen.upstreams, after.upstreams,
+            "the early reader sees the area"
+        );
         drop(new);
-        let reader = RegionReader::open(&tmp.0).expect("this build reads it now");
-        assert_eq!(reader.report().unwrap().totals[REQUESTS], 107);
     }
 }

@@ -102,7 +102,13 @@ pub struct UpstreamReport {
 }
 
 /// Every labelled cell that is configured or holds counts, in cell order.
+/// Nothing while the region is an older build's, shorter than this layout
+/// (`header.region_size`; see `mapping::RegionReader::open`).
 pub fn read(layout: &Layout) -> Vec<UpstreamReport> {
+    let size = layout.header.region_size.load(Acquire) as usize;
+    if size < std::mem::size_of::<Layout>() {
+        return Vec::new();
+    }
     let area = &layout.upstreams;
     let mut out = Vec::new();
     for (cell, label) in area.header.labels.iter().enumerate() {
@@ -177,7 +183,7 @@ pub fn table(o: &mut String, upstreams: &[UpstreamReport]) {
     }
     let _ = writeln!(
         o,
-        "{:<12} {:<24} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>5} {:>5} {:>8}",
+        "{:<12} {:<24} {:>9} {:>7} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>8} {:>5} {:>5} {:>8}",
         "upstream",
         "server",
         "requests",
@@ -202,7 +208,7 @@ pub fn table(o: &mut String, upstreams: &[UpstreamReport]) {
         };
         let _ = writeln!(
             o,
-            "{:<12} {:<24} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>5} {:>5} {:>8}",
+            "{:<12} {:<24} {:>9} {:>7} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>8} {:>5} {:>5} {:>8}",
             u.upstream,
             server,
             v[uc::REQUESTS],

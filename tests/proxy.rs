@@ -755,3 +755,73 @@ fn term_lets_slow_proxied_responses_in_flight_finish() {
     }
     assert!(d.wait_exit(Duration::from_secs(30)).is_some());
 }
+
+/// The proxy's own figures: per upstream server requests, responses by class, new
+/// and reused connections and connect errors in `forkd stats`, and the upstream part
+/// of a JSON access-log line.
+#[test]
+fn proxied_requests_are_counted_per_upstream_server_and_logged_with_their_upstream() {
+    let up = upstream(|_| Reply::ok(b"hi"));
+    let dead = support::free_port(); // reserved, never listening: refused
+    let servers = [format!("127.0.0.1:{dead}"), up.addr().to_string()];
+    let d = proxy_builder(&servers, "retries: 1")
+        .server("access_log_format: Json,")
+        .start();
+    // Keep-alive towards forkd; the second request reuses the pooled connection.
+    let mut s = d.connect();
+    for _ in 0..3 {
+        s.write_all(b"GET /p HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .unwrap();
+        let r = read_response(&mut s, false).expect("a response");
+        assert_eq!(r.status, 200, "{}", r.head);
+    }
+    let live = up.addr().to_string();
+    let dead_label = format!("127.0.0.1:{dead}");
+    let find = |json: &serde_json::Value, server: &str| -> serde_json::Value {
+        json["upstreams"]
+            .as_array()
+            .expect("upstreams")
+            .iter()
+            .find(|u| u["upstream"] == "app" && u["server"] == server)
+            .cloned()
+            .unwrap_or_else(|| panic!("no row for {server}: {json:#}"))
+    };
+    let mut last = serde_json::Value::Null;
+    let settled = wait_until(SETTLE, || {
+        last = stats_json(&d.config);
+        find(&last, &live)["responses_2xx"].as_u64() == Some(3)
+    });
+    assert!(settled, "not counted: {last:#}");
+    let row = find(&last, &live);
+    assert_eq!(row["requests"], 3, "{row:#}");
+    let (new, reused) = (
+        row["connections_new"].as_u64().unwrap(),
+        row["connections_reused"].as_u64().unwrap(),
+    );
+    assert_eq!(new + reused, 3, "{row:#}");
+    assert!(reused >= 1, "the pool was never used: {row:#}");
+    // Round-robin over the servers tried the refused one at least once.
+    let down = find(&last, &dead_label);
+    assert!(down["connect_errors"].as_u64() >= Some(1), "{down:#}");
+    assert!(
+        down["retries"].as_u64() >= Some(1),
+        "a refused connection moves on to the next server: {down:#}"
+    );
+    // The JSON access log names the upstream of each proxied request.
+    assert!(
+        wait_until(SETTLE, || d.access_log().lines().count() >= 3),
+        "{}",
+        d.access_log()
+    );
+    for line in d.access_log().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect(line);
+        assert_eq!(v["status"], 200, "{line}");
+        assert_eq!(v["upstream_addr"], live.as_str(), "{line}");
+        assert_eq!(v["upstream_status"], 200, "{line}");
+        assert!(
+            matches!(v["upstream_connect"].as_str(), Some("new" | "reused")),
+            "{line}"
+        );
+        assert_eq!(v["request_id"].as_str().map(str::len), Some(32), "{line}");
+    }
+}

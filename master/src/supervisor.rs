@@ -387,6 +387,11 @@ impl Supervisor {
         let header = &self.region.layout().header;
         let generation = header.config_generation.load(Relaxed).max(self.generation) + 1;
         let path = config.file.display().to_string();
+        // Upstream servers' cells first: workers look them up when they adopt it.
+        let labels = forkd_shared::shm::upstream::config_labels(config);
+        for left_out in forkd_shared::shm::upstream::publish_labels(self.region.layout(), &labels) {
+            forkd_shared::warn!("{left_out}");
+        }
         forkd_shared::shm::snapshot::publish(
             &self.region.layout().snapshot,
             std::process::id() as i32,

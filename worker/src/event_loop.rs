@@ -165,6 +165,8 @@ impl EventLoop {
             master: init.master.as_raw(),
             at_limit: AtLimit::default(),
         };
+        let config = &event_loop.svc.config;
+        event_loop.svc.stats.map_upstreams(config);
         event_loop
             .resume_accepting()
             .map_err(|source| InitError::Register {
@@ -200,6 +202,7 @@ impl EventLoop {
             if self.svc.clock.tick() {
                 self.svc.logs.flush();
                 self.sample_stats();
+                self.sample_upstreams();
             }
             self.svc.stats.heartbeat(self.svc.clock.now);
             self.check_generation();
@@ -293,6 +296,34 @@ impl EventLoop {
         self.svc
             .stats
             .sample(self.conns.len() as u64, reading, writing, idle);
+    }
+
+    /// Publishes each upstream server's open and idle connections: idle ones are in
+    /// the pools, open ones also include the exchanges using one.
+    fn sample_upstreams(&mut self) {
+        let upstreams = &self.svc.config.upstreams;
+        if upstreams.is_empty() {
+            return;
+        }
+        let mut busy: Vec<Vec<u64>> = upstreams.iter().map(|u| vec![0; u.servers.len()]).collect();
+        for (_, conn) in &self.conns {
+            let Some(p) = conn.proxied() else { continue };
+            if let (Some(_), Some((server, _))) = (p.token, p.server) {
+                if let Some(n) = busy.get_mut(p.upstream).and_then(|v| v.get_mut(server)) {
+                    *n += 1;
+                }
+            }
+        }
+        for (u, servers) in busy.iter().enumerate() {
+            for (s, &in_use) in servers.iter().enumerate() {
+                let Some(cell) = self.svc.stats.upstream_cell(u, s) else {
+                    continue;
+                };
+                let id = self.svc.upstreams.pools.server_id(u, s);
+                let idle = self.svc.upstreams.pools.pool(id).map_or(0, |p| p.len()) as u64;
+                self.svc.stats.upstream_gauges(cell, in_use + idle, idle);
+            }
+        }
     }
 
     /// Until the next deadline, but at least once a second (access-log flush, date).
@@ -502,6 +533,8 @@ impl EventLoop {
         self.svc.routing = routing(&config);
         self.svc.cache = FileCache::default();
         self.svc.upstreams.reconfigure(&config.upstreams);
+        self.svc.stats.map_upstreams(&config);
+        self.svc.logs.set_formats(&config.servers);
         self.svc.config = config;
         self.generation = published;
         self.svc.stats.slot().generation.store(published, Relaxed);

@@ -3,9 +3,17 @@
 //! Counters are bumped where the events happen (plain loads and stores: this worker is
 //! the slot's only writer, so no locked instruction is needed). Gauges that would cost
 //! work per event — connections by state, open fds, RSS — are sampled once a second.
+//!
+//! Upstream servers: the master gives each configured `(upstream, server)` a cell of
+//! the region's upstream area; [`Stats::map_upstreams`] looks them up when the worker
+//! adopts a configuration, and the proxy counts through [`Stats::upstream_cell`] and
+//! the `upstream_*` methods, on this worker's own row (plain loads and stores).
 
+use forkd_shared::config::Config;
 use forkd_shared::shm::counters::{self, Counter};
 use forkd_shared::shm::layout::{WorkerSlot, WorkerState};
+use forkd_shared::shm::upstream::{self, UpstreamCell};
+use forkd_shared::shm::upstream_counters;
 use forkd_shared::shm::Region;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::{Relaxed, Release};
@@ -16,7 +24,15 @@ pub struct Stats {
     index: usize,
     /// A monotonic reading in both forms, to turn `Instant`s into CLOCK_MONOTONIC ms.
     origin: (Instant, u64),
+    /// `cells[upstream][server]`: the region cell of each server of the configuration
+    /// in force (None: not counted, see `shm::upstream` on capacity).
+    cells: Vec<Vec<Option<CellId>>>,
 }
+
+/// An upstream server's cell in the region's upstream area, from
+/// [`Stats::upstream_cell`]: what the proxy keeps beside a server to count its events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CellId(u16);
 
 impl Stats {
     pub fn new(region: Rc<Region>, index: usize) -> Stats {
@@ -24,7 +40,99 @@ impl Stats {
             region,
             index,
             origin: (Instant::now(), forkd_shared::shm::monotonic_ms()),
+            cells: Vec::new(),
         }
+    }
+
+    /// Maps `config`'s upstream servers to the cells the master gave them when it
+    /// published the configuration (at start and before every reload's snapshot), so
+    /// call it when adopting a configuration.
+    pub fn map_upstreams(&mut self, config: &Config) {
+        let area = &self.region.layout().upstreams;
+        self.cells = upstream::config_labels(config)
+            .iter()
+            .map(|(name, servers)| {
+                servers
+                    .iter()
+                    .map(|server| upstream::lookup(area, name, server).map(|c| CellId(c as u16)))
+                    .collect()
+            })
+            .collect();
+    }
+
+    /// The cell of server `server` of `Config::upstreams[upstream]`; None if it is not
+    /// counted (beyond the region's capacity) or the indices are not the configuration's.
+    #[inline]
+    pub fn upstream_cell(&self, upstream: usize, server: usize) -> Option<CellId> {
+        *self.cells.get(upstream)?.get(server)?
+    }
+
+    #[inline]
+    fn cell(&self, cell: CellId) -> &UpstreamCell {
+        &self.region.layout().upstreams.rows[self.index][cell.0 as usize]
+    }
+
+    /// Adds `n` to upstream counter `c` (declared in `shm::upstream_counters`) of
+    /// `cell`: the named methods below are these.
+    #[inline]
+    pub fn upstream_bump(&self, cell: CellId, c: Counter, n: u64) {
+        self.cell(cell).bump(c, n);
+    }
+
+    /// A request (an attempt: a retry counts again) was sent to the server.
+    #[inline]
+    pub fn upstream_request(&self, cell: CellId) {
+        self.upstream_bump(cell, upstream_counters::REQUESTS, 1);
+    }
+
+    /// A response head arrived: `status`, `head_latency_us` after the request was sent.
+    /// Interim (1xx) heads count by class; pass their time only for the final head.
+    #[inline]
+    pub fn upstream_response(&self, cell: CellId, status: u16, head_latency_us: Option<u64>) {
+        let c = self.cell(cell);
+        c.bump(upstream_counters::response_class(status / 100), 1);
+        if let Some(us) = head_latency_us {
+            c.record_time(us);
+        }
+    }
+
+    /// Connecting to the server failed (refused, reset, unreachable).
+    #[inline]
+    pub fn upstream_connect_error(&self, cell: CellId) {
+        self.upstream_bump(cell, upstream_counters::CONNECT_ERRORS, 1);
+    }
+
+    /// A connect, send or read timeout with the server.
+    #[inline]
+    pub fn upstream_timeout(&self, cell: CellId) {
+        self.upstream_bump(cell, upstream_counters::TIMEOUTS, 1);
+    }
+
+    /// A request that failed on this server is being retried (count it on the server
+    /// that failed).
+    #[inline]
+    pub fn upstream_retry(&self, cell: CellId) {
+        self.upstream_bump(cell, upstream_counters::RETRIES, 1);
+    }
+
+    /// A connection to the server carries a request: `reused` from the pool, or new.
+    #[inline]
+    pub fn upstream_connection(&self, cell: CellId, reused: bool) {
+        let c = if reused {
+            upstream_counters::CONNECTIONS_REUSED
+        } else {
+            upstream_counters::CONNECTIONS_NEW
+        };
+        self.upstream_bump(cell, c, 1);
+    }
+
+    /// This worker's gauges for the server: open connections, and how many of them
+    /// are idle in its pool (two stores: call it when they change, or once a second).
+    #[inline]
+    pub fn upstream_gauges(&self, cell: CellId, open: u64, idle: u64) {
+        let c = self.cell(cell);
+        c.open.store(open, Relaxed);
+        c.idle.store(idle, Relaxed);
     }
 
     #[inline]
@@ -131,4 +239,251 @@ fn read_rss() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forkd_shared::shm::master::{claim_free_slot, fold_slot};
+    use forkd_shared::shm::upstream::publish_labels;
+    use forkd_shared::shm::upstream_counters as uc;
+
+    struct Tmp(std::path::PathBuf);
+    impl Drop for Tmp {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(self.0.parent().unwrap());
+        }
+    }
+
+    fn region(name: &str) -> (Tmp, Rc<Region>) {
+        let dir = std::env::temp_dir().join(format!(
+            "forkd-wstats-{name}-{}-{}",
+            std::process::id(),
+            forkd_shared::shm::now_ms()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("forkd.shm");
+        let r = Region::create(&path, std::process::id() as i32, None).unwrap();
+        (Tmp(path), Rc::new(r))
+    }
+
+    const CONFIG: &str = r#"(
+        upstreams: {
+            "app": (servers: ["127.0.0.1:9000", "127.0.0.1:9001"]),
+            "auth": (servers: ["unix:/run/auth.sock"]),
+        },
+        servers: [(listen: ["127.0.0.1:8080"], routes: [
+            (prefix: "/api/", handler: Proxy(upstream: "app")),
+            (prefix: "/auth/", handler: Proxy(upstream: "auth")),
+        ])],
+    )"#;
+
+    fn config() -> Config {
+        Config::parse(std::path::Path::new("/tmp/forkd-test.ron"), CONFIG).unwrap()
+    }
+
+    /// Two workers count through the API; the readers sum them, and a fold keeps it.
+    fn populated(name: &str) -> (Tmp, Rc<Region>, Vec<Stats>) {
+        let (tmp, region) = region(name);
+        let config = config();
+        let l = region.layout();
+        assert!(publish_labels(l, &upstream::config_labels(&config)).is_empty());
+        let mut workers = Vec::new();
+        for w in 0..2 {
+            let row = claim_free_slot(l, w, 1).unwrap();
+            let mut s = Stats::new(region.clone(), row);
+            s.map_upstreams(&config);
+            s.serving();
+            workers.push(s);
+        }
+        for (i, s) in workers.iter().enumerate() {
+            let app0 = s.upstream_cell(0, 0).unwrap();
+            let auth = s.upstream_cell(1, 0).unwrap();
+            for _ in 0..=i {
+                s.upstream_request(app0);
+                s.upstream_connection(app0, false);
+                s.upstream_response(app0, 200, Some(1500));
+            }
+            s.upstream_request(app0);
+            s.upstream_connection(app0, true);
+            s.upstream_response(app0, 103, None);
+            s.upstream_response(app0, 502, Some(300_000));
+            s.upstream_connect_error(auth);
+            s.upstream_retry(auth);
+            s.upstream_timeout(auth);
+            s.upstream_gauges(app0, 3, 1);
+        }
+        (tmp, region, workers)
+    }
+
+    #[test]
+    fn cells_follow_the_configuration_indices() {
+        let (_tmp, _region, w) = populated("cells");
+        let s = &w[0];
+        let cells = [
+            s.upstream_cell(0, 0),
+            s.upstream_cell(0, 1),
+            s.upstream_cell(1, 0),
+        ];
+        assert!(cells.iter().all(Option::is_some));
+        assert_ne!(cells[0], cells[1]);
+        assert_ne!(cells[1], cells[2]);
+        assert_eq!(s.upstream_cell(0, 2), None);
+        assert_eq!(s.upstream_cell(2, 0), None);
+        assert_eq!(
+            w[1].upstream_cell(1, 0),
+            cells[2],
+            "every worker maps alike"
+        );
+    }
+
+    #[test]
+    fn readers_sum_the_workers_as_json_table_and_prometheus() {
+        let (_tmp, region, w) = populated("readers");
+        let report = region.report().unwrap();
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        let ups = json["upstreams"].as_array().unwrap();
+        assert_eq!(
+            ups.len(),
+            3,
+            "every configured server, counted or not: {ups:?}"
+        );
+        let find = |u: &str, s: &str| {
+            ups.iter()
+                .find(|x| x["upstream"] == u && x["server"] == s)
+                .unwrap_or_else(|| panic!("{u} {s} missing"))
+                .clone()
+        };
+        let app0 = find("app", "127.0.0.1:9000");
+        assert_eq!(app0["requests"], 5);
+        assert_eq!(app0["responses_2xx"], 3);
+        assert_eq!(app0["responses_1xx"], 2);
+        assert_eq!(app0["responses_5xx"], 2);
+        assert_eq!(app0["connections_new"], 3);
+        assert_eq!(app0["connections_reused"], 2);
+        assert_eq!(app0["connections_open"], 6);
+        assert_eq!(app0["connections_idle"], 2);
+        assert_eq!(app0["configured"], true);
+        assert_eq!(app0["response_time"]["count"], 5);
+        assert_eq!(app0["response_time"]["sum_us"], 3 * 1500 + 2 * 300_000);
+        let app1 = find("app", "127.0.0.1:9001");
+        assert_eq!(app1["requests"], 0);
+        assert!(app1["response_time"]["p50_us_at_most"].is_null());
+        let auth = find("auth", "unix:/run/auth.sock");
+        assert_eq!(
+            (&auth["connect_errors"], &auth["retries"], &auth["timeouts"]),
+            (&2.into(), &2.into(), &2.into())
+        );
+
+        let table = report.to_table(None, 0.0);
+        let line = table
+            .lines()
+            .find(|l| l.starts_with("app") && l.contains("127.0.0.1:9000"))
+            .unwrap_or_else(|| panic!("{table}"));
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(&cols[2..5], ["5", "3", "0"], "{line}");
+        assert!(table.contains("unix:/run/auth.sock"), "{table}");
+
+        let text = report.to_prometheus();
+        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+            .expect("parses");
+        let sample = |metric: &str, server: &str, extra: Option<(&str, &str)>| -> f64 {
+            let s = scrape
+                .samples
+                .iter()
+                .find(|s| {
+                    s.metric == metric
+                        && s.labels.get("server") == Some(server)
+                        && extra.is_none_or(|(k, v)| s.labels.get(k) == Some(v))
+                })
+                .unwrap_or_else(|| panic!("{metric} {server}"));
+            match &s.value {
+                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => *v,
+                prometheus_parse::Value::Untyped(v) => *v,
+                prometheus_parse::Value::Histogram(b) => {
+                    b.iter()
+                        .find(|b| b.less_than == f64::INFINITY)
+                        .unwrap()
+                        .count
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(
+            sample("forkd_upstream_requests_total", "127.0.0.1:9000", None),
+            5.0
+        );
+        assert_eq!(
+            sample(
+                "forkd_upstream_responses_total",
+                "127.0.0.1:9000",
+                Some(("class", "5xx"))
+            ),
+            2.0
+        );
+        assert_eq!(
+            sample(
+                "forkd_upstream_connections_total",
+                "127.0.0.1:9000",
+                Some(("kind", "reused"))
+            ),
+            2.0
+        );
+        assert_eq!(
+            sample("forkd_upstream_connections_open", "127.0.0.1:9000", None),
+            6.0
+        );
+        assert_eq!(
+            sample(
+                "forkd_upstream_connect_errors_total",
+                "unix:/run/auth.sock",
+                None
+            ),
+            2.0
+        );
+        assert_eq!(
+            sample(
+                "forkd_upstream_response_time_seconds",
+                "127.0.0.1:9000",
+                None
+            ),
+            5.0
+        );
+        // 1.5 ms and 300 ms: in the buckets up to 2.048 ms and 524.288 ms.
+        let hist = scrape
+            .samples
+            .iter()
+            .find_map(|s| match &s.value {
+                prometheus_parse::Value::Histogram(b)
+                    if s.labels.get("server") == Some("127.0.0.1:9000") =>
+                {
+                    Some(b.clone())
+                }
+                _ => None,
+            })
+            .unwrap();
+        let at = |le: f64| {
+            hist.iter()
+                .find(|b| (b.less_than - le).abs() < 1e-9)
+                .unwrap()
+                .count
+        };
+        assert_eq!(at(0.001024), 0.0);
+        assert_eq!(at(0.002048), 3.0);
+        assert_eq!(at(0.262144), 3.0);
+        assert_eq!(at(0.524288), 5.0);
+
+        // A worker exits: its counts move to the retired totals, its gauges go.
+        let row = w[0].index;
+        drop(w);
+        fold_slot(region.layout(), row);
+        let after = region.report().unwrap();
+        let app0 = after
+            .upstreams
+            .iter()
+            .find(|u| u.server == "127.0.0.1:9000")
+            .unwrap();
+        assert_eq!(app0.values[uc::REQUESTS], 5);
+        assert_eq!(app0.values.open, 3);
+    }
 }

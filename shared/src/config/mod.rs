@@ -81,12 +81,24 @@ pub struct Listener {
     pub proxy_protocol: bool,
 }
 
+/// `access_log_format`: the line format of a server's access log.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+pub enum AccessLogFormat {
+    /// nginx's `combined` (the default).
+    #[default]
+    Combined,
+    /// One JSON object per line (see `worker/src/access_log.rs` for the fields).
+    Json,
+}
+
 #[derive(Debug, Clone)]
 pub struct Server {
     pub listen: Vec<SocketAddr>,
     /// Host names, lower-cased, without port.
     pub names: Vec<String>,
     pub access_log: Option<LogTarget>,
+    /// How `access_log` lines are written.
+    pub access_log_format: AccessLogFormat,
     pub keepalive_timeout: Duration,
     pub keepalive_requests: u64,
     pub header_timeout: Duration,

@@ -68,6 +68,8 @@ pub struct RawServer {
     pub names: Vec<String>,
     #[serde(default)]
     pub access_log: Option<RawLogTarget>,
+    #[serde(default)]
+    pub access_log_format: super::AccessLogFormat,
     #[serde(default = "default_keepalive_timeout")]
     pub keepalive_timeout: ConfDuration,
     #[serde(default = "default_keepalive_requests")]

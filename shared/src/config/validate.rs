@@ -590,6 +590,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
             listen: s.listen.iter().map(|l| l.0).collect(),
             names,
             access_log: s.access_log.as_ref().map(|t| resolve_log(&base, t)),
+            access_log_format: s.access_log_format,
             keepalive_timeout: s.keepalive_timeout.0,
             keepalive_requests: s.keepalive_requests,
             header_timeout: s.header_timeout.0,

@@ -38,14 +38,17 @@ pub struct CounterDef {
 /// Longest counter name the region's name table holds.
 pub const NAME_BYTES: usize = 32;
 
+/// Declares a table of counters: `$table` (every `CounterDef`, in JSON order) and a
+/// constant per counter. Also used for the per-upstream-server counters
+/// (`upstream_counters`), whose ids are cells of an upstream cell instead.
 macro_rules! counters {
-    ($( $id:literal $konst:ident $name:literal $prom:literal $($lk:ident = $lv:literal)? $help:literal; )*) => {
+    ($table:ident; $( $id:literal $konst:ident $name:literal $prom:literal $($lk:ident = $lv:literal)? $help:literal; )*) => {
         $(
             #[doc = $help]
             pub const $konst: Counter = Counter($id);
         )*
         /// Every counter this build knows, in JSON order.
-        pub const COUNTERS: &[CounterDef] = &[$(
+        pub const $table: &[CounterDef] = &[$(
             CounterDef {
                 counter: Counter($id),
                 name: $name,
@@ -58,9 +61,10 @@ macro_rules! counters {
     (@label) => { None };
     (@label $lk:ident = $lv:literal) => { Some((stringify!($lk), $lv)) };
 }
+pub(super) use counters;
 
 // id  constant               JSON name                Prometheus family [label]                    help
-counters! {
+counters! { COUNTERS;
     0  CONNECTIONS_ACCEPTED   "connections_accepted"   "forkd_connections_accepted_total"           "Connections accepted.";
     1  CONNECTIONS_HANDLED    "connections_handled"    "forkd_connections_handled_total"            "Connections closed after being served.";
     2  REQUESTS               "requests"               "forkd_requests_total"                       "Requests answered.";
@@ -98,21 +102,22 @@ pub fn response_class(class: u16) -> Counter {
     BY_CLASS[(class.clamp(1, 5) - 1) as usize]
 }
 
-// The table's own rules, checked when compiling: ids fit the row, are unique, and
-// names fit the region's name table.
-const _: () = {
+/// A table's own rules, checked when compiling: ids fit `cells`, are unique, and
+/// names fit the region's name table.
+pub(super) const fn check_table(table: &[CounterDef], cells: usize) {
     let mut i = 0;
-    while i < COUNTERS.len() {
-        assert!(COUNTERS[i].counter.cell() < COUNTER_CELLS);
-        assert!(!COUNTERS[i].name.is_empty() && COUNTERS[i].name.len() <= NAME_BYTES);
+    while i < table.len() {
+        assert!(table[i].counter.cell() < cells);
+        assert!(!table[i].name.is_empty() && table[i].name.len() <= NAME_BYTES);
         let mut j = i + 1;
-        while j < COUNTERS.len() {
-            assert!(COUNTERS[i].counter.0 != COUNTERS[j].counter.0);
+        while j < table.len() {
+            assert!(table[i].counter.0 != table[j].counter.0);
             j += 1;
         }
         i += 1;
     }
-};
+}
+const _: () = check_table(COUNTERS, COUNTER_CELLS);
 
 #[cfg(test)]
 mod tests {

@@ -8,8 +8,32 @@
 
 use super::layout::{Layout, WorkerState, NO_WORD, WORDS};
 use super::process_alive;
+use super::upstream::{self, ROW_WORDS};
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::time::{Duration, Instant};
+
+/// Words a fold moves, numbered for the journal: the worker row's counters block
+/// (`0..WORDS`, as before the upstream area), then its upstream cells (`WORDS..`).
+pub const FOLD_WORDS: usize = WORDS + ROW_WORDS;
+
+/// Word `i` (below [`FOLD_WORDS`]) of slot `index`'s counts.
+fn row_word(layout: &Layout, index: usize, i: usize) -> &AtomicU64 {
+    if i < WORDS {
+        layout.slots[index].counters.word(i)
+    } else {
+        upstream::row_word(&layout.upstreams.rows[index], i - WORDS)
+    }
+}
+
+/// Word `i` (below [`FOLD_WORDS`]) of the retired totals.
+fn retired_word(layout: &Layout, i: usize) -> &AtomicU64 {
+    if i < WORDS {
+        layout.retired.counters.word(i)
+    } else {
+        upstream::row_word(&layout.upstreams.retired, i - WORDS)
+    }
+}
 
 /// How long a master waits for another live master's fold before giving up on its own.
 /// A fold takes microseconds; only a stopped master holds the lock this long.
@@ -110,21 +134,18 @@ fn finish_interrupted_fold(layout: &Layout) {
     let row = h.fold_row.load(Acquire) as usize;
     if row > 0 && row <= layout.slots.len() {
         let index = row - 1;
-        let retired = &layout.retired.counters;
-        let slot = &layout.slots[index].counters;
         let word = h.fold_word.load(Relaxed);
-        let start = if word == NO_WORD || word as usize >= WORDS {
+        let start = if word == NO_WORD || word as usize >= FOLD_WORDS {
             0
         } else {
             let w = word as usize;
-            let left = slot.word(w).load(Relaxed);
+            let left = row_word(layout, index, w).load(Relaxed);
             if left != 0 {
                 // Not yet cleared, so `fold_base` is still this word's retired value
                 // from before it was added to (whether or not the add happened).
-                retired
-                    .word(w)
+                retired_word(layout, w)
                     .store(h.fold_base.load(Relaxed).wrapping_add(left), Relaxed);
-                slot.word(w).store(0, Relaxed);
+                row_word(layout, index, w).store(0, Relaxed);
             }
             w + 1
         };
@@ -142,18 +163,17 @@ fn finish_interrupted_fold(layout: &Layout) {
 /// knows whether the word still has to be moved.
 fn move_words(layout: &Layout, index: usize, start: usize) {
     let h = &layout.header;
-    let retired = &layout.retired.counters;
-    let slot = &layout.slots[index].counters;
-    for i in start..WORDS {
-        let value = slot.word(i).load(Relaxed);
+    for i in start..FOLD_WORDS {
+        let (slot, retired) = (row_word(layout, index, i), retired_word(layout, i));
+        let value = slot.load(Relaxed);
         if value == 0 {
             continue;
         }
-        let base = retired.word(i).load(Relaxed);
+        let base = retired.load(Relaxed);
         h.fold_base.store(base, Release);
         h.fold_word.store(i as u64, Release);
-        retired.word(i).store(base.wrapping_add(value), Release);
-        slot.word(i).store(0, Release);
+        retired.store(base.wrapping_add(value), Release);
+        slot.store(0, Release);
     }
 }
 
@@ -171,6 +191,7 @@ fn finish_fold(layout: &Layout, index: usize) {
     ] {
         gauge.store(0, Relaxed);
     }
+    upstream::clear_gauges(&layout.upstreams, index);
     slot.state.store(WorkerState::Exited as u32, Release);
     layout.header.fold_row.store(0, Release);
 }

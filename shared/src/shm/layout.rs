@@ -12,9 +12,17 @@
 //!  ├── SnapshotArea   the published configuration (reload)
 //!  ├── slots[256]     one cache-line aligned WorkerSlot per live worker,
 //!  │                  written only by that worker (the master resets it)
-//!  └── limits         per-client limit entries, shared by the workers (see `limits`:
-//!                     the one area with many writers, updated by compare-and-swap)
+//!  ├── limits         per-client limit entries, shared by the workers (see `limits`:
+//!  │                  the one area with many writers, updated by compare-and-swap)
+//!  └── upstreams      appended area (`upstream`): per upstream server, per worker
 //! ```
+//!
+//! Growing: an area is appended at the end, never inserted, so every offset of an
+//! older build stays where it was. A region written by a build without the last area
+//! is shorter than [`Layout`] (`header.region_size` says how long); a master of this
+//! build attaching to it extends the file (zero-filled: the new area starts empty)
+//! before mapping it, and the older build never looks past its own end. [`LEGACY_SIZE`]:
+//! the size of a version-2 region without the upstream area.
 //!
 //! Writers use relaxed loads and stores: each counter has exactly one writer (its worker,
 //! or the master for the master's and retired fields), so a read-modify-write needs no
@@ -347,7 +355,13 @@ pub struct Layout {
     pub snapshot: SnapshotArea,
     pub slots: [WorkerSlot; MAX_SLOTS],
     pub limits: super::limits::LimitsArea,
+    /// Appended after the first builds of version 2 (see "Growing" above).
+    pub upstreams: super::upstream::UpstreamArea,
 }
+
+/// Bytes of a version-2 region of a build before the upstream area: where that area
+/// starts.
+pub const LEGACY_SIZE: usize = std::mem::offset_of!(Layout, upstreams);
 
 #[cfg(test)]
 mod tests {

@@ -9,7 +9,7 @@
 //! Also the region's lock (`flock`): which master may create, attach to, or must keep
 //! out of a region (see [`Region`]).
 
-use super::layout::{Layout, LAYOUT_VERSION, MAGIC};
+use super::layout::{Layout, LAYOUT_VERSION, LEGACY_SIZE, MAGIC};
 use super::report::{self, Inconsistent, Report};
 use memmap2::{Mmap, MmapMut, MmapOptions};
 use std::fmt;
@@ -204,6 +204,8 @@ impl Region {
         h.master_pid.store(pid, Relaxed);
         h.start_time_ms.store(super::now_ms(), Relaxed);
         super::master::adopt_counter_names(h).expect("a fresh region has no names");
+        super::upstream::adopt_counter_names(&region.layout().upstreams)
+            .expect("a fresh region has no names");
         h.magic.store(MAGIC, std::sync::atomic::Ordering::Release);
         Ok(region)
     }
@@ -239,9 +241,17 @@ impl Region {
             }
             Err(e) => return Err(io("flock")(e)),
         }
-        check_header(&file, path)?;
-        // SAFETY: checked just above to be a region of this layout version and at
-        // least `REGION_SIZE` bytes; every process accesses it only through atomics.
+        let size = check_header(&file, path, LEGACY_SIZE)?;
+        // A region of a build without the areas appended since (see `layout` on
+        // growing): extended with zeros, so they start empty. The old build's master
+        // and workers map only their own size and never look past it.
+        if (size as usize) < REGION_SIZE {
+            file.set_len(REGION_SIZE as u64).map_err(io("ftruncate"))?;
+        }
+        // SAFETY: checked just above to be a region of this layout version, and
+        // extended to at least `REGION_SIZE` bytes (a file only grows: every build
+        // maps at most its own size, and none truncates a region it shares); every
+        // process accesses it only through atomics.
         let map =
             unsafe { MmapOptions::new().len(REGION_SIZE).map_mut(&file) }.map_err(io("mmap"))?;
         let region = Region {
@@ -256,12 +266,19 @@ impl Region {
                 pid: owner,
             });
         }
-        super::master::adopt_counter_names(&region.layout().header).map_err(|mismatch| {
-            ShmError::Counters {
+        let l = region.layout();
+        super::master::adopt_counter_names(&l.header)
+            .and_then(|()| super::upstream::adopt_counter_names(&l.upstreams))
+            .map_err(|mismatch| ShmError::Counters {
                 path: path.to_path_buf(),
                 mismatch,
-            }
-        })?;
+            })?;
+        let recorded = l.header.region_size.load(Relaxed);
+        // After the file was extended: readers of a shorter mapping trust this.
+        l.header.region_size.store(
+            recorded.max(REGION_SIZE as u64),
+            std::sync::atomic::Ordering::Release,
+        );
         Ok(region)
     }
 
@@ -304,11 +321,22 @@ impl RegionReader {
             }
             Err(e) => return Err(io("open")(e)),
         };
-        let size = check_header(&file, path)?;
-        // SAFETY: mapped read-only, for as many bytes as the file has (checked to be at
-        // least `REGION_SIZE`); the region's writers change it only through atomics.
-        let map =
-            unsafe { MmapOptions::new().len(size as usize).map(&file) }.map_err(io("mmap"))?;
+        // A region of an older build may end before the areas appended since (the
+        // upstream area): mapped at this build's full size all the same, so a master
+        // of this build that attaches and extends the file later is seen through this
+        // mapping. Pages past the file's end are never touched: readers look at an
+        // appended area only once `header.region_size` covers it, which a master
+        // stores only after extending the file (and region files never shrink).
+        let size = check_header(&file, path, LEGACY_SIZE)?;
+        // SAFETY: mapped read-only, at least `REGION_SIZE` bytes, of which the file
+        // holds at least `LEGACY_SIZE` (checked) and the rest once `region_size` says
+        // so (see above); the region's writers change it only through atomics.
+        let map = unsafe {
+            MmapOptions::new()
+                .len((size as usize).max(REGION_SIZE))
+                .map(&file)
+        }
+        .map_err(io("mmap"))?;
         Ok(RegionReader {
             map,
             path: path.to_path_buf(),
@@ -351,7 +379,9 @@ impl RegionReader {
 
     /// Private: the layout is never handed out of a read-only mapping.
     fn layout(&self) -> &Layout {
-        // SAFETY: checked in `open` to be at least `REGION_SIZE` bytes; page-aligned;
+        // SAFETY: mapped in `open` for at least `REGION_SIZE` bytes (the appended area
+        // of a shorter file is read only once the file covers it: see `open`);
+        // page-aligned;
         // lives as long as `self`; only atomics (see `Region::layout`). The pages are
         // read-only and this type only ever loads from them: `layout` is private and
         // every caller in this file only reads.
@@ -360,8 +390,8 @@ impl RegionReader {
 }
 
 /// Checks that `file` starts with a forkd region header of this layout version and is
-/// large enough for it; returns its size.
-fn check_header(file: &File, path: &Path) -> Result<u64, ShmError> {
+/// at least `min` bytes; returns its size.
+fn check_header(file: &File, path: &Path, min: usize) -> Result<u64, ShmError> {
     let size = file
         .metadata()
         .map_err(|source| ShmError::Io {
@@ -385,7 +415,7 @@ fn check_header(file: &File, path: &Path) -> Result<u64, ShmError> {
             found: version,
         });
     }
-    if (size as usize) < REGION_SIZE {
+    if (size as usize) < min {
         return Err(ShmError::TooSmall {
             path: path.into(),
             size,

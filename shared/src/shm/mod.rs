@@ -11,6 +11,9 @@
 //! - `snapshot`: the configuration the master publishes for workers to adopt.
 //! - `values`: counter values read out of the region, and their JSON.
 //! - `report`: a consistent reading of the region, as JSON, a table or Prometheus text.
+//! - `upstream_counters`: the table of per-upstream-server counters, declared once.
+//! - `upstream`: the appended upstream area: per-server cells, their labels.
+//! - `upstream_values`: upstream cells read out of the region, their JSON and text.
 
 pub mod counters;
 pub mod fold;
@@ -22,6 +25,9 @@ pub mod report;
 pub mod snapshot;
 #[cfg(test)]
 mod testing;
+pub mod upstream;
+pub mod upstream_counters;
+pub mod upstream_values;
 pub mod values;
 
 pub use mapping::{Region, RegionReader, ShmError};

@@ -7,6 +7,7 @@ use super::counters::{
     RESPONSES_2XX, RESPONSES_3XX, RESPONSES_499, RESPONSES_4XX, RESPONSES_5XX,
 };
 use super::layout::{Layout, WorkerState};
+pub use super::upstream_values::UpstreamReport;
 pub use super::values::CounterValues;
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -66,6 +67,9 @@ pub struct Report {
     pub retired: CounterValues,
     /// Retired plus every worker: never goes backwards.
     pub totals: CounterValues,
+    /// Every upstream server configured (and any removed one still holding counts),
+    /// totals over the workers.
+    pub upstreams: Vec<UpstreamReport>,
 }
 
 /// How long a reader waits for a fold to end before it gives up on the reading. A fold
@@ -211,6 +215,7 @@ fn read_once(layout: &Layout) -> Report {
         workers,
         retired,
         totals,
+        upstreams: super::upstream_values::read(layout),
     }
 }
 
@@ -227,6 +232,7 @@ struct Json<'a> {
     workers: &'a [WorkerReport],
     retired: &'a CounterValues,
     totals: &'a CounterValues,
+    upstreams: &'a [UpstreamReport],
 }
 
 #[derive(Serialize)]
@@ -279,6 +285,7 @@ impl Report {
             workers: &self.workers,
             retired: &self.retired,
             totals: &self.totals,
+            upstreams: &self.upstreams,
         };
         // Serialising plain structs, maps of string keys and numbers cannot fail.
         let mut out = serde_json::to_string(&doc).expect("stats serialise to JSON");
@@ -408,6 +415,7 @@ impl Report {
             t[BYTES_IN],
             t[BYTES_OUT]
         );
+        super::upstream_values::table(&mut o, &self.upstreams);
         o
     }
 
@@ -565,6 +573,7 @@ impl Report {
                 l.addr, l.queue_max
             );
         }
+        super::upstream_values::prometheus(&mut o, &self.upstreams, seconds);
         o
     }
 }
@@ -668,6 +677,7 @@ mod tests {
             ],
             retired: CounterValues::default(),
             totals: CounterValues::default(),
+            upstreams: Vec::new(),
         };
         let table = report.to_table(None, 0.0);
         assert!(!table.contains("      100 "), "{table}");

@@ -187,7 +187,7 @@ fn too_large(x: &mut Exchange, svc: &mut Services, req: &Request, server: usize)
     let outcome = reply.error(Status::CONTENT_TOO_LARGE, &[]);
     let latency = svc.clock.precise_us().saturating_sub(x.started);
     svc.stats.response(outcome.status.0, Some(latency));
-    log_request(svc, server, x.peer, req, &outcome);
+    log_request(svc, server, x.peer, req, &outcome, latency);
 }
 
 /// The client of a request from `peer`: `peer` itself unless it is one of the
@@ -258,7 +258,7 @@ fn too_many(
     let outcome = reply.error(Status::TOO_MANY_REQUESTS, &[("Retry-After", &digits)]);
     let latency = svc.clock.precise_us().saturating_sub(x.started);
     svc.stats.response(outcome.status.0, Some(latency));
-    log_request(svc, server, x.peer, req, &outcome);
+    log_request(svc, server, x.peer, req, &outcome, latency);
     persistence
 }
 
@@ -488,7 +488,7 @@ fn respond(
     let latency = svc.clock.precise_us().saturating_sub(x.started);
     svc.stats.response(outcome.status.0, Some(latency));
     if outcome.logged {
-        log_request(svc, server_index, x.peer, req, &outcome);
+        log_request(svc, server_index, x.peer, req, &outcome, latency);
     }
     persistence
 }
@@ -544,10 +544,8 @@ pub fn refusal_page(
     let date = *svc.clock.http_date_array();
     ensure_out(out);
     let body_bytes = response::error(out.bytes(), status, &date, Persistence::Close, extra, false);
-    svc.stats.response(
-        status.0,
-        Some(svc.clock.precise_us().saturating_sub(started)),
-    );
+    let latency = svc.clock.precise_us().saturating_sub(started);
+    svc.stats.response(status.0, Some(latency));
     if svc.logs.enabled(server) {
         let entry = access_log::Entry {
             peer,
@@ -558,8 +556,12 @@ pub fn refusal_page(
             body_bytes,
             referer: None,
             user_agent: None,
+            request_time_us: Some(latency),
+            request_id: None,
+            upstream: None,
         };
-        svc.logs.record(server, &entry, svc.clock.log_time());
+        svc.logs
+            .record(server, &entry, svc.clock.log_time(), svc.clock.unix_secs);
     }
 }
 
@@ -612,7 +614,7 @@ pub fn error_page_for(
                 body_bytes,
                 logged: true,
             };
-            log_request(svc, server, peer, req, &outcome);
+            log_request(svc, server, peer, req, &outcome, latency);
         }
         None if svc.logs.enabled(server) => {
             let entry = access_log::Entry {
@@ -624,8 +626,12 @@ pub fn error_page_for(
                 body_bytes,
                 referer: None,
                 user_agent: None,
+                request_time_us: Some(latency),
+                request_id: None,
+                upstream: None,
             };
-            svc.logs.record(server, &entry, svc.clock.log_time());
+            svc.logs
+                .record(server, &entry, svc.clock.log_time(), svc.clock.unix_secs);
         }
         None => {}
     }
@@ -637,6 +643,23 @@ pub fn log_request(
     peer: IpAddr,
     req: &Request,
     outcome: &Outcome,
+    latency_us: u64,
+) {
+    log_entry(svc, server, peer, req, outcome, latency_us, None, None);
+}
+
+/// The access-log line of `req`, with the request id and upstream part of a proxied
+/// request.
+#[allow(clippy::too_many_arguments)]
+pub fn log_entry(
+    svc: &mut Services,
+    server: usize,
+    peer: IpAddr,
+    req: &Request,
+    outcome: &Outcome,
+    latency_us: u64,
+    request_id: Option<&[u8]>,
+    upstream: Option<access_log::UpstreamEntry>,
 ) {
     if !svc.logs.enabled(server) {
         return;
@@ -650,8 +673,12 @@ pub fn log_request(
         body_bytes: outcome.body_bytes,
         referer: req.referer,
         user_agent: req.user_agent,
+        request_time_us: Some(latency_us),
+        request_id,
+        upstream,
     };
-    svc.logs.record(server, &entry, svc.clock.log_time());
+    svc.logs
+        .record(server, &entry, svc.clock.log_time(), svc.clock.unix_secs);
 }
 
 /// Output buffers stay with their `Busy` (which is pooled), so this allocates only for

@@ -333,6 +333,11 @@ impl Conn {
     }
 
     /// Stopped on its budget with work left: drive it again next turn.
+    /// The proxied exchange under way, if any (for the upstream gauges).
+    pub fn proxied(&self) -> Option<&crate::upstreams::Proxied> {
+        self.busy.as_ref()?.proxy.as_deref()
+    }
+
     pub fn yielded(&self) -> bool {
         self.bits.has(Bits::YIELDED)
     }

@@ -10,12 +10,14 @@
 //! client socket when asked ([`Progress::ReadClient`]).
 
 use super::dispatch;
+use crate::access_log;
 use crate::busy::Busy;
 use crate::handlers::Outcome;
 use crate::http::request::{self, Version};
 use crate::http::response::Status;
 use crate::out::Flush;
 use crate::proxy::response_head::ClientBody;
+use crate::proxy::retry::Failure;
 use crate::proxy::session::Step;
 use crate::services::Services;
 use crate::timers::Micros;
@@ -234,6 +236,7 @@ fn next_server(p: &mut Proxied, key: usize, svc: &mut Services) -> Step {
     let now = svc.clock.now_us;
     if let Some((socket, requests, token)) = svc.upstreams.take(id, now, key) {
         begin_attempt(p, svc, token);
+        count_attempt(p, svc, true);
         p.session.attach(server, socket, Some(requests));
         return p.session.pump();
     }
@@ -256,6 +259,7 @@ fn connect(p: &mut Proxied, key: usize, server: usize, svc: &mut Services) -> St
     match svc.upstreams.connect(addr, key) {
         Ok((socket, token)) => {
             begin_attempt(p, svc, token);
+            count_attempt(p, svc, false);
             p.session.attach(server, socket, None);
             p.session.pump()
         }
@@ -272,6 +276,20 @@ fn begin_attempt(p: &mut Proxied, svc: &Services, token: usize) {
     p.state_tag = None;
     p.state_since = svc.clock.now_us;
     p.upstream_progress = svc.clock.now_us;
+}
+
+/// The upstream server of the current attempt's stats cell.
+fn cell(p: &Proxied, svc: &Services) -> Option<crate::stats::CellId> {
+    let (server, _) = p.server?;
+    svc.stats.upstream_cell(p.upstream, server)
+}
+
+/// An attempt goes out on a pooled (`reused`) or new connection.
+fn count_attempt(p: &Proxied, svc: &Services, reused: bool) {
+    if let Some(c) = cell(p, svc) {
+        svc.stats.upstream_request(c);
+        svc.stats.upstream_connection(c, reused);
+    }
 }
 
 /// The session dropped its socket (closed): its token is free.
@@ -297,6 +315,10 @@ fn observe(p: &mut Proxied, svc: &Services) {
         if let Some(head) = p.session.response_head() {
             p.head_at = Some(svc.clock.precise_us());
             p.status = Some(head.status);
+            if let Some(c) = cell(p, svc) {
+                svc.stats
+                    .upstream_response(c, head.status, p.time_to_head_us());
+            }
         }
     }
 }
@@ -310,6 +332,18 @@ fn log_failure(p: &mut Proxied, svc: &Services, retried: bool) {
         return;
     };
     p.failure_logged = true;
+    if let Some(c) = cell(p, svc) {
+        match failure {
+            Failure::ConnectRefused | Failure::ConnectTimeout => {
+                svc.stats.upstream_connect_error(c)
+            }
+            Failure::Timeout => svc.stats.upstream_timeout(c),
+            _ => {}
+        }
+        if retried {
+            svc.stats.upstream_retry(c);
+        }
+    }
     let upstream = svc.config.upstreams.get(p.upstream);
     let name = upstream.map_or("?", |u| u.name.as_str());
     let label = p
@@ -390,7 +424,32 @@ fn account(p: &Proxied, c: &Client, svc: &mut Services) {
             body_bytes,
             logged: true,
         };
-        dispatch::log_request(svc, p.client_server, c.peer, &req, &outcome);
+        let label = p.server_index().and_then(|i| {
+            svc.config.upstreams[p.upstream]
+                .servers
+                .get(i)
+                .map(|srv| srv.label.clone())
+        });
+        let upstream = label.as_deref().map(|addr| access_log::UpstreamEntry {
+            addr,
+            status: p.upstream_status(),
+            response_time_us: p.time_to_head_us(),
+            connect: if p.reused_connection() {
+                access_log::UpstreamConnect::Reused
+            } else {
+                access_log::UpstreamConnect::New
+            },
+        });
+        dispatch::log_entry(
+            svc,
+            p.client_server,
+            c.peer,
+            &req,
+            &outcome,
+            latency,
+            Some(p.request_id()),
+            upstream,
+        );
     }
 }
 

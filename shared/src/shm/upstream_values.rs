@@ -1,0 +1,327 @@
+//! Upstream servers' counts read out of the upstream area (retired totals plus every
+//! worker row, per cell), and their three renderings, called from `report`: JSON
+//! (serialised from the `upstream_counters` table), the `forkd stats` table section,
+//! and Prometheus families (labels `upstream`, `server`).
+
+use super::counters::{Counter, CounterDef};
+use super::layout::Layout;
+use super::upstream::{time_bucket_high, LabelState, UpstreamCell, TIME_BUCKETS};
+use super::upstream_counters::{self as uc, UPSTREAM_COUNTERS, UPSTREAM_COUNTER_CELLS};
+use serde::ser::{SerializeMap, Serializer};
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+
+/// One upstream server's counts (a cell's, summed over the rows), with its gauges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamValues {
+    pub cells: [u64; UPSTREAM_COUNTER_CELLS],
+    pub head_time: [u64; TIME_BUCKETS],
+    pub head_time_sum_us: u64,
+    pub head_time_count: u64,
+    /// Gauges, summed over the workers: open connections, and idle pooled ones.
+    pub open: u64,
+    pub idle: u64,
+}
+
+impl Default for UpstreamValues {
+    fn default() -> Self {
+        UpstreamValues {
+            cells: [0; UPSTREAM_COUNTER_CELLS],
+            head_time: [0; TIME_BUCKETS],
+            head_time_sum_us: 0,
+            head_time_count: 0,
+            open: 0,
+            idle: 0,
+        }
+    }
+}
+
+impl std::ops::Index<Counter> for UpstreamValues {
+    type Output = u64;
+    fn index(&self, c: Counter) -> &u64 {
+        &self.cells[c.cell()]
+    }
+}
+
+impl UpstreamValues {
+    /// Adds one row's cell (relaxed loads: the caller makes the reading consistent).
+    pub fn add_cell(&mut self, c: &UpstreamCell) {
+        for (a, b) in self.cells.iter_mut().zip(&c.cells) {
+            *a = a.wrapping_add(b.load(Relaxed));
+        }
+        for (a, b) in self.head_time.iter_mut().zip(&c.head_time.buckets) {
+            *a = a.wrapping_add(b.load(Relaxed));
+        }
+        self.head_time_sum_us = self
+            .head_time_sum_us
+            .wrapping_add(c.head_time.sum_us.load(Relaxed));
+        self.head_time_count = self
+            .head_time_count
+            .wrapping_add(c.head_time.count.load(Relaxed));
+        self.open = self.open.wrapping_add(c.open.load(Relaxed));
+        self.idle = self.idle.wrapping_add(c.idle.load(Relaxed));
+    }
+
+    fn has_counts(&self) -> bool {
+        self.cells.iter().any(|&v| v != 0) || self.head_time_count != 0
+    }
+
+    /// The `q` quantile of the time to the response head, in µs: the upper edge of
+    /// the bucket holding it (a power of two: within a factor of two). None without
+    /// responses; `u64::MAX` in the last, open bucket.
+    pub fn head_time_quantile(&self, q: f64) -> Option<u64> {
+        let total: u64 = self.head_time.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        for (i, &n) in self.head_time.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Some(time_bucket_high(i).unwrap_or(u64::MAX));
+            }
+        }
+        None
+    }
+}
+
+/// One upstream server in a reading.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UpstreamReport {
+    pub upstream: String,
+    pub server: String,
+    /// The region cell: stable across reloads for as long as the server is counted.
+    pub cell: usize,
+    /// In the configuration published last (false: a server that has left, shown
+    /// while it holds counts).
+    pub configured: bool,
+    #[serde(flatten)]
+    pub values: UpstreamValues,
+}
+
+/// Every labelled cell that is configured or holds counts, in cell order.
+/// Nothing while the region is an older build's, shorter than this layout
+/// (`header.region_size`; see `mapping::RegionReader::open`).
+pub fn read(layout: &Layout) -> Vec<UpstreamReport> {
+    let size = layout.header.region_size.load(Acquire) as usize;
+    if size < std::mem::size_of::<Layout>() {
+        return Vec::new();
+    }
+    let area = &layout.upstreams;
+    let mut out = Vec::new();
+    for (cell, label) in area.header.labels.iter().enumerate() {
+        let state = LabelState::from_u32(label.state.load(Acquire));
+        if state == LabelState::Free {
+            continue;
+        }
+        let mut values = UpstreamValues::default();
+        values.add_cell(&area.retired[cell]);
+        for row in &area.rows {
+            values.add_cell(&row[cell]);
+        }
+        let configured = state == LabelState::Configured;
+        if !configured && !values.has_counts() {
+            continue;
+        }
+        out.push(UpstreamReport {
+            upstream: label.upstream.get(),
+            server: label.server.get(),
+            cell,
+            configured,
+            values,
+        });
+    }
+    out
+}
+
+/// `{"requests": n, ..., "connections_open": n, "connections_idle": n,
+/// "response_time": {...}}`: every counter of the table by name.
+impl Serialize for UpstreamValues {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(UPSTREAM_COUNTERS.len() + 3))?;
+        for def in UPSTREAM_COUNTERS {
+            map.serialize_entry(def.name, &self[def.counter])?;
+        }
+        map.serialize_entry("connections_open", &self.open)?;
+        map.serialize_entry("connections_idle", &self.idle)?;
+        map.serialize_entry(
+            "response_time",
+            &TimeJson {
+                count: self.head_time_count,
+                sum_us: self.head_time_sum_us,
+                p50_us_at_most: self.head_time_quantile(0.5),
+                p99_us_at_most: self.head_time_quantile(0.99),
+                buckets: self
+                    .head_time
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &n)| n > 0)
+                    .map(|(i, &n)| (time_bucket_high(i), n))
+                    .collect(),
+            },
+        )?;
+        map.end()
+    }
+}
+
+#[derive(Serialize)]
+struct TimeJson {
+    count: u64,
+    sum_us: u64,
+    p50_us_at_most: Option<u64>,
+    p99_us_at_most: Option<u64>,
+    /// Non-empty buckets as `[high_us, count]` (high null: the last, open bucket).
+    buckets: Vec<(Option<u64>, u64)>,
+}
+
+/// The upstream section of the `forkd stats` table (nothing without upstreams).
+pub fn table(o: &mut String, upstreams: &[UpstreamReport]) {
+    if upstreams.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "{:<12} {:<24} {:>9} {:>7} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>8} {:>5} {:>5} {:>8}",
+        "upstream",
+        "server",
+        "requests",
+        "2xx",
+        "4xx",
+        "5xx",
+        "conn_err",
+        "timeout",
+        "retries",
+        "new",
+        "reused",
+        "open",
+        "idle",
+        "p99<="
+    );
+    for u in upstreams {
+        let v = &u.values;
+        let server = if u.configured {
+            u.server.clone()
+        } else {
+            format!("{} (removed)", u.server)
+        };
+        let _ = writeln!(
+            o,
+            "{:<12} {:<24} {:>9} {:>7} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>8} {:>5} {:>5} {:>8}",
+            u.upstream,
+            server,
+            v[uc::REQUESTS],
+            v[uc::RESPONSES_2XX],
+            v[uc::RESPONSES_4XX],
+            v[uc::RESPONSES_5XX],
+            v[uc::CONNECT_ERRORS],
+            v[uc::TIMEOUTS],
+            v[uc::RETRIES],
+            v[uc::CONNECTIONS_NEW],
+            v[uc::CONNECTIONS_REUSED],
+            v.open,
+            v.idle,
+            match v.head_time_quantile(0.99) {
+                None => "-".to_string(),
+                Some(u64::MAX) => "inf".to_string(),
+                Some(us) if us < 1000 => format!("{us}µs"),
+                Some(us) if us < 1_000_000 => format!("{}ms", us / 1000),
+                Some(us) => format!("{}s", us / 1_000_000),
+            }
+        );
+    }
+}
+
+/// A Prometheus label value, escaped (`\`, `"` and newlines).
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The upstream families: one per distinct family of the table (in table order), the
+/// two gauges and the response-time histogram, every sample labelled `upstream` and
+/// `server`. Totals over the workers (retired included), so every counter is
+/// monotonic.
+pub fn prometheus(o: &mut String, upstreams: &[UpstreamReport], seconds: fn(f64) -> String) {
+    let labels: Vec<String> = upstreams
+        .iter()
+        .map(|u| {
+            format!(
+                "upstream=\"{}\",server=\"{}\"",
+                label(&u.upstream),
+                label(&u.server)
+            )
+        })
+        .collect();
+    let mut families: Vec<&str> = Vec::new();
+    for def in UPSTREAM_COUNTERS {
+        if !families.contains(&def.prometheus) {
+            families.push(def.prometheus);
+        }
+    }
+    for family in families {
+        let members: Vec<&CounterDef> = UPSTREAM_COUNTERS
+            .iter()
+            .filter(|d| d.prometheus == family)
+            .collect();
+        let _ = writeln!(
+            o,
+            "# HELP {family} {}\n# TYPE {family} counter",
+            members[0].help
+        );
+        for (u, l) in upstreams.iter().zip(&labels) {
+            for def in &members {
+                let extra = def
+                    .label
+                    .map_or_else(String::new, |(k, v)| format!(",{k}=\"{v}\""));
+                let _ = writeln!(o, "{family}{{{l}{extra}}} {}", u.values[def.counter]);
+            }
+        }
+    }
+    type Gauge = fn(&UpstreamValues) -> u64;
+    let gauges: [(&str, &str, Gauge); 2] = [
+        (
+            "forkd_upstream_connections_open",
+            "Open connections to the upstream server, all workers.",
+            |v| v.open,
+        ),
+        (
+            "forkd_upstream_connections_idle",
+            "Idle pooled connections to the upstream server, all workers.",
+            |v| v.idle,
+        ),
+    ];
+    for (name, help, get) in gauges {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (u, l) in upstreams.iter().zip(&labels) {
+            let _ = writeln!(o, "{name}{{{l}}} {}", get(&u.values));
+        }
+    }
+    let name = "forkd_upstream_response_time_seconds";
+    let _ = writeln!(
+        o,
+        "# HELP {name} Time from sending a request to the upstream server to its response head.\n# TYPE {name} histogram"
+    );
+    for (u, l) in upstreams.iter().zip(&labels) {
+        let v = &u.values;
+        let mut cumulative = 0u64;
+        for i in 0..TIME_BUCKETS - 1 {
+            cumulative += v.head_time[i];
+            let high = time_bucket_high(i).expect("not the last bucket");
+            let _ = writeln!(
+                o,
+                "{name}_bucket{{{l},le=\"{}\"}} {cumulative}",
+                seconds(high as f64)
+            );
+        }
+        let _ = writeln!(o, "{name}_bucket{{{l},le=\"+Inf\"}} {}", v.head_time_count);
+        let _ = writeln!(
+            o,
+            "{name}_sum{{{l}}} {}",
+            seconds(v.head_time_sum_us as f64)
+        );
+        let _ = writeln!(o, "{name}_count{{{l}}} {}", v.head_time_count);
+    }
+}

@@ -81,23 +81,6 @@ pub fn adopt_counter_names(header: &Header) -> Result<(), CounterMismatch> {
     Ok(())
 }
 
-/// Reads `TcpExt: ListenOverflows` from /proc/net/netstat.
-pub fn read_listen_overflows() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/net/netstat").ok()?;
-    let mut lines = text.lines();
-    while let Some(names) = lines.next() {
-        let values = lines.next()?;
-        if !names.starts_with("TcpExt:") {
-            continue;
-        }
-        let i = names
-            .split_whitespace()
-            .position(|n| n == "ListenOverflows")?;
-        return values.split_whitespace().nth(i)?.parse().ok();
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -546,23 +546,37 @@ pub fn refusal_page(
     let body_bytes = response::error(out.bytes(), status, &date, Persistence::Close, extra, false);
     let latency = svc.clock.precise_us().saturating_sub(started);
     svc.stats.response(status.0, Some(latency));
-    if svc.logs.enabled(server) {
-        let entry = access_log::Entry {
-            peer,
-            method: "-",
-            target: b"",
-            http10: false,
-            status: status.0,
-            body_bytes,
-            referer: None,
-            user_agent: None,
-            request_time_us: Some(latency),
-            request_id: None,
-            upstream: None,
-        };
-        svc.logs
-            .record(server, &entry, svc.clock.log_time(), svc.clock.unix_secs);
+    log_unread(svc, server, peer, status, body_bytes, latency);
+}
+
+/// The access-log line of an answer to no request (one that could not be read, or a
+/// refusal before the first): nginx's `"-"`.
+fn log_unread(
+    svc: &mut Services,
+    server: usize,
+    peer: IpAddr,
+    status: Status,
+    body_bytes: u64,
+    latency: u64,
+) {
+    if !svc.logs.enabled(server) {
+        return;
     }
+    let entry = access_log::Entry {
+        peer,
+        method: "-",
+        target: b"",
+        http10: false,
+        status: status.0,
+        body_bytes,
+        referer: None,
+        user_agent: None,
+        request_time_us: Some(latency),
+        request_id: None,
+        upstream: None,
+    };
+    svc.logs
+        .record(server, &entry, svc.clock.log_time(), svc.clock.unix_secs);
 }
 
 /// Queues an error page that closes the connection (no request could be answered:
@@ -616,24 +630,7 @@ pub fn error_page_for(
             };
             log_request(svc, server, peer, req, &outcome, latency);
         }
-        None if svc.logs.enabled(server) => {
-            let entry = access_log::Entry {
-                peer,
-                method: "-",
-                target: b"",
-                http10: false,
-                status: status.0,
-                body_bytes,
-                referer: None,
-                user_agent: None,
-                request_time_us: Some(latency),
-                request_id: None,
-                upstream: None,
-            };
-            svc.logs
-                .record(server, &entry, svc.clock.log_time(), svc.clock.unix_secs);
-        }
-        None => {}
+        None => log_unread(svc, server, peer, status, body_bytes, latency),
     }
 }
 

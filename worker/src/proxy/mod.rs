@@ -98,21 +98,7 @@ pub(crate) fn parse_decimal(value: &[u8]) -> Option<u64> {
     })
 }
 
-/// Appends `n` in decimal.
-pub(crate) fn push_decimal(out: &mut Vec<u8>, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
-}
+pub(crate) use crate::http::response::push_decimal;
 
 /// Appends `n` in lower-case hex, without leading zeros.
 pub(crate) fn push_hex(out: &mut Vec<u8>, n: u64) {

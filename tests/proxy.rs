@@ -825,3 +825,35 @@ fn proxied_requests_are_counted_per_upstream_server_and_logged_with_their_upstre
         assert_eq!(v["request_id"].as_str().map(str::len), Some(32), "{line}");
     }
 }
+
+/// Issue 10's bound on chunk extensions holds for a body on its way to an upstream
+/// too: 64 KiB of one extension is refused at once, never relayed.
+#[test]
+fn an_endless_chunk_extension_towards_an_upstream_is_refused_at_once() {
+    let up = upstream(|_| Reply::ok(b"hi"));
+    let d = proxy_daemon(&[up.addr().to_string()], "");
+    let mut s = d.connect();
+    s.write_all(b"POST /p HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n5;e=")
+        .unwrap();
+    // Far more than the 4 KiB a line may carry; then nothing more is ever sent.
+    let mut sent = 0;
+    while sent < 64 * 1024 {
+        if s.write_all(&[b'v'; 4096]).is_err() {
+            break; // refused while we were still sending
+        }
+        sent += 4096;
+    }
+    let got = read_to_close(&mut s);
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{text}");
+    assert!(
+        up.received().iter().all(|r| r.body_len < 5),
+        "the body reached the upstream"
+    );
+    let r = d.get("/p");
+    assert_eq!(
+        (r.status, r.body),
+        (200, b"hi".to_vec()),
+        "served afterwards"
+    );
+}

@@ -13,6 +13,7 @@
 //! exchange's memory stays at `capacity` (plus a chunk-size line) whatever the body.
 
 use super::push_hex;
+use crate::http::chunked::{MAX_EXTENSIONS_TOTAL, MAX_EXTENSION_BYTES};
 use std::ops::Range;
 
 /// Trailer fields kept per body; more is a framing error.
@@ -64,6 +65,10 @@ pub struct Decoder {
     /// Body bytes left (`Length`), or bytes left in the current chunk / its size so far.
     remaining: u64,
     trailers: Vec<u8>,
+    /// Chunk-extension bytes on the current size line and in the whole body, bounded
+    /// as `http::chunked` bounds them (a client's chunked body reaches the proxy too).
+    extension_line: usize,
+    extension_total: usize,
 }
 
 impl Decoder {
@@ -77,6 +82,8 @@ impl Decoder {
             state,
             remaining: n,
             trailers: Vec::new(),
+            extension_line: 0,
+            extension_total: 0,
         }
     }
 
@@ -85,6 +92,8 @@ impl Decoder {
             state: Decoding::Chunked(Chunk::Size { digits: 0 }),
             remaining: 0,
             trailers: Vec::new(),
+            extension_line: 0,
+            extension_total: 0,
         }
     }
 
@@ -93,6 +102,8 @@ impl Decoder {
             state: Decoding::UntilClose,
             remaining: 0,
             trailers: Vec::new(),
+            extension_line: 0,
+            extension_total: 0,
         }
     }
 
@@ -172,14 +183,26 @@ impl Decoder {
                     None if digits == 0 => return Err(BodyError::BadChunk),
                     None => match b {
                         b'\r' => Chunk::SizeLf,
-                        b';' | b' ' | b'\t' => Chunk::Extension,
+                        b';' | b' ' | b'\t' => {
+                            self.extension_line = 0;
+                            Chunk::Extension
+                        }
                         _ => return Err(BodyError::BadChunk),
                     },
                 },
                 Chunk::Extension => match b {
                     b'\r' => Chunk::SizeLf,
                     b'\n' => return Err(BodyError::BadChunk),
-                    _ => Chunk::Extension,
+                    _ => {
+                        self.extension_line += 1;
+                        self.extension_total += 1;
+                        if self.extension_line > MAX_EXTENSION_BYTES
+                            || self.extension_total > MAX_EXTENSIONS_TOTAL
+                        {
+                            return Err(BodyError::BadChunk);
+                        }
+                        Chunk::Extension
+                    }
                 },
                 Chunk::SizeLf if b == b'\n' => {
                     if self.remaining == 0 {
@@ -528,5 +551,46 @@ mod tests {
             }
         };
         assert_eq!(result, Err(BodyError::BadChunk));
+    }
+
+    /// Feeds `input` whole, step by step, to `d`.
+    fn decode_all(d: &mut Decoder, mut input: &[u8]) -> Result<(), BodyError> {
+        while !input.is_empty() && !d.is_done() {
+            let step = d.decode(input)?;
+            if step.consumed == 0 {
+                break;
+            }
+            input = &input[step.consumed..];
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn chunk_extensions_are_bounded_like_http_chunked() {
+        // One line at the limit passes; one byte more is a framing error at once.
+        let mut ok = b"1;".to_vec();
+        ok.extend(std::iter::repeat_n(b'x', MAX_EXTENSION_BYTES));
+        ok.extend_from_slice(b"\r\na\r\n0\r\n\r\n");
+        let mut d = Decoder::chunked();
+        assert_eq!(decode_all(&mut d, &ok), Ok(()));
+        assert!(d.is_done());
+        let mut long = b"1;".to_vec();
+        long.extend(std::iter::repeat_n(b'x', MAX_EXTENSION_BYTES + 1));
+        assert_eq!(
+            decode_all(&mut Decoder::chunked(), &long),
+            Err(BodyError::BadChunk)
+        );
+        // Short extensions on many chunks add up to the per-body limit.
+        let line = format!("1;{}\r\na\r\n", "e".repeat(1000));
+        let within = line.repeat(MAX_EXTENSIONS_TOTAL / 1000);
+        assert_eq!(
+            decode_all(&mut Decoder::chunked(), within.as_bytes()),
+            Ok(())
+        );
+        let over = line.repeat(MAX_EXTENSIONS_TOTAL / 1000 + 1);
+        assert_eq!(
+            decode_all(&mut Decoder::chunked(), over.as_bytes()),
+            Err(BodyError::BadChunk)
+        );
     }
 }

@@ -857,3 +857,47 @@ fn an_endless_chunk_extension_towards_an_upstream_is_refused_at_once() {
         "served afterwards"
     );
 }
+
+/// `max_body_bytes` holds for a chunked body on its way to an upstream: 413 on the
+/// chunk that crosses it, before that chunk reaches the upstream.
+#[test]
+fn a_chunked_body_over_max_body_bytes_towards_an_upstream_is_413() {
+    let up = upstream(|_| Reply::ok(b"hi"));
+    let mut b = proxy_builder(&[up.addr().to_string()], "");
+    b.server = b
+        .server
+        .replace("max_body_bytes: \"1G\",", "max_body_bytes: \"1KiB\",");
+    let d = b.start();
+    let mut s = d.connect();
+    let chunk = "a".repeat(600);
+    s.write_all(
+        format!(
+            "POST /p HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n\
+             258\r\n{chunk}\r\n258\r\n"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let got = read_to_close(&mut s);
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        text.starts_with("HTTP/1.1 413 Content Too Large\r\n"),
+        "{text}"
+    );
+    assert!(
+        up.received().iter().all(|r| r.body_len <= 600),
+        "more than the first chunk reached the upstream"
+    );
+    // Within the limit it is relayed whole.
+    let mut s = d.connect();
+    s.write_all(
+        format!(
+            "POST /p HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+             258\r\n{chunk}\r\n0\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let r = read_response(&mut s, false).expect("a response");
+    assert_eq!((r.status, r.body), (200, b"hi".to_vec()));
+}

@@ -328,7 +328,7 @@ fn proxy(
         keepalive_requests: upstream.keepalive_requests,
         max_head: MAX_UPSTREAM_HEAD,
     };
-    let session = Session::new(
+    let mut session = Session::new(
         out,
         framing,
         req.method_name,
@@ -337,6 +337,7 @@ fn proxy(
         context,
         PROXY_BUFFER,
     );
+    session.limit_client_body(srv.max_body_bytes);
     let expect = req.expect_continue && framing != Framing::None;
     Next::Proxy(Box::new(Proxied::new(
         session,

@@ -100,11 +100,16 @@ pub fn advance(
                 busy.consume(n);
                 moved = n > 0;
             }
-            Err(_) => {
-                // A badly framed chunked body: nothing after it can be trusted.
+            Err(step) => {
+                // A badly framed (400) or too large (413) chunked body: nothing
+                // after it can be trusted.
+                let status = match step {
+                    Step::Respond(status) => Status(status),
+                    _ => Status::BAD_REQUEST,
+                };
                 forget_token(p, svc);
                 busy.discard_input();
-                return fail(p, c, busy, svc, Status::BAD_REQUEST);
+                return fail(p, c, busy, svc, status);
             }
         }
     }

@@ -26,6 +26,9 @@ pub enum BodyError {
     BadChunk,
     /// The sender closed before the end of a `Content-Length` or chunked body.
     Truncated,
+    /// A chunked body's data passed the decoder's limit (a client body over the
+    /// server's `max_body_bytes`).
+    TooLarge,
 }
 
 /// One step of decoding: `consumed` input bytes, of which `data` (a range of the input,
@@ -69,6 +72,9 @@ pub struct Decoder {
     /// as `http::chunked` bounds them (a client's chunked body reaches the proxy too).
     extension_line: usize,
     extension_total: usize,
+    /// Chunked data allowed in all (`u64::MAX`: no limit) and declared so far.
+    limit: u64,
+    declared: u64,
 }
 
 impl Decoder {
@@ -84,6 +90,8 @@ impl Decoder {
             trailers: Vec::new(),
             extension_line: 0,
             extension_total: 0,
+            limit: u64::MAX,
+            declared: 0,
         }
     }
 
@@ -94,6 +102,17 @@ impl Decoder {
             trailers: Vec::new(),
             extension_line: 0,
             extension_total: 0,
+            limit: u64::MAX,
+            declared: 0,
+        }
+    }
+
+    /// A chunked body whose data may not pass `limit` bytes: refused on the size
+    /// line that would cross it, before any of that chunk is relayed.
+    pub fn chunked_within(limit: u64) -> Decoder {
+        Decoder {
+            limit,
+            ..Decoder::chunked()
         }
     }
 
@@ -104,6 +123,8 @@ impl Decoder {
             trailers: Vec::new(),
             extension_line: 0,
             extension_total: 0,
+            limit: u64::MAX,
+            declared: 0,
         }
     }
 
@@ -205,6 +226,10 @@ impl Decoder {
                     }
                 },
                 Chunk::SizeLf if b == b'\n' => {
+                    self.declared = self.declared.saturating_add(self.remaining);
+                    if self.declared > self.limit {
+                        return Err(BodyError::TooLarge);
+                    }
                     if self.remaining == 0 {
                         Chunk::TrailerStart
                     } else {
@@ -591,6 +616,21 @@ mod tests {
         assert_eq!(
             decode_all(&mut Decoder::chunked(), over.as_bytes()),
             Err(BodyError::BadChunk)
+        );
+    }
+
+    #[test]
+    fn a_chunked_body_past_its_limit_is_refused_on_the_size_line() {
+        let mut d = Decoder::chunked_within(10);
+        assert_eq!(
+            decode_all(&mut d, b"5\r\nhello\r\n5\r\nworld\r\n0\r\n\r\n"),
+            Ok(())
+        );
+        assert!(d.is_done());
+        let mut d = Decoder::chunked_within(10);
+        assert_eq!(
+            decode_all(&mut d, b"5\r\nhello\r\n6\r\n"),
+            Err(BodyError::TooLarge)
         );
     }
 }

@@ -9,6 +9,7 @@
 //! or a buffer is full, so no edge is lost. Which pool, which server, the tokens and
 //! the timers stay with the caller.
 
+use super::body::BodyError;
 use super::connect::{connect_failure, UpstreamSocket};
 use super::exchange::{Action, Event, Exchange};
 use super::response_head::ResponseContext;
@@ -147,7 +148,15 @@ impl Session {
     /// request, or no room yet). Call [`Session::pump`] afterwards. A badly framed
     /// body is `Err(Step::Respond(400))`; close both connections after it.
     pub fn feed_client_body(&mut self, input: &[u8]) -> Result<usize, Step> {
-        self.request.feed(input).map_err(|_| Step::Respond(400))
+        self.request.feed(input).map_err(|e| match e {
+            BodyError::TooLarge => Step::Respond(413),
+            _ => Step::Respond(400),
+        })
+    }
+
+    /// The client's chunked body may carry at most `limit` bytes (`max_body_bytes`).
+    pub fn limit_client_body(&mut self, limit: u64) {
+        self.request.limit_body(limit);
     }
 
     /// The upstream connection is established: the moment to answer a client's

@@ -116,6 +116,18 @@ impl RequestStream {
     pub fn capacity(&self) -> usize {
         self.capacity
     }
+
+    /// A chunked body may carry at most `limit` bytes of data (`max_body_bytes`; a
+    /// declared length is checked before the exchange starts).
+    pub fn limit_body(&mut self, limit: u64) {
+        if self.framing == Framing::Chunked {
+            self.relay = Relay::new(
+                Decoder::chunked_within(limit),
+                Encoder::Chunked,
+                self.capacity,
+            );
+        }
+    }
 }
 
 fn relay_for(framing: Framing, capacity: usize) -> Relay {

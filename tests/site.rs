@@ -1066,3 +1066,61 @@ fn the_fallback_answer_is_byte_exact() {
     );
     assert_eq!(r.body, app);
 }
+
+#[test]
+fn a_refused_address_gets_a_byte_exact_403_with_the_server_headers() {
+    let d = TestDaemon::builder()
+        .server(r#"headers: [("X-Content-Type-Options", "nosniff")],"#)
+        .routes(
+            r#"(prefix: "/admin/", handler: Static(root: "www", fallback: Some("/admin/index.html")), allow: ["10.0.0.0/8"]),
+            (prefix: "/", handler: Static(root: "www", index: ["index.html"])),"#,
+        )
+        .file("admin/index.html", b"admin app")
+        .start();
+    let body = builtin("403 Forbidden");
+    // Neither the file nor the fallback: the rule comes first.
+    for path in ["/admin/index.html", "/admin/deep/link"] {
+        let r = get(&d, path);
+        assert_eq!(
+            head_of(&r),
+            format!(
+                "HTTP/1.1 403 Forbidden\r\nServer: forkd\r\nDate: DATE\r\nContent-Type: text/html\r\nContent-Length: {}\r\nX-Content-Type-Options: nosniff\r\n\r\n",
+                body.len()
+            ),
+            "{path}"
+        );
+        assert_eq!(r.body_str(), body, "{path}");
+    }
+}
+
+#[test]
+fn q_values_and_identity_q0_choose_the_representation() {
+    let page = text(5000);
+    let gz = gzip_with_python(&page);
+    let d = TestDaemon::builder()
+        .routes(
+            r#"(prefix: "/p/", handler: Static(root: "www", precompressed: true)),
+            (prefix: "/", handler: Static(root: "www", compress: Some((min_size: "1KiB", level: 5)))),"#,
+        )
+        .file("p/page.txt", &page)
+        .file("p/page.txt.gz", &gz)
+        .file("page.txt", &page)
+        .start();
+    for path in ["/p/page.txt", "/page.txt"] {
+        // identity refused: the gzip representation, whatever its q.
+        let r = with_encoding(&d, path, "identity;q=0, gzip;q=0.1");
+        assert_eq!(r.header("Content-Encoding"), Some("gzip"), "{path}");
+        assert_eq!(gunzip(&r.body), page, "{path}");
+        // gzip at q=0 is refused even with `*` allowing everything else.
+        let r = with_encoding(&d, path, "gzip;q=0, *;q=1");
+        assert_eq!(
+            (r.header("Content-Encoding"), r.body.as_slice()),
+            (None, page.as_slice()),
+            "{path}"
+        );
+        // Identity preferred by q: the file itself.
+        let r = with_encoding(&d, path, "gzip;q=0.2, identity;q=0.9");
+        assert_eq!(r.header("Content-Encoding"), None, "{path}");
+        assert_eq!(r.header("Vary"), Some("Accept-Encoding"), "{path}");
+    }
+}

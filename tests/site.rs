@@ -776,3 +776,351 @@ fn bad_compress_settings_are_refused_by_t() {
         assert!(err.contains(message), "{compress}: {err}");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// 8. the issue's Tests items not covered above: byte-exact heads of the negotiated
+// representations, real gzip decoded by curl and Python, ranges of an encoded body,
+// the representation's validator across a change of `level`.
+
+/// `data` gzip-compressed by Python's `gzip` (as a deploy step would write `X.gz`).
+fn gzip_with_python(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, gzip; sys.stdout.buffer.write(gzip.compress(sys.stdin.buffer.read(), 9, mtime=0))",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    child.stdin.take().unwrap().write_all(data).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "python gzip failed");
+    out.stdout
+}
+
+/// `secs` since the epoch as an IMF-fixdate (RFC 9110 §5.6.7), as `Last-Modified`
+/// carries it.
+fn http_date(secs: i64) -> String {
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let weekday = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][days.rem_euclid(7) as usize];
+    let months = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    format!(
+        "{weekday}, {day:02} {} {year} {:02}:{:02}:{:02} GMT",
+        months[(month - 1) as usize],
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// Starts the daemon with the site files `names` an hour old (set before anything
+/// can have cached them): a `Last-Modified` in the second of the response would be
+/// masked with the `Date`.
+fn start_aged(builder: Builder, names: &[&str]) -> TestDaemon {
+    let mut d = builder.prepare();
+    let then = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    for name in names {
+        let f = std::fs::File::options()
+            .write(true)
+            .open(d.www().join(name))
+            .unwrap();
+        f.set_modified(then).unwrap();
+    }
+    let cmd = d.command();
+    let pid = d.spawn(cmd);
+    d.wait_serving(pid);
+    d
+}
+
+/// What `curl --compressed` (which asks for and decodes what curl supports) saves.
+fn curl_compressed(d: &TestDaemon, path: &str) -> Vec<u8> {
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sf",
+            "--compressed",
+            &format!("http://127.0.0.1:{}{path}", d.port),
+        ])
+        .output()
+        .expect("curl");
+    assert!(out.status.success(), "curl --compressed {path}");
+    out.stdout
+}
+
+#[test]
+fn precompressed_gzip_is_byte_exact_and_decoded_by_curl_and_python() {
+    let css = text(20_000);
+    let gz = gzip_with_python(&css);
+    let d = TestDaemon::builder()
+        .routes(
+            r#"(prefix: "/", handler: Static(root: "www", precompressed: true),
+             headers: [("Cache-Control", "max-age=60")]),"#,
+        )
+        .file("site.css", &css)
+        .file("site.css.gz", &gz);
+    let d = start_aged(d, &["site.css", "site.css.gz"]);
+    let meta = |name: &str| std::fs::metadata(d.www().join(name)).unwrap();
+    let mtime = |name: &str| {
+        use std::os::unix::fs::MetadataExt;
+        meta(name).mtime()
+    };
+    let last_modified = |name: &str| http_date(mtime(name));
+    let gz_tag = format!("\"{:x}-{:x}-gzip\"", mtime("site.css.gz"), gz.len());
+    let r = with_encoding(&d, "/site.css", "gzip");
+    assert_eq!(
+        head_of(&r),
+        format!(
+            "HTTP/1.1 200 OK\r\nServer: forkd\r\nDate: DATE\r\nContent-Type: text/css; charset=utf-8\r\nContent-Encoding: gzip\r\nLast-Modified: {}\r\nETag: {gz_tag}\r\nAccept-Ranges: bytes\r\nVary: Accept-Encoding\r\nContent-Length: {}\r\nCache-Control: max-age=60\r\n\r\n",
+            last_modified("site.css.gz"),
+            gz.len()
+        )
+    );
+    assert_eq!(r.body, gz, "the file beside it, as it is");
+    assert_eq!(gunzip(&r.body), css, "Python's gzip decodes it");
+    assert_eq!(curl_compressed(&d, "/site.css"), css, "curl --compressed");
+    // The identity representation: its own validators, Vary all the same.
+    let r = get(&d, "/site.css");
+    assert_eq!(
+        head_of(&r),
+        format!(
+            "HTTP/1.1 200 OK\r\nServer: forkd\r\nDate: DATE\r\nContent-Type: text/css; charset=utf-8\r\nLast-Modified: {}\r\nETag: \"{:x}-{:x}\"\r\nAccept-Ranges: bytes\r\nVary: Accept-Encoding\r\nContent-Length: {}\r\nCache-Control: max-age=60\r\n\r\n",
+            last_modified("site.css"),
+            mtime("site.css"),
+            css.len(),
+            css.len()
+        )
+    );
+    assert_eq!(r.body, css);
+    // 304 for the gzip representation's tag: the fields a 200 would carry that a
+    // cache needs (RFC 9110 §15.4.5), route headers included.
+    let r = send_raw(
+        &d,
+        &format!("GET /site.css HTTP/1.1\r\nHost: localhost\r\nAccept-Encoding: gzip\r\nIf-None-Match: {gz_tag}\r\n\r\n"),
+    );
+    assert_eq!(
+        head_of(&r),
+        format!(
+            "HTTP/1.1 304 Not Modified\r\nServer: forkd\r\nDate: DATE\r\nLast-Modified: {}\r\nETag: {gz_tag}\r\nVary: Accept-Encoding\r\nCache-Control: max-age=60\r\n\r\n",
+            last_modified("site.css.gz")
+        )
+    );
+}
+
+#[test]
+fn compress_is_byte_exact_and_multipart_ranges_are_of_the_gzip_body() {
+    let page = text(30_000);
+    let d = TestDaemon::builder()
+        .routes(
+            r#"(prefix: "/", handler: Static(root: "www", compress: Some((min_size: "1KiB", level: 5)))),"#,
+        )
+        .file("page.txt", &page);
+    let d = start_aged(d, &["page.txt"]);
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(d.www().join("page.txt")).unwrap();
+    let last_modified = http_date(meta.mtime());
+    let tag = format!("\"{:x}-{:x}-gzip", meta.mtime(), page.len());
+    let r = with_encoding(&d, "/page.txt", "gzip");
+    let etag = r.header("ETag").unwrap().to_string();
+    assert!(
+        etag.starts_with(&tag),
+        "{etag}: the file's validator, marked"
+    );
+    assert_eq!(
+        head_of(&r),
+        format!(
+            "HTTP/1.1 200 OK\r\nServer: forkd\r\nDate: DATE\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Encoding: gzip\r\nLast-Modified: {last_modified}\r\nETag: {etag}\r\nAccept-Ranges: bytes\r\nVary: Accept-Encoding\r\nContent-Length: {}\r\n\r\n",
+            r.body.len()
+        )
+    );
+    let body = r.body.clone();
+    assert_eq!(gunzip(&body), page);
+    assert_eq!(curl_compressed(&d, "/page.txt"), page, "curl --compressed");
+    // Two ranges of the gzip body, parsed back by Python's email parser.
+    let size = body.len();
+    let r = send(
+        &d,
+        "GET /page.txt HTTP/1.1\r\nHost: localhost\r\nAccept-Encoding: gzip\r\nRange: bytes=0-99,-50\r\n\r\n",
+    );
+    assert_eq!(r.status, 206, "{}", r.head);
+    let ctype = r.header("Content-Type").unwrap().to_string();
+    let boundary = ctype
+        .strip_prefix("multipart/byteranges; boundary=")
+        .expect("multipart");
+    assert_eq!(
+        head_of(&r),
+        format!(
+            "HTTP/1.1 206 Partial Content\r\nServer: forkd\r\nDate: DATE\r\nContent-Type: multipart/byteranges; boundary={boundary}\r\nLast-Modified: {last_modified}\r\nETag: {etag}\r\nAccept-Ranges: bytes\r\nContent-Encoding: gzip\r\nVary: Accept-Encoding\r\nContent-Length: {}\r\n\r\n",
+            r.body.len()
+        )
+    );
+    let parts = parse_multipart(&r);
+    assert_eq!(parts.len(), 2);
+    for ((t, cr, bytes), (s, e)) in parts.iter().zip([(0, 99), (size - 50, size - 1)]) {
+        assert_eq!(t, "text/plain; charset=utf-8");
+        assert_eq!(cr, &format!("bytes {s}-{e}/{size}"));
+        assert_eq!(bytes.as_slice(), &body[s..=e]);
+    }
+}
+
+#[test]
+fn a_range_past_the_end_of_a_negotiated_file_says_vary() {
+    // The size in `Content-Range: bytes */N` is that of the representation the
+    // Accept-Encoding chose, so a 416 varies on it like the 200 does.
+    let page = text(30_000);
+    let d = TestDaemon::builder()
+        .routes(
+            r#"(prefix: "/", handler: Static(root: "www", compress: Some((min_size: "1KiB", level: 5)))),"#,
+        )
+        .file("page.txt", &page)
+        .start();
+    let gz_len = with_encoding(&d, "/page.txt", "gzip").body.len();
+    let body = builtin("416 Range Not Satisfiable");
+    for (accept, size) in [("gzip", gz_len), ("identity", page.len())] {
+        let r = send(
+            &d,
+            &format!("GET /page.txt HTTP/1.1\r\nHost: localhost\r\nAccept-Encoding: {accept}\r\nRange: bytes=900000-\r\n\r\n"),
+        );
+        assert_eq!(
+            head_of(&r),
+            format!(
+                "HTTP/1.1 416 Range Not Satisfiable\r\nServer: forkd\r\nDate: DATE\r\nContent-Type: text/html\r\nContent-Length: {}\r\nContent-Range: bytes */{size}\r\nVary: Accept-Encoding\r\n\r\n",
+                body.len()
+            ),
+            "{accept}"
+        );
+    }
+}
+
+#[test]
+fn another_compression_level_is_another_etag() {
+    // A strong ETag names exact bytes: after a reload to another `level` the gzip
+    // body differs, so a client resuming with If-Range and the old tag must get the
+    // whole new body, not a tail of different bytes spliced onto its copy.
+    let page = text(64 * 1024);
+    let route = |level: u32| {
+        format!(
+            r#"(prefix: "/", handler: Static(root: "www", compress: Some((min_size: "1KiB", level: {level})))),"#
+        )
+    };
+    let mut d = TestDaemon::builder()
+        .routes(&route(1))
+        .file("page.txt", &page)
+        .start();
+    let before = with_encoding(&d, "/page.txt", "gzip");
+    let old_tag = before.header("ETag").unwrap().to_string();
+    let builder = std::mem::replace(&mut d.builder, TestDaemon::builder());
+    d.builder = builder.routes(&route(9));
+    // Synchronous: it returns once every worker serves the new configuration.
+    let (code, _, err) = d.reload();
+    assert_eq!(code, 0, "{err}");
+    let after = with_encoding(&d, "/page.txt", "gzip");
+    assert_ne!(
+        after.body, before.body,
+        "level 9 writes other bytes than level 1"
+    );
+    assert_eq!(gunzip(&after.body), page);
+    assert_ne!(after.header("ETag"), Some(&*old_tag));
+    let r = send(
+        &d,
+        &format!("GET /page.txt HTTP/1.1\r\nHost: localhost\r\nAccept-Encoding: gzip\r\nRange: bytes=100-\r\nIf-Range: {old_tag}\r\n\r\n"),
+    );
+    assert_eq!(r.status, 200, "{}", r.head);
+    assert_eq!(r.body, after.body);
+}
+
+#[test]
+fn the_fallback_answer_is_byte_exact() {
+    let app = b"<!doctype html><div id=app></div>\n";
+    let d = TestDaemon::builder()
+        .routes(
+            r#"(prefix: "/", handler: Static(root: "www", index: ["index.html"], fallback: Some("/index.html"))),"#,
+        )
+        .file("index.html", app);
+    let d = start_aged(d, &["index.html"]);
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(d.www().join("index.html")).unwrap();
+    let r = get(&d, "/users/42?tab=1");
+    assert_eq!(
+        head_of(&r),
+        format!(
+            "HTTP/1.1 200 OK\r\nServer: forkd\r\nDate: DATE\r\nContent-Type: text/html; charset=utf-8\r\nLast-Modified: {}\r\nETag: \"{:x}-{:x}\"\r\nAccept-Ranges: bytes\r\nContent-Length: {}\r\n\r\n",
+            http_date(meta.mtime()),
+            meta.mtime(),
+            app.len(),
+            app.len()
+        )
+    );
+    assert_eq!(r.body, app);
+}
+
+#[test]
+fn a_refused_address_gets_a_byte_exact_403_with_the_server_headers() {
+    let d = TestDaemon::builder()
+        .server(r#"headers: [("X-Content-Type-Options", "nosniff")],"#)
+        .routes(
+            r#"(prefix: "/admin/", handler: Static(root: "www", fallback: Some("/admin/index.html")), allow: ["10.0.0.0/8"]),
+            (prefix: "/", handler: Static(root: "www", index: ["index.html"])),"#,
+        )
+        .file("admin/index.html", b"admin app")
+        .start();
+    let body = builtin("403 Forbidden");
+    // Neither the file nor the fallback: the rule comes first.
+    for path in ["/admin/index.html", "/admin/deep/link"] {
+        let r = get(&d, path);
+        assert_eq!(
+            head_of(&r),
+            format!(
+                "HTTP/1.1 403 Forbidden\r\nServer: forkd\r\nDate: DATE\r\nContent-Type: text/html\r\nContent-Length: {}\r\nX-Content-Type-Options: nosniff\r\n\r\n",
+                body.len()
+            ),
+            "{path}"
+        );
+        assert_eq!(r.body_str(), body, "{path}");
+    }
+}
+
+#[test]
+fn q_values_and_identity_q0_choose_the_representation() {
+    let page = text(5000);
+    let gz = gzip_with_python(&page);
+    let d = TestDaemon::builder()
+        .routes(
+            r#"(prefix: "/p/", handler: Static(root: "www", precompressed: true)),
+            (prefix: "/", handler: Static(root: "www", compress: Some((min_size: "1KiB", level: 5)))),"#,
+        )
+        .file("p/page.txt", &page)
+        .file("p/page.txt.gz", &gz)
+        .file("page.txt", &page)
+        .start();
+    for path in ["/p/page.txt", "/page.txt"] {
+        // identity refused: the gzip representation, whatever its q.
+        let r = with_encoding(&d, path, "identity;q=0, gzip;q=0.1");
+        assert_eq!(r.header("Content-Encoding"), Some("gzip"), "{path}");
+        assert_eq!(gunzip(&r.body), page, "{path}");
+        // gzip at q=0 is refused even with `*` allowing everything else.
+        let r = with_encoding(&d, path, "gzip;q=0, *;q=1");
+        assert_eq!(
+            (r.header("Content-Encoding"), r.body.as_slice()),
+            (None, page.as_slice()),
+            "{path}"
+        );
+        // Identity preferred by q: the file itself.
+        let r = with_encoding(&d, path, "gzip;q=0.2, identity;q=0.9");
+        assert_eq!(r.header("Content-Encoding"), None, "{path}");
+        assert_eq!(r.header("Vary"), Some("Accept-Encoding"), "{path}");
+    }
+}

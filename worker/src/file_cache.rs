@@ -110,9 +110,15 @@ impl CachedFile {
     }
 
     /// A representation of `source` held only in memory (`body`, compressed with
-    /// `encoding`), for the compressed-responses cache.
-    pub fn encoded(source: &CachedFile, body: Vec<u8>, encoding: &str) -> io::Result<CachedFile> {
-        let etag = format!("\"{:x}-{:x}-{encoding}\"", source.mtime, source.size)
+    /// `encoding`), for the compressed-responses cache; `tag` (the encoding and what
+    /// else decides the bytes) marks its ETag.
+    pub fn encoded(
+        source: &CachedFile,
+        body: Vec<u8>,
+        encoding: &str,
+        tag: &str,
+    ) -> io::Result<CachedFile> {
+        let etag = format!("\"{:x}-{:x}-{tag}\"", source.mtime, source.size)
             .into_bytes()
             .into_boxed_slice();
         Ok(CachedFile {
@@ -364,7 +370,8 @@ mod tests {
         let p = temp_file("c.txt", b"cccc");
         let src = open(&p, 1);
         let mut cache = FileCache::default();
-        let body = |n: usize| Rc::new(CachedFile::encoded(&src, vec![0; n], "gzip").unwrap());
+        let body =
+            |n: usize| Rc::new(CachedFile::encoded(&src, vec![0; n], "gzip", "gzip5").unwrap());
         cache.insert_compressed(0, b"/a", &src, body(40), 100);
         cache.insert_compressed(0, b"/b", &src, body(40), 100);
         assert!(cache.compressed(0, b"/a", &src).is_some()); // /b is now the oldest

@@ -122,7 +122,10 @@ fn compressed(
     );
     io::Write::write_all(&mut gz, bytes).ok()?;
     let body = gz.finish().ok()?;
-    let made = Rc::new(CachedFile::encoded(file, body, "gzip").ok()?);
+    // The level is in the ETag: a strong validator names exact bytes, and another
+    // level (after a reload) writes other bytes for the same file.
+    let tag = format!("gzip{level}");
+    let made = Rc::new(CachedFile::encoded(file, body, "gzip", &tag).ok()?);
     cache.insert_compressed(route.id, path, file, made.clone(), route.compress_cache);
     Some(made)
 }

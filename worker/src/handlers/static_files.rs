@@ -312,10 +312,14 @@ fn send(
         RangeSet::Unsatisfiable => {
             let mut content_range = b"bytes */".to_vec();
             response::push_decimal(&mut content_range, file.size);
-            return reply.error(
-                Status::RANGE_NOT_SATISFIABLE,
-                &[("Content-Range", &content_range)],
-            );
+            // The size is the chosen representation's: the 416 varies as the 200 does.
+            let content_range = ("Content-Range", &content_range[..]);
+            let extra: &[(&str, &[u8])] = if vary.is_empty() {
+                &[content_range]
+            } else {
+                &[content_range, ("Vary", b"Accept-Encoding")]
+            };
+            return reply.error(Status::RANGE_NOT_SATISFIABLE, extra);
         }
     };
     let out = reply.out.bytes();

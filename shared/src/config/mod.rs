@@ -21,7 +21,7 @@ mod validate;
 
 pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
 pub use raw::{AcceptMode, LogLevel};
-pub use upstream::{Upstream, UpstreamAddress, UpstreamServer};
+pub use upstream::{HealthCheck, Upstream, UpstreamAddress, UpstreamServer};
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;

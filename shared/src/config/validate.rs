@@ -265,6 +265,17 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                             field(&name, "servers"),
                             format!("cannot resolve `{addr}`: {why}"),
                         ),
+                        UpstreamProblem::Check(what, why) => {
+                            let block = match what {
+                                "resolve_every" => key,
+                                _ => find_after(text, key, "health_check"),
+                            };
+                            let path = match what {
+                                "resolve_every" => what.to_string(),
+                                _ => format!("health_check.{what}"),
+                            };
+                            check.error_at(find_after(text, block, what), field(&name, &path), why)
+                        }
                     }
                 }
                 // Keeps later indices right, so routes to it are not reported as unknown.
@@ -278,6 +289,8 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                     send_timeout: std::time::Duration::ZERO,
                     read_timeout: std::time::Duration::ZERO,
                     retries: 0,
+                    health_check: None,
+                    resolve_every: std::time::Duration::ZERO,
                 });
             }
         }

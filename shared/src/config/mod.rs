@@ -21,7 +21,9 @@ mod validate;
 
 pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
 pub use raw::{AcceptMode, LogLevel};
-pub use upstream::{HealthCheck, Upstream, UpstreamAddress, UpstreamServer};
+pub use upstream::{
+    resolve_name, HealthCheck, Upstream, UpstreamAddress, UpstreamServer, MAX_RESOLVED,
+};
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;

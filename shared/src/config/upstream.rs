@@ -199,7 +199,10 @@ fn validate_check(raw: RawHealthCheck) -> Result<HealthCheck, Vec<UpstreamProble
     }
     if let Some(host) = &raw.host {
         if host.is_empty() || host.bytes().any(|b| b <= b' ' || b == 0x7f) {
-            bad("host", "must be a non-empty name without spaces or control characters");
+            bad(
+                "host",
+                "must be a non-empty name without spaces or control characters",
+            );
         }
     }
     if raw.interval.0 < Duration::from_millis(10) {

@@ -416,6 +416,7 @@ impl Report {
             t[BYTES_OUT]
         );
         super::upstream_values::table(&mut o, &self.upstreams);
+        super::upstream_values::health_table(&mut o, &self.upstreams);
         o
     }
 

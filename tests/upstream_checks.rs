@@ -261,6 +261,11 @@ fn a_name_whose_address_changes_is_followed_without_reload_and_a_failure_keeps_t
     let (d, hosts) = start_with_hosts(builder, "127.0.0.1 localhost\n127.0.0.1 app.forkd.test\n");
     let served = bodies(&d, 10);
     assert!(served.iter().all(|s| s == "a\n"), "{served:?}");
+    assert!(
+        a.connections() < 10,
+        "the proxy pools its connections to a ({} for 10 requests)",
+        a.connections()
+    );
     let h = health(&d, &name).expect("the name's addresses are published");
     assert_eq!(
         h["addresses"],

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ struct State {
     check_paths: Mutex<Vec<String>>,
     health: AtomicU16,
     hits: Mutex<HashMap<String, u64>>,
+    connections: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -39,6 +40,7 @@ impl CheckedUpstream {
             check_paths: Mutex::new(vec!["/healthz".into(), "/ready2".into()]),
             health: AtomicU16::new(200),
             hits: Mutex::new(HashMap::new()),
+            connections: AtomicU64::new(0),
             stop: AtomicBool::new(false),
         });
         let s = state.clone();
@@ -48,6 +50,7 @@ impl CheckedUpstream {
                     return;
                 }
                 let Ok(conn) = conn else { continue };
+                s.connections.fetch_add(1, Ordering::Relaxed);
                 let s = s.clone();
                 std::thread::spawn(move || serve(conn, &s));
             }
@@ -64,6 +67,11 @@ impl CheckedUpstream {
     pub fn hits(&self, path: &str) -> u64 {
         let hits = self.state.hits.lock().unwrap();
         hits.get(path).copied().unwrap_or(0)
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.state.connections.load(Ordering::Relaxed)
     }
 
     /// Requests for anything but the check paths so far (client requests).

@@ -115,6 +115,17 @@ fn a_server_whose_check_fails_gets_no_client_request_until_rise_checks_pass() {
         "{}",
         d.error_log()
     );
+    let table = Command::new(BIN)
+        .args(["stats", "--shm"])
+        .arg(d.shm())
+        .output()
+        .expect("run forkd stats");
+    let table = String::from_utf8_lossy(&table.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("app") && l.contains(&lb) && l.contains("down"))
+        .unwrap_or_else(|| panic!("no checks row saying {lb} is down in:\n{table}"));
+    assert!(row.contains("500"), "the last status is shown: {row}");
 
     b.set_health(200);
     assert!(

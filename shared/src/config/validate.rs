@@ -926,6 +926,62 @@ mod tests {
     }
 
     #[test]
+    fn a_health_check_takes_documented_defaults_and_is_checked_where_written() {
+        let d = site();
+        let text = PROXY.replace(
+            "read_timeout: \"5s\",",
+            "read_timeout: \"5s\",\n            health_check: Some((path: \"/healthz\")),",
+        );
+        let c = parse(&d.0, &text).unwrap();
+        let u = &c.upstreams[0];
+        let check = u.health_check.as_ref().expect("a check");
+        assert_eq!(check.path, "/healthz");
+        assert_eq!(check.host, None);
+        assert_eq!(check.interval, std::time::Duration::from_secs(2));
+        assert_eq!(check.timeout, std::time::Duration::from_secs(1));
+        assert_eq!((check.rise, check.fall), (2, 3));
+        assert_eq!(check.expect_status, (200, 399));
+        assert_eq!(u.resolve_every, std::time::Duration::from_secs(30));
+        assert_eq!(u.servers[0].resolved, ["127.0.0.1:9000".parse().unwrap()]);
+        assert!(u.servers[0].name.is_none());
+
+        let text = PROXY.replace(
+            "read_timeout: \"5s\",",
+            "read_timeout: \"5s\",\n            resolve_every: \"10ms\",\n            health_check: Some((path: \"/h\", interval: \"1s\", timeout: \"2s\", fall: 0)),",
+        );
+        let err = parse(&d.0, &text).unwrap_err();
+        assert!(
+            err.contains("forkd.ron:7:13: upstreams.\"app\".resolve_every: must be at least 1s"),
+            "{err}"
+        );
+        assert!(
+            err.contains("forkd.ron:8:61: upstreams.\"app\".health_check.timeout: must be more than 0 and at most `interval`"),
+            "{err}"
+        );
+        assert!(
+            err.contains("forkd.ron:8:76: upstreams.\"app\".health_check.fall: must be at least 1"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_name_is_one_server_with_every_address_it_resolves_to() {
+        let d = site();
+        let text = PROXY.replace("\"127.0.0.1:9000\"", "\"localhost:9000\"");
+        let c = parse(&d.0, &text).unwrap();
+        let s = &c.upstreams[0].servers[0];
+        assert_eq!(s.label, "localhost:9000");
+        assert_eq!(s.name, Some(("localhost".to_string(), 9000)));
+        assert!(!s.resolved.is_empty());
+        assert_eq!(s.addr, super::super::UpstreamAddress::Tcp(s.resolved[0]));
+        assert_eq!(
+            c.upstreams[0].servers.len(),
+            2,
+            "the name and the unix socket"
+        );
+    }
+
+    #[test]
     fn unreadable_file_is_an_error() {
         let err = Config::load(Path::new("/nonexistent/forkd.ron")).unwrap_err();
         assert!(matches!(err.0[0].kind, ConfigErrorKind::Read(_)));

@@ -147,6 +147,27 @@ fn a_server_whose_check_fails_gets_no_client_request_until_rise_checks_pass() {
 }
 
 #[test]
+fn with_every_server_down_by_its_checks_a_request_is_a_503_and_reaches_none() {
+    let a = CheckedUpstream::start("a", "127.0.0.1");
+    let la = a.addr.to_string();
+    let d = TestDaemon::builder()
+        .top(&upstreams(std::slice::from_ref(&la), &check("/healthz")))
+        .routes(ROUTES)
+        .start();
+    a.set_health(503);
+    assert!(
+        wait_until(SETTLE, || verdict(&d, &la) == "down"),
+        "{:?}",
+        health(&d, &la)
+    );
+    for i in 0..5 {
+        let r = d.get(&format!("/api/x{i}"));
+        assert_eq!(r.status, 503, "{}", r.head);
+    }
+    assert_eq!(a.client_requests(), 0);
+}
+
+#[test]
 fn one_worker_runs_the_checks_and_another_takes_over_when_it_is_killed() {
     let a = CheckedUpstream::start("a", "127.0.0.1");
     let la = a.addr.to_string();

@@ -52,6 +52,9 @@ pub struct Checks {
     area: &'static HealthArea,
     shared: Arc<Shared>,
     started: bool,
+    /// Draining: the threads were told to stop, and a later adoption must not
+    /// restart them.
+    stopped: bool,
     /// `slots[upstream][server]`: None when the server has no region cell.
     slots: Vec<Vec<Option<Slot>>>,
     /// Per upstream: it has a `health_check` (a verdict counts only then).
@@ -66,6 +69,7 @@ impl Checks {
             area,
             shared: Shared::new(),
             started: false,
+            stopped: false,
             slots: Vec::new(),
             checked: Vec::new(),
             names: Vec::new(),
@@ -127,6 +131,9 @@ impl Checks {
             self.slots.push(slots);
             self.names.push(names);
         }
+        if self.stopped {
+            return;
+        }
         self.shared.set(plan);
         if self.started {
             return;
@@ -147,7 +154,8 @@ impl Checks {
     }
 
     /// Draining: the threads give the lease up and end.
-    pub fn stop(&self) {
+    pub fn stop(&mut self) {
+        self.stopped = true;
         self.shared.stop();
     }
 

@@ -486,7 +486,10 @@ impl EventLoop {
             self.declined = published;
             return;
         }
-        let config = match Config::parse(std::path::Path::new(&snapshot.path), &snapshot.text) {
+        // Names the worker knows keep its addresses: no `getaddrinfo` on the event
+        // loop for them (the checks' owner re-resolves them on its resolver thread).
+        let path = std::path::Path::new(&snapshot.path);
+        let config = match Config::parse_like(path, &snapshot.text, &self.svc.config) {
             Ok(mut c) => {
                 c.resolve_like(&self.svc.config);
                 c

@@ -98,6 +98,7 @@ pub(super) enum UpstreamProblem {
 pub(super) fn validate_upstream(
     name: &str,
     raw: RawUpstream,
+    resolve: &super::Resolver<'_>,
 ) -> Result<Upstream, Vec<UpstreamProblem>> {
     let mut problems = Vec::new();
     if raw.servers.is_empty() {
@@ -123,7 +124,7 @@ pub(super) fn validate_upstream(
             }),
             UpstreamAddr::Name(host, port) => {
                 let label = format!("{host}:{port}");
-                match resolve_name(&host, port) {
+                match resolve(&host, port) {
                     Ok(resolved) => servers.push(UpstreamServer {
                         addr: UpstreamAddress::Tcp(resolved[0]),
                         label,

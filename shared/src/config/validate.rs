@@ -155,7 +155,12 @@ fn page_type(path: &Path) -> &'static str {
     }
 }
 
-pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
+pub(super) fn validate(
+    file: &Path,
+    text: &str,
+    raw: RawConfig,
+    resolve_names: &super::Resolver<'_>,
+) -> Result<Config, ConfigErrors> {
     let base = file.parent().unwrap_or(Path::new("/")).to_path_buf();
     let mut check = Checker {
         file,
@@ -245,7 +250,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
     for (name, u) in raw.upstreams.0 {
         let key = key_offset(text, &name).unwrap_or(0);
         let field = |name: &str, key: &str| format!("upstreams.\"{name}\".{key}");
-        match validate_upstream(&name, u) {
+        match validate_upstream(&name, u, resolve_names) {
             Ok(u) => upstreams.push(u),
             Err(problems) => {
                 for p in problems {
@@ -978,6 +983,33 @@ mod tests {
             c.upstreams[0].servers.len(),
             2,
             "the name and the unix socket"
+        );
+    }
+
+    #[test]
+    fn a_worker_adopting_a_reload_keeps_the_addresses_of_names_it_knows() {
+        let d = site();
+        let text = PROXY.replace("\"127.0.0.1:9000\"", "\"app.internal:9000\"");
+        let file = d.0.join("forkd.ron");
+        let fixed = |host: &str, port: u16| match host {
+            "app.internal" => Ok(vec![std::net::SocketAddr::from(([10, 0, 0, 7], port))]),
+            _ => Err("unknown".to_string()),
+        };
+        let old = Config::parse_with(&file, &text, &fixed).unwrap();
+        assert_eq!(
+            old.upstreams[0].servers[0].resolved,
+            ["10.0.0.7:9000".parse().unwrap()]
+        );
+        // The name does not resolve here, yet the worker's parse keeps what it had.
+        let again = Config::parse_like(&file, &text, &old).unwrap();
+        assert_eq!(again.upstreams[0].servers, old.upstreams[0].servers);
+        let other = text.replace("app.internal:9000", "nope.invalid:9000");
+        let err = Config::parse_with(&file, &other, &fixed)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cannot resolve `nope.invalid:9000`: unknown"),
+            "{err}"
         );
     }
 

@@ -81,6 +81,19 @@ impl Checks {
     /// adopted. Servers beyond the region's capacity are neither checked nor
     /// re-resolved (the master warns that they are not counted).
     pub fn adopt(&mut self, config: &Config, stats: &Stats) {
+        let plan = self.map(config, stats);
+        if self.stopped {
+            return;
+        }
+        self.shared.set(plan);
+        if !self.started && self.shared.has_work() {
+            self.start();
+        }
+    }
+
+    /// The mapping half of [`Checks::adopt`]: the servers' cells and names, and the
+    /// plan for the threads (not published).
+    fn map(&mut self, config: &Config, stats: &Stats) -> Plan {
         let mut plan = Plan::default();
         self.slots.clear();
         self.checked.clear();
@@ -131,16 +144,7 @@ impl Checks {
             self.slots.push(slots);
             self.names.push(names);
         }
-        if self.stopped {
-            return;
-        }
-        self.shared.set(plan);
-        if self.started {
-            return;
-        }
-        if self.shared.has_work() {
-            self.start();
-        }
+        plan
     }
 
     /// Starts the threads (once, after the worker dropped its privileges).
@@ -237,4 +241,95 @@ impl Checks {
 #[inline]
 pub fn usable(area: &HealthArea, cell: usize, key: u64) -> bool {
     area.cells.get(cell).is_none_or(|c| c.usable(key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forkd_shared::shm::health::{CheckError, Outcome};
+    use forkd_shared::shm::master::claim_free_slot;
+    use forkd_shared::shm::upstream::{config_labels, publish_labels};
+    use forkd_shared::shm::Region;
+    use std::rc::Rc;
+
+    const CONFIG: &str = r#"(
+        upstreams: {
+            "app": (servers: ["127.0.0.1:9000", "127.0.0.1:9001", "svc.test:9002"],
+                    health_check: Some((path: "/healthz", rise: 1, fall: 1))),
+            "plain": (servers: ["127.0.0.1:9100"]),
+        },
+        servers: [(listen: ["127.0.0.1:8080"], routes: [
+            (prefix: "/api/", handler: Proxy(upstream: "app")),
+        ])],
+    )"#;
+
+    /// What the event loop sees while another worker (played by the test) owns the
+    /// checks and the resolver: Down servers are masked, a published address set
+    /// is picked up once and used round robin.
+    #[test]
+    fn the_proxy_sees_the_owners_verdicts_and_addresses() {
+        let dir = std::env::temp_dir().join(format!("forkd-wchecks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let region = Rc::new(Region::create(&dir.join("forkd.shm"), 1, None).unwrap());
+        let first: std::net::SocketAddr = "10.0.0.1:9002".parse().unwrap();
+        let resolve = move |_: &str, _: u16| Ok(vec![first]);
+        let config =
+            Config::parse_with(std::path::Path::new("/tmp/forkd.ron"), CONFIG, &resolve).unwrap();
+        let l = region.layout();
+        assert!(publish_labels(l, &config_labels(&config)).is_empty());
+        let mut stats = Stats::new(region.clone(), claim_free_slot(l, 0, 1).unwrap());
+        stats.map_upstreams(&config);
+        let leaked: &'static Rc<Region> = Box::leak(Box::new(region.clone()));
+        let mut checks = Checks::new(&leaked.layout().health);
+        let plan = checks.map(&config, &stats);
+        assert_eq!(
+            plan.servers.len(),
+            3,
+            "app's servers; plain has no check or name"
+        );
+        assert!(plan.servers[2].name.is_some());
+
+        // The owner claims the cells and records a failed check of 9001.
+        for s in &plan.servers {
+            l.health.cells[s.cell].claim(s.key, &s.initial);
+        }
+        assert_eq!(checks.down_mask(0), 0);
+        let fail = Outcome {
+            status: None,
+            error: Some(CheckError::Connect),
+        };
+        l.health.cells[plan.servers[1].cell].record(fail, 1, 1, 5);
+        assert_eq!(checks.down_mask(0), 0b010);
+        assert!(!checks.usable(0, 1) && checks.usable(0, 0));
+        assert!(usable(&l.health, plan.servers[0].cell, plan.servers[0].key));
+        assert!(checks.usable(1, 0), "an upstream without checks");
+
+        // The name moves to two new addresses.
+        let configured = UpstreamAddress::Tcp(first);
+        assert_eq!(checks.refresh(0, 2), None, "the configuration's set");
+        assert_eq!(checks.address(0, 2, &configured), configured);
+        let moved: Vec<std::net::SocketAddr> = vec![
+            "10.0.0.2:9002".parse().unwrap(),
+            "10.0.0.3:9002".parse().unwrap(),
+        ];
+        l.health.cells[plan.servers[2].cell].publish_addrs(&moved);
+        assert_eq!(checks.refresh(0, 2), Some(moved.clone()));
+        assert_eq!(checks.refresh(0, 2), None, "reported once");
+        let picked: Vec<UpstreamAddress> =
+            (0..3).map(|_| checks.address(0, 2, &configured)).collect();
+        assert_eq!(
+            picked,
+            [moved[0], moved[1], moved[0]].map(UpstreamAddress::Tcp),
+            "round robin over the set"
+        );
+        // A reload keeps what the worker followed.
+        checks.map(&config, &stats);
+        assert_eq!(checks.refresh(0, 2), None);
+        let after = checks.address(0, 2, &configured);
+        assert!(
+            moved.iter().any(|a| UpstreamAddress::Tcp(*a) == after),
+            "{after:?} is not of the followed set"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -198,6 +198,20 @@ mod tests {
     }
 
     #[test]
+    fn the_check_request_names_the_host_configured_or_the_server() {
+        let mut c = check(100);
+        let req = String::from_utf8(request(&c, "10.0.0.1:9000")).unwrap();
+        assert!(
+            req.starts_with("GET /healthz HTTP/1.1\r\nHost: 10.0.0.1:9000\r\n"),
+            "{req}"
+        );
+        assert!(req.ends_with("Connection: close\r\n\r\n"), "{req}");
+        c.host = Some("app.example".into());
+        let req = String::from_utf8(request(&c, "10.0.0.1:9000")).unwrap();
+        assert!(req.contains("\r\nHost: app.example\r\n"), "{req}");
+    }
+
+    #[test]
     fn silence_is_a_timeout_garbage_a_bad_response_and_nobody_a_connect_error() {
         let c = check(100);
         let req = request(&c, "x");

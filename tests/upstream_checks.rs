@@ -31,9 +31,13 @@ fn upstreams(servers: &[String], extra: &str) -> String {
     )
 }
 
+/// The check interval (and timeout) of the tests: short, so they run quickly, and
+/// long enough that a loaded machine answers a healthy server's check in time.
+const INTERVAL_MS: u64 = 300;
+
 fn check(path: &str) -> String {
     format!(
-        r#"health_check: Some((path: "{path}", interval: "100ms", timeout: "100ms", rise: 2, fall: 2)),"#
+        r#"health_check: Some((path: "{path}", interval: "{INTERVAL_MS}ms", timeout: "{INTERVAL_MS}ms", rise: 2, fall: 2)),"#
     )
 }
 
@@ -189,16 +193,16 @@ fn one_worker_runs_the_checks_and_another_takes_over_when_it_is_killed() {
         d.workers()
     );
 
-    // One checker makes at most one check per interval (100ms); a second one doubles
+    // One checker makes at most one check per interval; a second one doubles
     // that. A loaded machine can only make fewer.
     let (h0, t0) = (a.hits("/healthz"), Instant::now());
-    std::thread::sleep(Duration::from_secs(2));
+    std::thread::sleep(Duration::from_millis(10 * INTERVAL_MS));
     let (h1, t1) = (a.hits("/healthz"), Instant::now());
-    let most = (t1 - t0).as_millis() as u64 / 100 + 2;
-    assert!(h1 > h0, "no check ran in 2s");
+    let most = (t1 - t0).as_millis() as u64 / INTERVAL_MS + 2;
+    assert!(h1 > h0, "no check ran in {:?}", t1 - t0);
     assert!(
         h1 - h0 <= most,
-        "{} checks in {:?} with a 100ms interval: more than one worker checks",
+        "{} checks in {:?} with a {INTERVAL_MS}ms interval: more than one worker checks",
         h1 - h0,
         t1 - t0
     );
@@ -256,21 +260,23 @@ fn a_reload_changes_the_check_path_in_place() {
     assert_eq!(d.workers(), workers, "the change was adopted in place");
 }
 
-/// forkd in a private mount namespace, with `hosts` bound over /etc/hosts.
+/// forkd in a private mount namespace, with `hosts` bound over /etc/hosts and an
+/// empty resolv.conf (no name server: a name not in the file fails at once, never
+/// after a DNS timeout).
 fn start_with_hosts(builder: Builder, hosts: &str) -> (TestDaemon, std::path::PathBuf) {
     let mut d = builder.prepare();
     let file = d.path("hosts");
     std::fs::write(&file, hosts).unwrap();
+    let resolv = d.path("resolv.conf");
+    std::fs::write(&resolv, "").unwrap();
+    let script = "mount --bind \"$0\" /etc/hosts && mount --bind \"$1\" /etc/resolv.conf \
+                  && exec \"$2\" -c \"$3\"";
     let mut cmd = Command::new("unshare");
-    cmd.args([
-        "-m",
-        "sh",
-        "-c",
-        "mount --bind \"$0\" /etc/hosts && exec \"$1\" -c \"$2\"",
-    ])
-    .arg(&file)
-    .arg(BIN)
-    .arg(&d.config);
+    cmd.args(["-m", "sh", "-c", script])
+        .arg(&file)
+        .arg(&resolv)
+        .arg(BIN)
+        .arg(&d.config);
     d.plumb(&mut cmd);
     let pid = d.spawn(cmd);
     d.wait_serving(pid);

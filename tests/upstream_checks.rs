@@ -114,6 +114,20 @@ fn a_server_whose_check_fails_gets_no_client_request_until_rise_checks_pass() {
     let down =
         format!("forkd_upstream_health{{upstream=\"app\",server=\"{lb}\",verdict=\"down\"}} 1");
     assert!(metrics.contains(&down), "{down} in:\n{metrics}");
+    let scrape = prometheus_parse::Scrape::parse(metrics.lines().map(|l| Ok(l.to_string())))
+        .expect("the /metrics body parses");
+    let fails = scrape
+        .samples
+        .iter()
+        .find(|s| {
+            s.metric == "forkd_upstream_check_fails_in_a_row"
+                && s.labels.get("server") == Some(lb.as_str())
+        })
+        .unwrap_or_else(|| panic!("no fails_in_a_row for {lb}:\n{metrics}"));
+    match fails.value {
+        prometheus_parse::Value::Gauge(v) => assert!(v >= 2.0, "{v}"),
+        ref other => panic!("{other:?}"),
+    }
     assert!(
         d.error_log().contains(&format!("server {lb} is down")),
         "{}",

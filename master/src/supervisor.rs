@@ -131,6 +131,12 @@ impl Supervisor {
                 self.on_signal(signal);
             }
             for (pid, how) in process::reap_children() {
+                // A worker that ran the upstream checks is gone: another takes over
+                // at its next look instead of after the heartbeat goes stale.
+                forkd_shared::shm::health::release_if_held_by(
+                    &self.region.layout().health,
+                    pid.as_raw(),
+                );
                 self.on_child_ended(pid, how);
             }
             self.publish_system_stats();

@@ -4,6 +4,7 @@
 
 use crate::access_log::AccessLogs;
 use crate::busy::BusyPool;
+use crate::checks::Checks;
 use crate::clock::Clock;
 use crate::conn::{Activity, Conn, Verdict};
 use crate::file_cache::FileCache;
@@ -133,6 +134,11 @@ impl EventLoop {
         let capacity = config.worker_connections.get();
         let registry = poll.registry().try_clone().map_err(InitError::Poll)?;
         let upstreams = Upstreams::new(registry, &config.upstreams);
+        // The worker keeps its mapping for its whole life; a `'static` view of the
+        // health area lets the checks threads read and write it.
+        let region: &'static std::rc::Rc<forkd_shared::shm::Region> =
+            Box::leak(Box::new(init.region.clone()));
+        let checks = Checks::new(&region.layout().health);
         let mut event_loop = EventLoop {
             poll,
             events: Events::with_capacity(1024),
@@ -152,6 +158,7 @@ impl EventLoop {
                 timers: Timers::default(),
                 stats: Stats::new(init.region, init.region_slot),
                 upstreams,
+                checks,
                 not_ready: false,
                 draining: false,
                 limit_log: Default::default(),
@@ -180,6 +187,8 @@ impl EventLoop {
     pub fn run(&mut self) -> i32 {
         forkd_shared::debug!("worker serving");
         self.generation = self.svc.stats.slot().generation.load(Relaxed);
+        // Here rather than in `new`: the threads start after privileges are dropped.
+        self.svc.checks.adopt(&self.svc.config, &self.svc.stats);
         self.svc.stats.serving();
         self.sample_stats();
         let code = self.serve();
@@ -421,6 +430,7 @@ impl EventLoop {
         };
         self.svc.draining = true;
         self.svc.upstreams.drain();
+        self.svc.checks.stop();
         self.svc.stats.set_state(WorkerState::Draining);
         // Idle keep-alive connections get a short grace: a client about to send its next
         // request gets an answer with `Connection: close` instead of a reset.
@@ -476,7 +486,10 @@ impl EventLoop {
             self.declined = published;
             return;
         }
-        let config = match Config::parse(std::path::Path::new(&snapshot.path), &snapshot.text) {
+        // Names the worker knows keep its addresses: no `getaddrinfo` on the event
+        // loop for them (the checks' owner re-resolves them on its resolver thread).
+        let path = std::path::Path::new(&snapshot.path);
+        let config = match Config::parse_like(path, &snapshot.text, &self.svc.config) {
             Ok(mut c) => {
                 c.resolve_like(&self.svc.config);
                 c
@@ -534,6 +547,7 @@ impl EventLoop {
         self.svc.cache = FileCache::default();
         self.svc.upstreams.reconfigure(&config.upstreams);
         self.svc.stats.map_upstreams(&config);
+        self.svc.checks.adopt(&config, &self.svc.stats);
         self.svc.logs.set_formats(&config.servers);
         self.svc.config = config;
         self.generation = published;

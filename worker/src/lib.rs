@@ -13,12 +13,15 @@
 //!   client behind trusted proxies.
 //! - `handlers`: what routes do (static files, health probes).
 //! - `proxy`: the reverse proxy's sans-io parts (heads, bodies, pools, retries).
+//! - `checks`: active health checks and name re-resolution, run by one worker for
+//!   the daemon, read by all.
 //! - [`busy`], [`file_cache`], [`out`], [`timers`], [`clock`], [`access_log`]:
 //!   the per-worker machinery those use.
 #![forbid(unsafe_code)]
 
 pub mod access_log;
 pub mod busy;
+pub mod checks;
 pub mod clock;
 pub mod conn;
 pub mod event_loop;

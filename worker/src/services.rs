@@ -70,6 +70,8 @@ pub struct Services {
     pub stats: Stats,
     /// Upstream connection pools and tokens (the reverse proxy).
     pub upstreams: Upstreams,
+    /// Active checks' verdicts and names' addresses (shared by every worker).
+    pub checks: crate::checks::Checks,
     /// Readiness answers 503 (a stop was requested).
     pub not_ready: bool,
     /// Responses carry `Connection: close`; idle connections are closed.

@@ -34,6 +34,13 @@ pub struct Stats {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CellId(u16);
 
+impl CellId {
+    /// The cell's index in the region's upstream (and health) area.
+    pub fn index(self) -> usize {
+        usize::from(self.0)
+    }
+}
+
 impl Stats {
     pub fn new(region: Rc<Region>, index: usize) -> Stats {
         Stats {

@@ -147,6 +147,22 @@ impl Upstreams {
         self.forget(key);
     }
 
+    /// Closes the idle connections of `id`'s pool connected to an address not in
+    /// `addrs` (its name resolves elsewhere now).
+    pub fn retire_not_in(&mut self, id: ServerId, addrs: &[std::net::SocketAddr]) {
+        let Some(pool) = self.pools.pool(id) else {
+            return;
+        };
+        let stale = |c: &Pooled| match &c.socket {
+            UpstreamSocket::Tcp(s) => s.peer_addr().map_or(true, |a| !addrs.contains(&a)),
+            UpstreamSocket::Unix(_) => false,
+        };
+        while let Some(conn) = pool.remove(stale) {
+            self.closing.push(conn);
+        }
+        self.close_collected();
+    }
+
     /// Closes the idle connections whose `keepalive_timeout` passed.
     pub fn expire(&mut self, now: Micros) {
         if self.pools.next_expiry().is_some_and(|at| at <= now) {

@@ -21,7 +21,12 @@ mod validate;
 
 pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
 pub use raw::{AcceptMode, LogLevel};
-pub use upstream::{Upstream, UpstreamAddress, UpstreamServer};
+/// Resolves a server name: host and port to every address, or why not.
+pub type Resolver<'a> = dyn Fn(&str, u16) -> Result<Vec<std::net::SocketAddr>, String> + 'a;
+
+pub use upstream::{
+    resolve_name, HealthCheck, Upstream, UpstreamAddress, UpstreamServer, MAX_RESOLVED,
+};
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
@@ -261,6 +266,36 @@ impl Config {
 
     /// Parses and validates `text` as if read from `file`.
     pub fn parse(file: &Path, text: &str) -> Result<Config, ConfigErrors> {
+        Config::parse_with(file, text, &upstream::resolve_name)
+    }
+
+    /// [`Config::parse`] for a worker adopting a reload: a server name `old`
+    /// has already is given `old`'s addresses (the worker running the checks
+    /// re-resolves it off the event loop), so only a name new to the worker is
+    /// resolved here.
+    pub fn parse_like(file: &Path, text: &str, old: &Config) -> Result<Config, ConfigErrors> {
+        let known = |host: &str, port: u16| {
+            old.upstreams
+                .iter()
+                .flat_map(|u| &u.servers)
+                .find(|s| {
+                    s.name
+                        .as_ref()
+                        .is_some_and(|(h, p)| h == host && *p == port)
+                })
+                .map(|s| s.resolved.clone())
+        };
+        Config::parse_with(file, text, &|host, port| {
+            known(host, port).map_or_else(|| upstream::resolve_name(host, port), Ok)
+        })
+    }
+
+    /// [`Config::parse`] with names resolved by `resolve` (host, port -> addresses).
+    pub fn parse_with(
+        file: &Path,
+        text: &str,
+        resolve: &Resolver<'_>,
+    ) -> Result<Config, ConfigErrors> {
         let raw: raw::RawConfig = ron::Options::default().from_str(text).map_err(|e| {
             ConfigErrors(vec![ConfigError {
                 file: file.to_path_buf(),
@@ -269,7 +304,7 @@ impl Config {
                 kind: ConfigErrorKind::Syntax(e.code),
             }])
         })?;
-        validate::validate(file, text, raw)
+        validate::validate(file, text, raw, resolve)
     }
 }
 

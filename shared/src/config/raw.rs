@@ -243,6 +243,37 @@ pub struct RawUpstream {
     /// Attempts beyond the first.
     #[serde(default = "default_upstream_retries")]
     pub retries: u32,
+    // -- active checks and name re-resolution (issue #12 part B) --
+    /// Active health checks, run by one worker for the whole daemon.
+    #[serde(default)]
+    pub health_check: Option<RawHealthCheck>,
+    /// How often a server given by name is resolved again (off the event loop).
+    #[serde(default = "default_upstream_resolve_every")]
+    pub resolve_every: ConfDuration,
+}
+
+/// `health_check: Some((path: "/healthz", interval: "2s", timeout: "1s", rise: 2,
+/// fall: 3, expect_status: (200, 399)))`.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealthCheck {
+    pub path: String,
+    /// The `Host` of the check request (default: the server's address as written).
+    #[serde(default)]
+    pub host: Option<String>,
+    #[serde(default = "default_check_interval")]
+    pub interval: ConfDuration,
+    #[serde(default = "default_check_timeout")]
+    pub timeout: ConfDuration,
+    /// Consecutive passes that bring a Down server back.
+    #[serde(default = "default_check_rise")]
+    pub rise: u32,
+    /// Consecutive failures that take a server Down.
+    #[serde(default = "default_check_fall")]
+    pub fall: u32,
+    /// The statuses that pass, inclusive.
+    #[serde(default = "default_check_expect_status")]
+    pub expect_status: (u16, u16),
 }
 
 /// `upstreams: { "name": (...), ... }` in file order; a name defined twice is an error
@@ -506,6 +537,24 @@ fn default_upstream_read_timeout() -> ConfDuration {
 }
 fn default_upstream_retries() -> u32 {
     1
+}
+fn default_upstream_resolve_every() -> ConfDuration {
+    ConfDuration(std::time::Duration::from_secs(30))
+}
+fn default_check_interval() -> ConfDuration {
+    ConfDuration(std::time::Duration::from_secs(2))
+}
+fn default_check_timeout() -> ConfDuration {
+    ConfDuration(std::time::Duration::from_secs(1))
+}
+fn default_check_rise() -> u32 {
+    2
+}
+fn default_check_fall() -> u32 {
+    3
+}
+fn default_check_expect_status() -> (u16, u16) {
+    (200, 399)
 }
 fn default_min_rate() -> ConfRate {
     ConfRate(1024)

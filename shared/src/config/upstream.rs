@@ -1,9 +1,14 @@
 //! Validated `upstreams`: `raw::RawUpstream -> Upstream`, addresses resolved.
 //!
+//! A server given by name is one server with every address the name resolves to
+//! (`UpstreamServer::resolved`): the worker owning the checks re-resolves it every
+//! `resolve_every` and publishes the new set in the region (`shm::health`), so the
+//! server keeps its stats cell, its pool and its check state while its addresses move.
+//!
 //! Locating errors: serde keeps no positions, so an error about an upstream is placed
 //! at its key (`"app": (`) or at the first matching text after it.
 
-use super::raw::{RawUpstream, UpstreamAddr};
+use super::raw::{RawHealthCheck, RawUpstream, UpstreamAddr};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -24,6 +29,28 @@ pub struct Upstream {
     pub read_timeout: Duration,
     /// Attempts beyond the first.
     pub retries: u32,
+    // -- active checks and name re-resolution --
+    pub health_check: Option<HealthCheck>,
+    /// Names are resolved again this often.
+    pub resolve_every: Duration,
+}
+
+/// A validated `health_check` block.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HealthCheck {
+    /// Starts with `/`; no spaces or control characters.
+    pub path: String,
+    /// The `Host` sent; None: the server's label.
+    pub host: Option<String>,
+    pub interval: Duration,
+    /// At most `interval`.
+    pub timeout: Duration,
+    /// At least 1.
+    pub rise: u32,
+    /// At least 1.
+    pub fall: u32,
+    /// Inclusive, within 100..=599.
+    pub expect_status: (u16, u16),
 }
 
 /// One server of an upstream.
@@ -32,6 +59,11 @@ pub struct UpstreamServer {
     pub addr: UpstreamAddress,
     /// The address as written in the file (`app.internal:9000`), for logs and stats.
     pub label: String,
+    /// A server given by name: the name and port, re-resolved every `resolve_every`.
+    pub name: Option<(String, u16)>,
+    /// Every address the name resolved to when the configuration was loaded (`addr`
+    /// is the first); for an address written as such, just that one.
+    pub resolved: Vec<SocketAddr>,
 }
 
 /// Where an upstream server listens.
@@ -58,12 +90,15 @@ pub(super) enum UpstreamProblem {
     ZeroKeepaliveRequests,
     /// A host name that does not resolve (the address as written, and why).
     Unresolved(String, String),
+    /// A bad `health_check` value: the key it is about, and why.
+    Check(&'static str, String),
 }
 
 /// Validates one upstream; returns it, or every problem found.
 pub(super) fn validate_upstream(
     name: &str,
     raw: RawUpstream,
+    resolve: &super::Resolver<'_>,
 ) -> Result<Upstream, Vec<UpstreamProblem>> {
     let mut problems = Vec::new();
     if raw.servers.is_empty() {
@@ -78,32 +113,44 @@ pub(super) fn validate_upstream(
             UpstreamAddr::Ip(a) => servers.push(UpstreamServer {
                 addr: UpstreamAddress::Tcp(a),
                 label: a.to_string(),
+                name: None,
+                resolved: vec![a],
             }),
             UpstreamAddr::Unix(p) => servers.push(UpstreamServer {
                 label: format!("unix:{}", p.display()),
                 addr: UpstreamAddress::Unix(p),
+                name: None,
+                resolved: Vec::new(),
             }),
             UpstreamAddr::Name(host, port) => {
                 let label = format!("{host}:{port}");
-                // Every address of the name is a server, as nginx does.
-                match (host.as_str(), port).to_socket_addrs() {
-                    Ok(addrs) => {
-                        let before = servers.len();
-                        for a in addrs {
-                            servers.push(UpstreamServer {
-                                addr: UpstreamAddress::Tcp(a),
-                                label: label.clone(),
-                            });
-                        }
-                        if servers.len() == before {
-                            problems
-                                .push(UpstreamProblem::Unresolved(label, "no addresses".into()));
-                        }
-                    }
-                    Err(e) => problems.push(UpstreamProblem::Unresolved(label, e.to_string())),
+                match resolve(&host, port) {
+                    Ok(resolved) => servers.push(UpstreamServer {
+                        addr: UpstreamAddress::Tcp(resolved[0]),
+                        label,
+                        name: Some((host, port)),
+                        resolved,
+                    }),
+                    Err(why) => problems.push(UpstreamProblem::Unresolved(label, why)),
                 }
             }
         }
+    }
+    let health_check = match raw.health_check {
+        Some(check) => match validate_check(check) {
+            Ok(c) => Some(c),
+            Err(p) => {
+                problems.extend(p);
+                None
+            }
+        },
+        None => None,
+    };
+    if raw.resolve_every.0 < Duration::from_secs(1) {
+        problems.push(UpstreamProblem::Check(
+            "resolve_every",
+            "must be at least 1s".into(),
+        ));
     }
     if !problems.is_empty() {
         return Err(problems);
@@ -118,5 +165,76 @@ pub(super) fn validate_upstream(
         send_timeout: raw.send_timeout.0,
         read_timeout: raw.read_timeout.0,
         retries: raw.retries,
+        health_check,
+        resolve_every: raw.resolve_every.0,
+    })
+}
+
+/// Every address `host:port` resolves to (at most [`MAX_RESOLVED`], in the resolver's
+/// order, duplicates dropped), or why it does not resolve.
+pub fn resolve_name(host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+    let mut out: Vec<SocketAddr> = Vec::new();
+    for a in (host, port).to_socket_addrs().map_err(|e| e.to_string())? {
+        if !out.contains(&a) && out.len() < MAX_RESOLVED {
+            out.push(a);
+        }
+    }
+    if out.is_empty() {
+        return Err("no addresses".into());
+    }
+    Ok(out)
+}
+
+/// Addresses kept per server given by name (the region's address array holds as many).
+pub const MAX_RESOLVED: usize = 8;
+
+/// Checks a `health_check` block; every problem with the key it is about.
+fn validate_check(raw: RawHealthCheck) -> Result<HealthCheck, Vec<UpstreamProblem>> {
+    let mut problems = Vec::new();
+    let mut bad = |key, why: &str| problems.push(UpstreamProblem::Check(key, why.to_string()));
+    if !raw.path.starts_with('/') || raw.path.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        bad(
+            "path",
+            "must start with `/` and hold no spaces or control characters (e.g. \"/healthz\")",
+        );
+    }
+    if let Some(host) = &raw.host {
+        if host.is_empty() || host.bytes().any(|b| b <= b' ' || b == 0x7f) {
+            bad(
+                "host",
+                "must be a non-empty name without spaces or control characters",
+            );
+        }
+    }
+    if raw.interval.0 < Duration::from_millis(10) {
+        bad("interval", "must be at least 10ms");
+    }
+    if raw.timeout.0.is_zero() || raw.timeout.0 > raw.interval.0 {
+        bad("timeout", "must be more than 0 and at most `interval`");
+    }
+    if raw.rise == 0 {
+        bad("rise", "must be at least 1");
+    }
+    if raw.fall == 0 {
+        bad("fall", "must be at least 1");
+    }
+    let (lo, hi) = raw.expect_status;
+    if !(100..=599).contains(&lo) || !(100..=599).contains(&hi) || lo > hi {
+        bad(
+            "expect_status",
+            "must be (LOW, HIGH) with 100 <= LOW <= HIGH <= 599 (e.g. (200, 399))",
+        );
+    }
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    Ok(HealthCheck {
+        path: raw.path,
+        host: raw.host,
+        interval: raw.interval.0,
+        timeout: raw.timeout.0,
+        rise: raw.rise,
+        fall: raw.fall,
+        expect_status: raw.expect_status,
     })
 }

@@ -155,7 +155,12 @@ fn page_type(path: &Path) -> &'static str {
     }
 }
 
-pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
+pub(super) fn validate(
+    file: &Path,
+    text: &str,
+    raw: RawConfig,
+    resolve_names: &super::Resolver<'_>,
+) -> Result<Config, ConfigErrors> {
     let base = file.parent().unwrap_or(Path::new("/")).to_path_buf();
     let mut check = Checker {
         file,
@@ -245,7 +250,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
     for (name, u) in raw.upstreams.0 {
         let key = key_offset(text, &name).unwrap_or(0);
         let field = |name: &str, key: &str| format!("upstreams.\"{name}\".{key}");
-        match validate_upstream(&name, u) {
+        match validate_upstream(&name, u, resolve_names) {
             Ok(u) => upstreams.push(u),
             Err(problems) => {
                 for p in problems {
@@ -265,6 +270,17 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                             field(&name, "servers"),
                             format!("cannot resolve `{addr}`: {why}"),
                         ),
+                        UpstreamProblem::Check(what, why) => {
+                            let block = match what {
+                                "resolve_every" => key,
+                                _ => find_after(text, key, "health_check"),
+                            };
+                            let path = match what {
+                                "resolve_every" => what.to_string(),
+                                _ => format!("health_check.{what}"),
+                            };
+                            check.error_at(find_after(text, block, what), field(&name, &path), why)
+                        }
                     }
                 }
                 // Keeps later indices right, so routes to it are not reported as unknown.
@@ -278,6 +294,8 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                     send_timeout: std::time::Duration::ZERO,
                     read_timeout: std::time::Duration::ZERO,
                     retries: 0,
+                    health_check: None,
+                    resolve_every: std::time::Duration::ZERO,
                 });
             }
         }
@@ -910,6 +928,89 @@ mod tests {
             r#"min_body_rate: 0, min_send_rate: 0, min_rate_grace"#,
         );
         assert!(parse(&d.0, &text).is_ok(), "no rate, no period needed");
+    }
+
+    #[test]
+    fn a_health_check_takes_documented_defaults_and_is_checked_where_written() {
+        let d = site();
+        let text = PROXY.replace(
+            "read_timeout: \"5s\",",
+            "read_timeout: \"5s\",\n            health_check: Some((path: \"/healthz\")),",
+        );
+        let c = parse(&d.0, &text).unwrap();
+        let u = &c.upstreams[0];
+        let check = u.health_check.as_ref().expect("a check");
+        assert_eq!(check.path, "/healthz");
+        assert_eq!(check.host, None);
+        assert_eq!(check.interval, std::time::Duration::from_secs(2));
+        assert_eq!(check.timeout, std::time::Duration::from_secs(1));
+        assert_eq!((check.rise, check.fall), (2, 3));
+        assert_eq!(check.expect_status, (200, 399));
+        assert_eq!(u.resolve_every, std::time::Duration::from_secs(30));
+        assert_eq!(u.servers[0].resolved, ["127.0.0.1:9000".parse().unwrap()]);
+        assert!(u.servers[0].name.is_none());
+
+        let text = PROXY.replace(
+            "read_timeout: \"5s\",",
+            "read_timeout: \"5s\",\n            resolve_every: \"10ms\",\n            health_check: Some((path: \"/h\", interval: \"1s\", timeout: \"2s\", fall: 0)),",
+        );
+        let err = parse(&d.0, &text).unwrap_err();
+        assert!(
+            err.contains("forkd.ron:7:13: upstreams.\"app\".resolve_every: must be at least 1s"),
+            "{err}"
+        );
+        assert!(
+            err.contains("forkd.ron:8:61: upstreams.\"app\".health_check.timeout: must be more than 0 and at most `interval`"),
+            "{err}"
+        );
+        assert!(
+            err.contains("forkd.ron:8:76: upstreams.\"app\".health_check.fall: must be at least 1"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_name_is_one_server_with_every_address_it_resolves_to() {
+        let d = site();
+        let text = PROXY.replace("\"127.0.0.1:9000\"", "\"localhost:9000\"");
+        let c = parse(&d.0, &text).unwrap();
+        let s = &c.upstreams[0].servers[0];
+        assert_eq!(s.label, "localhost:9000");
+        assert_eq!(s.name, Some(("localhost".to_string(), 9000)));
+        assert!(!s.resolved.is_empty());
+        assert_eq!(s.addr, super::super::UpstreamAddress::Tcp(s.resolved[0]));
+        assert_eq!(
+            c.upstreams[0].servers.len(),
+            2,
+            "the name and the unix socket"
+        );
+    }
+
+    #[test]
+    fn a_worker_adopting_a_reload_keeps_the_addresses_of_names_it_knows() {
+        let d = site();
+        let text = PROXY.replace("\"127.0.0.1:9000\"", "\"app.internal:9000\"");
+        let file = d.0.join("forkd.ron");
+        let fixed = |host: &str, port: u16| match host {
+            "app.internal" => Ok(vec![std::net::SocketAddr::from(([10, 0, 0, 7], port))]),
+            _ => Err("unknown".to_string()),
+        };
+        let old = Config::parse_with(&file, &text, &fixed).unwrap();
+        assert_eq!(
+            old.upstreams[0].servers[0].resolved,
+            ["10.0.0.7:9000".parse().unwrap()]
+        );
+        // The name does not resolve here, yet the worker's parse keeps what it had.
+        let again = Config::parse_like(&file, &text, &old).unwrap();
+        assert_eq!(again.upstreams[0].servers, old.upstreams[0].servers);
+        let other = text.replace("app.internal:9000", "nope.invalid:9000");
+        let err = Config::parse_with(&file, &other, &fixed)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cannot resolve `nope.invalid:9000`: unknown"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -14,7 +14,9 @@
 //!  │                  written only by that worker (the master resets it)
 //!  ├── limits         per-client limit entries, shared by the workers (see `limits`:
 //!  │                  the one area with many writers, updated by compare-and-swap)
-//!  └── upstreams      appended area (`upstream`): per upstream server, per worker
+//!  ├── upstreams      appended area (`upstream`): per upstream server, per worker
+//!  └── health         appended area (`health`): the checks' lease, per upstream
+//!                     server its verdict and its resolved addresses
 //! ```
 //!
 //! Growing: an area is appended at the end, never inserted, so every offset of an
@@ -357,6 +359,9 @@ pub struct Layout {
     pub limits: super::limits::LimitsArea,
     /// Appended after the first builds of version 2 (see "Growing" above).
     pub upstreams: super::upstream::UpstreamArea,
+    /// Appended after the upstream area: the active checks' lease and results, and
+    /// the addresses of servers given by name (`health`).
+    pub health: super::health::HealthArea,
 }
 
 /// Bytes of a version-2 region of a build before the upstream area: where that area

@@ -14,9 +14,12 @@
 //! - `upstream_counters`: the table of per-upstream-server counters, declared once.
 //! - `upstream`: the appended upstream area: per-server cells, their labels.
 //! - `upstream_values`: upstream cells read out of the region, their JSON and text.
+//! - `health`: the appended health area: the active checks' lease, per server its
+//!   verdict and resolved addresses.
 
 pub mod counters;
 pub mod fold;
+pub mod health;
 pub mod layout;
 pub mod limits;
 pub mod mapping;

@@ -70,6 +70,30 @@ pub struct Report {
     /// Every upstream server configured (and any removed one still holding counts),
     /// totals over the workers.
     pub upstreams: Vec<UpstreamReport>,
+    /// Who runs the upstream checks and name resolution (`health` lease).
+    pub checks: ChecksReport,
+}
+
+/// The active checks' lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ChecksReport {
+    /// The pid of the worker running them; None: nobody (no checks or names
+    /// configured, or between two owners).
+    pub owner_pid: Option<i32>,
+    /// How many times a worker took the lease.
+    pub takeovers: u64,
+}
+
+/// The lease, if the region has the health area.
+fn checks_report(layout: &Layout) -> ChecksReport {
+    if (layout.header.region_size.load(Relaxed) as usize) < std::mem::size_of::<Layout>() {
+        return ChecksReport::default();
+    }
+    let lease = &layout.health.lease;
+    ChecksReport {
+        owner_pid: lease.holder(),
+        takeovers: lease.takeovers.load(Relaxed),
+    }
 }
 
 /// How long a reader waits for a fold to end before it gives up on the reading. A fold
@@ -216,6 +240,7 @@ fn read_once(layout: &Layout) -> Report {
         retired,
         totals,
         upstreams: super::upstream_values::read(layout),
+        checks: checks_report(layout),
     }
 }
 
@@ -233,6 +258,7 @@ struct Json<'a> {
     retired: &'a CounterValues,
     totals: &'a CounterValues,
     upstreams: &'a [UpstreamReport],
+    checks: &'a ChecksReport,
 }
 
 #[derive(Serialize)]
@@ -286,6 +312,7 @@ impl Report {
             retired: &self.retired,
             totals: &self.totals,
             upstreams: &self.upstreams,
+            checks: &self.checks,
         };
         // Serialising plain structs, maps of string keys and numbers cannot fail.
         let mut out = serde_json::to_string(&doc).expect("stats serialise to JSON");
@@ -416,6 +443,10 @@ impl Report {
             t[BYTES_OUT]
         );
         super::upstream_values::table(&mut o, &self.upstreams);
+        if let Some(pid) = self.checks.owner_pid {
+            let _ = writeln!(o, "upstream checks and name resolution: worker pid {pid}");
+        }
+        super::upstream_values::health_table(&mut o, &self.upstreams);
         o
     }
 
@@ -678,6 +709,7 @@ mod tests {
             retired: CounterValues::default(),
             totals: CounterValues::default(),
             upstreams: Vec::new(),
+            checks: ChecksReport::default(),
         };
         let table = report.to_table(None, 0.0);
         assert!(!table.contains("      100 "), "{table}");

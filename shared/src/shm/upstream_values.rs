@@ -99,6 +99,10 @@ pub struct UpstreamReport {
     pub configured: bool,
     #[serde(flatten)]
     pub values: UpstreamValues,
+    /// Active checks and name resolution (`health`), once the worker running them
+    /// has written results for this server.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health: Option<super::health::HealthReport>,
 }
 
 /// Every labelled cell that is configured or holds counts, in cell order.
@@ -125,12 +129,17 @@ pub fn read(layout: &Layout) -> Vec<UpstreamReport> {
         if !configured && !values.has_counts() {
             continue;
         }
+        let (upstream, server) = (label.upstream.get(), label.server.get());
+        let health = configured
+            .then(|| super::health::read(layout, cell, &upstream, &server))
+            .flatten();
         out.push(UpstreamReport {
-            upstream: label.upstream.get(),
-            server: label.server.get(),
+            upstream,
+            server,
             cell,
             configured,
             values,
+            health,
         });
     }
     out
@@ -233,6 +242,139 @@ pub fn table(o: &mut String, upstreams: &[UpstreamReport]) {
     }
 }
 
+/// The checks section of the `forkd stats` table (servers with health results only).
+pub fn health_table(o: &mut String, upstreams: &[UpstreamReport]) {
+    let with: Vec<(&UpstreamReport, &super::health::HealthReport)> = upstreams
+        .iter()
+        .filter_map(|u| u.health.as_ref().map(|h| (u, h)))
+        .collect();
+    if with.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "{:<12} {:<24} {:<8} {:>7} {:>5} {:>5} {:<12} {:>8} {:>9} addresses",
+        "upstream", "server", "verdict", "checks", "rise", "fall", "last", "ago", "dns_fail"
+    );
+    let now = super::now_ms();
+    for (u, h) in with {
+        let last = match (h.last_error, h.last_status) {
+            (Some("status"), Some(s)) | (None, Some(s)) => s.to_string(),
+            (Some(e), _) => e.to_string(),
+            (None, None) => "-".to_string(),
+        };
+        let ago = h.last_check_ms.map_or_else(
+            || "-".to_string(),
+            |at| format!("{:.1}s", now.saturating_sub(at) as f64 / 1000.0),
+        );
+        let dns = if h.resolve_failing {
+            format!("{} (now)", h.resolve_failures)
+        } else {
+            h.resolve_failures.to_string()
+        };
+        let _ = writeln!(
+            o,
+            "{:<12} {:<24} {:<8} {:>7} {:>5} {:>5} {:<12} {:>8} {:>9} {}",
+            u.upstream,
+            u.server,
+            h.verdict,
+            h.checks,
+            h.passes_in_a_row,
+            h.fails_in_a_row,
+            last,
+            ago,
+            dns,
+            h.addresses.join(",")
+        );
+    }
+}
+
+/// The checks' families: verdict (one sample per state, 1 for the current one),
+/// checks run, passes and failures in a row, the last check's status and time,
+/// addresses in use and resolutions, for servers with health results.
+fn health_prometheus(o: &mut String, upstreams: &[UpstreamReport], labels: &[String]) {
+    use super::health::HealthReport;
+    let with: Vec<(&HealthReport, &String)> = upstreams
+        .iter()
+        .zip(labels)
+        .filter_map(|(u, l)| u.health.as_ref().map(|h| (h, l)))
+        .collect();
+    if with.is_empty() {
+        return;
+    }
+    let name = "forkd_upstream_health";
+    let _ = writeln!(
+        o,
+        "# HELP {name} The active checks' verdict on the upstream server (1 for the current one).\n# TYPE {name} gauge"
+    );
+    for (h, l) in &with {
+        for v in ["unknown", "up", "down"] {
+            let _ = writeln!(
+                o,
+                "{name}{{{l},verdict=\"{v}\"}} {}",
+                u8::from(h.verdict == v)
+            );
+        }
+    }
+    type Get = fn(&HealthReport) -> u64;
+    let families: [(&str, &str, &str, Get); 8] = [
+        (
+            "forkd_upstream_checks_total",
+            "counter",
+            "Active checks run on the upstream server.",
+            |h| h.checks,
+        ),
+        (
+            "forkd_upstream_check_passes_in_a_row",
+            "gauge",
+            "Consecutive passed checks.",
+            |h| u64::from(h.passes_in_a_row),
+        ),
+        (
+            "forkd_upstream_check_fails_in_a_row",
+            "gauge",
+            "Consecutive failed checks.",
+            |h| u64::from(h.fails_in_a_row),
+        ),
+        (
+            "forkd_upstream_last_check_status",
+            "gauge",
+            "Status of the last check's response (0: none arrived).",
+            |h| u64::from(h.last_status.unwrap_or(0)),
+        ),
+        (
+            "forkd_upstream_last_check_timestamp_seconds",
+            "gauge",
+            "When the last check ran (Unix time; 0: never).",
+            |h| h.last_check_ms.unwrap_or(0) / 1000,
+        ),
+        (
+            "forkd_upstream_addresses",
+            "gauge",
+            "Addresses the upstream server's name resolves to now.",
+            |h| h.addresses.len() as u64,
+        ),
+        (
+            "forkd_upstream_resolutions_total",
+            "counter",
+            "Successful re-resolutions of the upstream server's name.",
+            |h| h.resolutions,
+        ),
+        (
+            "forkd_upstream_resolve_failures_total",
+            "counter",
+            "Failed re-resolutions of the upstream server's name (the last good addresses stay).",
+            |h| h.resolve_failures,
+        ),
+    ];
+    for (name, kind, help, get) in families {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (h, l) in &with {
+            let _ = writeln!(o, "{name}{{{l}}} {}", get(h));
+        }
+    }
+}
+
 /// A Prometheus label value, escaped (`\`, `"` and newlines).
 fn label(v: &str) -> String {
     v.replace('\\', "\\\\")
@@ -324,4 +466,5 @@ pub fn prometheus(o: &mut String, upstreams: &[UpstreamReport], seconds: fn(f64)
         );
         let _ = writeln!(o, "{name}_count{{{l}}} {}", v.head_time_count);
     }
+    health_prometheus(o, upstreams, &labels);
 }

@@ -233,11 +233,15 @@ fn next_server(p: &mut Proxied, key: usize, svc: &mut Services) -> Step {
         return Step::Respond(502); // removed by a reload
     }
     let tried = p.session.exchange().tried();
-    let Some(server) = svc.upstreams.pools.next_server(p.upstream, tried) else {
-        return Step::Respond(502);
+    // Servers Down by their active checks get no client request.
+    let down = svc.checks.down_mask(p.upstream);
+    let Some(server) = svc.upstreams.pools.next_server(p.upstream, tried | down) else {
+        // Nothing tried and every server Down: none is up, rather than a failure.
+        return Step::Respond(if tried == 0 && down != 0 { 503 } else { 502 });
     };
     let id = svc.upstreams.pools.server_id(p.upstream, server);
     p.server = Some((server, id));
+    follow_addresses(p.upstream, server, svc);
     let now = svc.clock.now_us;
     if let Some((socket, requests, token)) = svc.upstreams.take(id, now, key) {
         begin_attempt(p, svc, token);
@@ -250,7 +254,8 @@ fn next_server(p: &mut Proxied, key: usize, svc: &mut Services) -> Step {
 
 /// Starts an attempt on `server` over a new connection.
 fn connect(p: &mut Proxied, key: usize, server: usize, svc: &mut Services) -> Step {
-    let Some(addr) = svc
+    follow_addresses(p.upstream, server, svc);
+    let Some(configured) = svc
         .config
         .upstreams
         .get(p.upstream)
@@ -259,9 +264,10 @@ fn connect(p: &mut Proxied, key: usize, server: usize, svc: &mut Services) -> St
     else {
         return Step::Respond(502); // removed by a reload
     };
+    let addr = svc.checks.address(p.upstream, server, configured);
     let id = svc.upstreams.pools.server_id(p.upstream, server);
     p.server = Some((server, id));
-    match svc.upstreams.connect(addr, key) {
+    match svc.upstreams.connect(&addr, key) {
         Ok((socket, token)) => {
             begin_attempt(p, svc, token);
             count_attempt(p, svc, false);
@@ -272,6 +278,15 @@ fn connect(p: &mut Proxied, key: usize, server: usize, svc: &mut Services) -> St
             p.failure_logged = false;
             p.session.connect_failed(server, &e)
         }
+    }
+}
+
+/// A server given by name moved (its name resolves to a new set, published in the
+/// region): idle pooled connections to addresses no longer in the set are retired.
+fn follow_addresses(upstream: usize, server: usize, svc: &mut Services) {
+    if let Some(addrs) = svc.checks.refresh(upstream, server) {
+        let id = svc.upstreams.pools.server_id(upstream, server);
+        svc.upstreams.retire_not_in(id, &addrs);
     }
 }
 

@@ -500,6 +500,8 @@ mod tests {
             send_timeout: Duration::from_secs(2),
             read_timeout: Duration::from_secs(3),
             retries: 1,
+            health_check: None,
+            resolve_every: Duration::from_secs(30),
         };
         let t = |after: u64, fires_as, rearm_on_progress| {
             Some(Timeout {

@@ -425,6 +425,8 @@ mod tests {
                 .map(|p| UpstreamServer {
                     addr: UpstreamAddress::Tcp(([127, 0, 0, 1], *p).into()),
                     label: format!("127.0.0.1:{p}"),
+                    name: None,
+                    resolved: vec![([127, 0, 0, 1], *p).into()],
                 })
                 .collect(),
             keepalive,
@@ -434,6 +436,8 @@ mod tests {
             send_timeout: Duration::from_secs(1),
             read_timeout: Duration::from_secs(1),
             retries: 1,
+            health_check: None,
+            resolve_every: Duration::from_secs(30),
         }
     }
 

@@ -274,6 +274,7 @@ impl EventLoop {
                         "drain_timeout reached: closing {} connection(s) still open",
                         self.conns.len()
                     );
+                    self.close_tunnels();
                     return exit::OK;
                 }
             }
@@ -283,10 +284,28 @@ impl EventLoop {
         }
     }
 
+    /// The drain is over: every tunnel still open is shut down on both sides (each
+    /// peer reads an EOF, not a reset) and closed, and counted closed.
+    fn close_tunnels(&mut self) {
+        let keys: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.is_tunnel())
+            .map(|(k, _)| k)
+            .collect();
+        for key in keys {
+            self.conns[key].shut_tunnel();
+            self.close(key);
+        }
+        self.svc.stats.tunnels(0);
+    }
+
     /// Publishes the gauges that are sampled rather than counted.
     fn sample_stats(&self) {
         let (mut reading, mut writing, mut idle) = (0, 0, 0);
+        let mut tunnels = 0;
         for (_, conn) in &self.conns {
+            tunnels += u64::from(conn.is_tunnel());
             match conn.activity() {
                 Activity::Reading => reading += 1,
                 Activity::Writing => writing += 1,
@@ -296,6 +315,7 @@ impl EventLoop {
         self.svc
             .stats
             .sample(self.conns.len() as u64, reading, writing, idle);
+        self.svc.stats.tunnels(tunnels);
     }
 
     /// Publishes each upstream server's open and idle connections: idle ones are in

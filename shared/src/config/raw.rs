@@ -205,8 +205,14 @@ pub enum RawHandler {
         #[serde(default = "default_return_type")]
         content_type: String,
     },
-    /// Hands the request to a server of the named entry of `upstreams`.
-    Proxy { upstream: String },
+    /// Hands the request to a server of the named entry of `upstreams`; `upgrade`:
+    /// a request asking for `Upgrade` (WebSocket) is forwarded with it, and a 101
+    /// turns the connection into a byte tunnel.
+    Proxy {
+        upstream: String,
+        #[serde(default)]
+        upgrade: bool,
+    },
 }
 
 #[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
@@ -243,6 +249,10 @@ pub struct RawUpstream {
     /// Attempts beyond the first.
     #[serde(default = "default_upstream_retries")]
     pub retries: u32,
+    /// An upgraded connection (WebSocket tunnel) with no bytes either way for this
+    /// long is closed.
+    #[serde(default = "default_tunnel_idle_timeout")]
+    pub tunnel_idle_timeout: ConfDuration,
 }
 
 /// `upstreams: { "name": (...), ... }` in file order; a name defined twice is an error
@@ -506,6 +516,9 @@ fn default_upstream_read_timeout() -> ConfDuration {
 }
 fn default_upstream_retries() -> u32 {
     1
+}
+fn default_tunnel_idle_timeout() -> ConfDuration {
+    ConfDuration(std::time::Duration::from_secs(3600))
 }
 fn default_min_rate() -> ConfRate {
     ConfRate(1024)

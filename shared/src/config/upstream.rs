@@ -24,6 +24,8 @@ pub struct Upstream {
     pub read_timeout: Duration,
     /// Attempts beyond the first.
     pub retries: u32,
+    /// An upgraded connection idle (no bytes either way) this long is closed.
+    pub tunnel_idle_timeout: Duration,
 }
 
 /// One server of an upstream.
@@ -118,5 +120,6 @@ pub(super) fn validate_upstream(
         send_timeout: raw.send_timeout.0,
         read_timeout: raw.read_timeout.0,
         retries: raw.retries,
+        tunnel_idle_timeout: raw.tunnel_idle_timeout.0,
     })
 }

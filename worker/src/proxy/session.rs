@@ -40,6 +40,14 @@ pub enum Step {
     /// may still be in [`Session::client_output`]: write it out, then the exchange is
     /// over (and the client connection closes if not [`Session::request_complete`]).
     Done { pool: Option<(UpstreamSocket, u64)> },
+    /// The upstream switched protocols (a 101 to an upgrade request): the 101 head is
+    /// in [`Session::client_output`]; after it, the connection is a byte tunnel over
+    /// `socket` (never pooled), starting with the upstream bytes that followed the
+    /// head (`rest`).
+    Upgraded {
+        socket: UpstreamSocket,
+        rest: Vec<u8>,
+    },
 }
 
 /// One proxied exchange.
@@ -330,6 +338,10 @@ impl Session {
             }
         }
         if let Some(head) = fed.head {
+            if head.status == 101 {
+                // `response_head` returns a final 101 only to an upgrade forkd forwarded.
+                return Some(self.switched());
+            }
             let has_body = head.upstream_body != super::response_head::UpstreamBody::None;
             let event = Event::FinalHead {
                 has_body,
@@ -345,6 +357,23 @@ impl Session {
             return Some(self.complete(clean));
         }
         None
+    }
+
+    /// The exchange ends in a switch: the socket and the bytes read past the 101 head
+    /// go to the tunnel.
+    fn switched(&mut self) -> Step {
+        // No body and not reusable: the exchange ends (`Release`, which is not acted on).
+        self.exchange.on(Event::FinalHead {
+            has_body: false,
+            reusable: false,
+        });
+        let mut rest = self.response.take_leftover();
+        rest.extend_from_slice(&self.inbox[self.inbox_at..self.inbox_end]);
+        self.inbox_at = self.inbox_end;
+        match self.socket.take() {
+            Some(socket) => Step::Upgraded { socket, rest },
+            None => Step::CloseClient,
+        }
     }
 
     fn upstream_closed(&mut self) -> Step {
@@ -438,6 +467,7 @@ mod tests {
         upstream_requests: 0,
         keepalive_requests: 100,
         max_head: 8192,
+        upgrade: false,
     };
 
     const GET: &[u8] = b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n";

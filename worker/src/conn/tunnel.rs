@@ -1,0 +1,339 @@
+//! An upgraded connection (a 101 from the upstream, `proxy/upgrade.rs`): from then on a
+//! byte tunnel between the client socket and the upstream socket, in both directions.
+//!
+//! ```text
+//!  client ──read──▶ up   (bounded) ──write──▶ upstream
+//!  client ◀─write── down (bounded) ◀──read─── upstream
+//! ```
+//!
+//! - **Backpressure:** a side is read only while its pipe has room, so a reader that
+//!   does not keep up stops the other side being read (its kernel buffers fill and
+//!   TCP flow control slows the sender).
+//! - **Half-close:** EOF from one side is passed on as `shutdown(Write)` to the other
+//!   once the pipe is empty; the other direction goes on. Both shut: the tunnel ends.
+//! - **Idle:** no byte either way for the upstream's `tunnel_idle_timeout`: both
+//!   sides are shut down and the connection closes.
+//! - **Drain:** a tunnel keeps going until the worker's `drain_timeout`, then is shut
+//!   the same way (`event_loop`); the worker exits after that.
+//!
+//! The tunnel starts with the bytes already read past both heads (the client's
+//! pipelined after its request, the upstream's after its 101). Its upstream socket
+//! keeps the token (and `Owner::Client`) the exchange registered, and never goes back
+//! to a pool: its token is forgotten when the connection closes.
+
+use crate::proxy::connect::UpstreamSocket;
+use crate::services::Services;
+use crate::timers::Micros;
+use forkd_shared::shm::counters;
+use mio::net::TcpStream;
+use std::io::{self, Read, Write};
+use std::net::Shutdown;
+
+/// Bytes buffered per direction.
+pub const PIPE_BYTES: usize = 16 * 1024;
+/// Input read and dropped per socket when a tunnel is shut, so the close is a FIN
+/// rather than a reset (unread input turns `close` into RST).
+const DISCARD_MAX: usize = 256 * 1024;
+
+/// One direction's bytes between reading one socket and writing the other.
+#[derive(Debug)]
+struct Pipe {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// The side it reads from sent EOF.
+    eof: bool,
+    /// The EOF was passed on: the side it writes to is shut down for writing.
+    shut: bool,
+}
+
+impl Pipe {
+    /// A pipe of `capacity` bytes holding `seed` (larger if `seed` is).
+    fn new(capacity: usize, seed: &[u8]) -> Pipe {
+        let mut buf = vec![0; capacity.max(seed.len())];
+        buf[..seed.len()].copy_from_slice(seed);
+        Pipe {
+            buf,
+            start: 0,
+            end: seed.len(),
+            eof: false,
+            shut: false,
+        }
+    }
+
+    fn pending(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    fn advance(&mut self, n: usize) {
+        self.start += n;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    /// Free space at the end, moving what is pending to the front if it must.
+    fn room(&mut self) -> &mut [u8] {
+        if self.end == self.buf.len() && self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        &mut self.buf[self.end..]
+    }
+
+    fn has_room(&self) -> bool {
+        self.end - self.start < self.buf.len()
+    }
+
+    /// Reads what `from` has into the free space: `Ok(Some(n))` bytes (0: EOF),
+    /// `Ok(None)`: nothing now.
+    fn fill(&mut self, from: &mut impl Read) -> io::Result<Option<usize>> {
+        loop {
+            let room = self.room();
+            match from.read(room) {
+                Ok(0) => {
+                    self.eof = true;
+                    return Ok(Some(0));
+                }
+                Ok(n) => {
+                    self.end += n;
+                    return Ok(Some(n));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Writes what is pending to `to`, at most `budget` bytes: how many it took.
+    fn drain(&mut self, to: &mut impl Write, budget: u64) -> io::Result<usize> {
+        let mut sent = 0;
+        while self.start < self.end && (sent as u64) < budget {
+            let max =
+                (self.end - self.start).min(usize::try_from(budget).unwrap_or(usize::MAX) - sent);
+            match to.write(&self.buf[self.start..self.start + max]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.advance(n);
+                    sent += n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(sent)
+    }
+}
+
+/// What [`Tunnel::pump`] left the tunnel in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pumped {
+    /// Both sockets would block (or their pipes are full): wait for an event.
+    Wait,
+    /// The turn's byte budget is spent with bytes still moving.
+    Budget,
+    /// Both directions ended, or a socket failed: close the connection.
+    Ended,
+}
+
+/// An upgraded connection's upstream side and both pipes.
+#[derive(Debug)]
+pub struct Tunnel {
+    upstream: UpstreamSocket,
+    /// The upstream socket's token key (`Upstreams`), forgotten when it closes.
+    token: usize,
+    /// Client to upstream.
+    up: Pipe,
+    /// Upstream to client.
+    down: Pipe,
+    idle_timeout: Micros,
+    /// The last time a byte moved either way (or the tunnel opened).
+    last: Micros,
+}
+
+impl Tunnel {
+    /// Opens a tunnel over `upstream` (registered under `token`), starting with the
+    /// client's bytes after its request (`client_rest`) and the upstream's after its
+    /// 101 (`upstream_rest`). Counted in `tunnels_opened`.
+    pub fn open(
+        upstream: UpstreamSocket,
+        token: usize,
+        client_rest: &[u8],
+        upstream_rest: &[u8],
+        idle_timeout: std::time::Duration,
+        svc: &Services,
+    ) -> Tunnel {
+        svc.stats.bump(counters::TUNNELS_OPENED, 1);
+        Tunnel {
+            upstream,
+            token,
+            up: Pipe::new(PIPE_BYTES, client_rest),
+            down: Pipe::new(PIPE_BYTES, upstream_rest),
+            idle_timeout: idle_timeout.as_micros() as Micros,
+            last: svc.clock.now_us,
+        }
+    }
+
+    /// When it closes for idleness.
+    pub fn deadline(&self) -> Micros {
+        self.last.saturating_add(self.idle_timeout)
+    }
+
+    /// Bytes for the client are waiting for its socket.
+    pub fn wants_client_write(&self) -> bool {
+        !self.down.pending().is_empty()
+    }
+
+    /// Moves bytes both ways until both sockets would block, `budget` bytes are
+    /// written, or the tunnel ends. `client_readable`: the client socket may have
+    /// input (edge-triggered readiness); the upstream is tried whenever its pipe has
+    /// room, since its events do not say which way they were for.
+    pub fn pump(
+        &mut self,
+        client: &mut TcpStream,
+        client_readable: &mut bool,
+        svc: &Services,
+        budget: &mut u64,
+    ) -> Pumped {
+        match self.pump_io(client, client_readable, svc, budget) {
+            Ok(pumped) => pumped,
+            Err(e) => {
+                forkd_shared::debug!("tunnel ended by a socket error: {e}");
+                Pumped::Ended
+            }
+        }
+    }
+
+    fn pump_io(
+        &mut self,
+        client: &mut TcpStream,
+        client_readable: &mut bool,
+        svc: &Services,
+        budget: &mut u64,
+    ) -> io::Result<Pumped> {
+        loop {
+            let mut moved = false;
+            let to_client = self.down.drain(client, *budget)?;
+            if to_client > 0 {
+                svc.stats.bytes_out(to_client as u64);
+                *budget = budget.saturating_sub(to_client as u64);
+                moved = true;
+            }
+            let to_upstream = self.up.drain(&mut self.upstream, *budget)?;
+            if to_upstream > 0 {
+                *budget = budget.saturating_sub(to_upstream as u64);
+                moved = true;
+            }
+            if self.up.eof && !self.up.shut && self.up.pending().is_empty() {
+                self.up.shut = true;
+                shutdown_upstream(&self.upstream)?;
+            }
+            if self.down.eof && !self.down.shut && self.down.pending().is_empty() {
+                self.down.shut = true;
+                client.shutdown(Shutdown::Write)?;
+            }
+            if self.up.shut && self.down.shut {
+                return Ok(Pumped::Ended);
+            }
+            if !self.up.eof && *client_readable && self.up.has_room() {
+                let space = self.up.room().len();
+                match self.up.fill(client)? {
+                    Some(n) => {
+                        moved = true;
+                        svc.stats.bytes_in(n as u64);
+                        // A short read drained the socket: the next edge tells of more.
+                        *client_readable = n == space;
+                    }
+                    None => *client_readable = false,
+                }
+            }
+            if !self.down.eof
+                && self.down.has_room()
+                && self.down.fill(&mut self.upstream)?.is_some()
+            {
+                moved = true;
+            }
+            if !moved {
+                return Ok(Pumped::Wait);
+            }
+            self.last = svc.clock.now_us;
+            if *budget == 0 {
+                return Ok(Pumped::Budget);
+            }
+        }
+    }
+
+    /// Ends the tunnel cleanly (idle, or the drain's end): both sides are shut down
+    /// for writing and their unread input dropped, so each peer reads an EOF (a
+    /// WebSocket client: the connection closed, not reset).
+    pub fn shut(&mut self, client: &mut TcpStream) {
+        let _ = client.shutdown(Shutdown::Write);
+        let _ = shutdown_upstream(&self.upstream);
+        discard(client);
+        discard(&mut self.upstream);
+    }
+
+    /// The connection closed: the upstream socket closes with the tunnel, its token
+    /// is free, and the tunnel is counted in `tunnels_closed`.
+    pub fn close(self, svc: &mut Services) {
+        svc.upstreams.forget(self.token);
+        svc.stats.bump(counters::TUNNELS_CLOSED, 1);
+    }
+}
+
+fn shutdown_upstream(socket: &UpstreamSocket) -> io::Result<()> {
+    let result = match socket {
+        UpstreamSocket::Tcp(s) => s.shutdown(Shutdown::Write),
+        UpstreamSocket::Unix(s) => s.shutdown(Shutdown::Write),
+    };
+    match result {
+        // The peer is gone already: nothing to tell it.
+        Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
+        other => other,
+    }
+}
+
+/// Reads and drops what `from` has now (bounded).
+fn discard(from: &mut impl Read) {
+    let mut scratch = [0u8; 4096];
+    let mut total = 0;
+    while total < DISCARD_MAX {
+        match from.read(&mut scratch) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => total += n,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pipe;
+
+    #[test]
+    fn a_pipe_holds_its_seed_and_takes_no_more_than_its_capacity() {
+        let mut p = Pipe::new(8, b"abc");
+        assert_eq!(p.pending(), b"abc");
+        let mut src: &[u8] = b"defghijklmn";
+        assert_eq!(p.fill(&mut src).unwrap(), Some(5));
+        assert!(!p.has_room(), "full: the source is not read");
+        let mut sink = Vec::new();
+        assert_eq!(
+            p.drain(&mut sink, 2).unwrap(),
+            2,
+            "the budget bounds a write"
+        );
+        assert!(p.has_room());
+        assert_eq!(p.fill(&mut src).unwrap(), Some(2), "room moved to the end");
+        assert_eq!(p.drain(&mut sink, u64::MAX).unwrap(), 8);
+        assert_eq!(sink, b"abcdefghij");
+        let mut empty: &[u8] = b"";
+        assert_eq!(p.fill(&mut empty).unwrap(), Some(0));
+        assert!(p.eof);
+        let big = Pipe::new(4, b"0123456789");
+        assert_eq!(big.pending(), b"0123456789", "a larger seed is kept whole");
+    }
+}

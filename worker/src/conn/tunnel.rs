@@ -240,13 +240,13 @@ impl Tunnel {
                 return Ok(Pumped::Ended);
             }
             if !self.up.eof && *client_readable && self.up.has_room() {
-                let space = self.up.room().len();
+                // Read until EAGAIN, not just until a short read: a FIN that came
+                // with the last bytes raises no further edge, and a half-close must
+                // not be missed.
                 match self.up.fill(client)? {
                     Some(n) => {
                         moved = true;
                         svc.stats.bytes_in(n as u64);
-                        // A short read drained the socket: the next edge tells of more.
-                        *client_readable = n == space;
                     }
                     None => *client_readable = false,
                 }

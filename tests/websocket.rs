@@ -93,6 +93,15 @@ fn ten_thousand_messages_go_both_ways_and_the_tunnel_is_counted() {
         stats(&d)
     );
     assert_eq!(total(&d, "tunnels_opened"), 1);
+    // The tunnel holds its upstream connection, open and not idle in a pool.
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let s = stats(&d);
+            s["upstreams"][0]["connections_open"] == 1 && s["upstreams"][0]["connections_idle"] == 0
+        }),
+        "{}",
+        stats(&d)
+    );
 
     // 100 in flight at a time: both directions busy at once.
     for batch in 0..100 {
@@ -123,7 +132,8 @@ fn ten_thousand_messages_go_both_ways_and_the_tunnel_is_counted() {
     );
     assert!(
         wait_until(Duration::from_secs(10), || tunnels_open(&d) == 0
-            && total(&d, "tunnels_closed") == 1),
+            && total(&d, "tunnels_closed") == 1
+            && stats(&d)["upstreams"][0]["connections_open"] == 0),
         "{}",
         stats(&d)
     );

@@ -327,9 +327,16 @@ impl EventLoop {
         }
         let mut busy: Vec<Vec<u64>> = upstreams.iter().map(|u| vec![0; u.servers.len()]).collect();
         for (_, conn) in &self.conns {
-            let Some(p) = conn.proxied() else { continue };
-            if let (Some(_), Some((server, _))) = (p.token, p.server) {
-                if let Some(n) = busy.get_mut(p.upstream).and_then(|v| v.get_mut(server)) {
+            let in_use = match conn.proxied() {
+                Some(p) => p
+                    .token
+                    .and(p.server)
+                    .map(|(server, _)| (p.upstream, server)),
+                // An upgraded connection still holds its upstream connection.
+                None => conn.tunnel_server(),
+            };
+            if let Some((upstream, server)) = in_use {
+                if let Some(n) = busy.get_mut(upstream).and_then(|v| v.get_mut(server)) {
                     *n += 1;
                 }
             }

@@ -241,6 +241,12 @@ impl Conn {
         self.phase == Phase::Tunnel
     }
 
+    /// The upstream and server a tunnel's upstream connection goes to (for the
+    /// upstream's open-connections gauge).
+    pub fn tunnel_server(&self) -> Option<(usize, usize)> {
+        self.busy.as_ref()?.tunnel.as_ref()?.server()
+    }
+
     /// The drain ended with the tunnel still open: shut both sides down cleanly (the
     /// caller closes the connection).
     pub fn shut_tunnel(&mut self) {
@@ -1058,9 +1064,11 @@ fn open_tunnel(
         .map_or(std::time::Duration::from_secs(3600), |u| {
             u.tunnel_idle_timeout
         });
+    let server = p.server_index().map(|s| (p.upstream, s));
     let tunnel = Tunnel::open(
         socket,
         token,
+        server,
         &busy.inbuf[busy.in_start..busy.in_end],
         &rest,
         idle,

@@ -146,6 +146,9 @@ pub struct Tunnel {
     upstream: UpstreamSocket,
     /// The upstream socket's token key (`Upstreams`), forgotten when it closes.
     token: usize,
+    /// The upstream (`Config::upstreams`) and server the socket is connected to, for
+    /// the upstream's open-connections gauge.
+    server: Option<(usize, usize)>,
     /// Client to upstream.
     up: Pipe,
     /// Upstream to client.
@@ -162,6 +165,7 @@ impl Tunnel {
     pub fn open(
         upstream: UpstreamSocket,
         token: usize,
+        server: Option<(usize, usize)>,
         client_rest: &[u8],
         upstream_rest: &[u8],
         idle_timeout: std::time::Duration,
@@ -171,11 +175,17 @@ impl Tunnel {
         Tunnel {
             upstream,
             token,
+            server,
             up: Pipe::new(PIPE_BYTES, client_rest),
             down: Pipe::new(PIPE_BYTES, upstream_rest),
             idle_timeout: idle_timeout.as_micros() as Micros,
             last: svc.clock.now_us,
         }
+    }
+
+    /// The upstream and server index of its upstream connection.
+    pub fn server(&self) -> Option<(usize, usize)> {
+        self.server
     }
 
     /// When it closes for idleness.

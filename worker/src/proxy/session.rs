@@ -678,6 +678,38 @@ mod tests {
     }
 
     #[test]
+    fn a_101_to_an_upgrade_hands_over_the_socket_and_the_bytes_after_the_head() {
+        let switch: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+            Connection: Upgrade\r\n\r\n\x81\x02hi";
+        let (addr, _) = upstream(vec![vec![switch]]);
+        let ctx = ResponseContext {
+            upgrade: true,
+            ..CTX
+        };
+        let mut s = Session::new(GET.to_vec(), Framing::None, "GET", 1, 1, ctx, 1024);
+        s.attach(0, connect(addr), None);
+        let (client, step) = drive(&mut s, addr, usize::MAX);
+        assert_eq!(
+            client,
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n"
+        );
+        match step {
+            Step::Upgraded { rest, .. } => assert_eq!(rest, b"\x81\x02hi"),
+            other => panic!("{other:?}"),
+        }
+        assert!(s.socket_mut().is_none(), "the socket left the session");
+        assert!(matches!(s.pump(), Step::Pending));
+
+        // The same 101 to a request forkd did not upgrade.
+        let (addr, _) = upstream(vec![vec![switch]]);
+        let mut s = session(1024, 1);
+        s.attach(0, connect(addr), None);
+        let (client, step) = drive(&mut s, addr, usize::MAX);
+        assert!(client.is_empty());
+        assert!(matches!(step, Step::Respond(502)), "{step:?}");
+    }
+
+    #[test]
     fn a_garbage_response_is_a_502() {
         let (addr, _) = upstream(vec![vec![b"SSH-2.0-OpenSSH\r\n\r\n"]]);
         let mut s = session(1024, 1);

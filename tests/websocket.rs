@@ -438,3 +438,38 @@ fn a_client_that_does_not_read_stops_the_upstream_being_read() {
     assert_eq!(at as u64, TOTAL);
     d.assert_log_clean();
 }
+
+#[test]
+fn a_reload_that_retires_the_worker_closes_its_tunnel_after_drain_timeout() {
+    let echo = WsEcho::start();
+    let mut d = ws_daemon(
+        &echo.addr().to_string(),
+        ", upgrade: true",
+        "",
+        "drain_timeout: \"3s\",",
+    );
+    let old = d.workers();
+    let mut ws = ws_connect(&d);
+    ws.send(Message::text("before")).unwrap();
+    assert_eq!(ws.read().unwrap().to_text().unwrap(), "before");
+    // Another worker count: a new generation, and the old worker is retired.
+    d.builder.workers = 2;
+    let (code, out, err) = d.reload();
+    assert_eq!(code, 0, "{out}{err}");
+    ws.send(Message::text("while retiring")).unwrap();
+    assert_eq!(ws.read().unwrap().to_text().unwrap(), "while retiring");
+    let e = ws
+        .read()
+        .expect_err("the retired worker's tunnel was closed");
+    assert_eq!(end_of(e), End::Eof);
+    assert!(
+        d.wait_replaced(&old, 2, Duration::from_secs(30)),
+        "the retired worker did not exit"
+    );
+    // The new generation tunnels as well.
+    let mut ws = ws_connect(&d);
+    ws.send(Message::text("after")).unwrap();
+    assert_eq!(ws.read().unwrap().to_text().unwrap(), "after");
+    close(ws);
+    d.assert_log_clean();
+}

@@ -221,6 +221,10 @@ impl EventLoop {
                                 let Some(conn) = self.conns.get_mut(client) else {
                                     continue;
                                 };
+                                if event.is_readable() || event.is_read_closed() || event.is_error()
+                                {
+                                    conn.upstream_readable();
+                                }
                                 let verdict = conn.drive(client, &mut self.svc);
                                 self.settle(client, verdict);
                             }

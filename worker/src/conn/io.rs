@@ -236,6 +236,13 @@ impl Conn {
         })
     }
 
+    /// A readable event for a tunnel's upstream socket (before `drive`).
+    pub fn upstream_readable(&mut self) {
+        if let Some(t) = self.busy.as_mut().and_then(|b| b.tunnel.as_mut()) {
+            t.upstream_ready();
+        }
+    }
+
     /// Upgraded: a tunnel (for the `tunnels_open` gauge).
     pub fn is_tunnel(&self) -> bool {
         self.phase == Phase::Tunnel

@@ -153,6 +153,9 @@ pub struct Tunnel {
     up: Pipe,
     /// Upstream to client.
     down: Pipe,
+    /// The upstream socket may have input we have not read (edge-triggered: set by
+    /// its readable events, cleared on EAGAIN).
+    upstream_readable: bool,
     idle_timeout: Micros,
     /// The last time a byte moved either way (or the tunnel opened).
     last: Micros,
@@ -178,6 +181,8 @@ impl Tunnel {
             server,
             up: Pipe::new(PIPE_BYTES, client_rest),
             down: Pipe::new(PIPE_BYTES, upstream_rest),
+            // Its edges may have been consumed while the exchange ran.
+            upstream_readable: true,
             idle_timeout: idle_timeout.as_micros() as Micros,
             last: svc.clock.now_us,
         }
@@ -193,6 +198,11 @@ impl Tunnel {
         self.last.saturating_add(self.idle_timeout)
     }
 
+    /// A readable (or hang-up, or error) event arrived for the upstream socket.
+    pub fn upstream_ready(&mut self) {
+        self.upstream_readable = true;
+    }
+
     /// Bytes for the client are waiting for its socket.
     pub fn wants_client_write(&self) -> bool {
         !self.down.pending().is_empty()
@@ -200,8 +210,8 @@ impl Tunnel {
 
     /// Moves bytes both ways until both sockets would block, `budget` bytes are
     /// written, or the tunnel ends. `client_readable`: the client socket may have
-    /// input (edge-triggered readiness); the upstream is tried whenever its pipe has
-    /// room, since its events do not say which way they were for.
+    /// input (edge-triggered readiness); the upstream's is kept here
+    /// ([`Tunnel::upstream_ready`]).
     pub fn pump(
         &mut self,
         client: &mut TcpStream,
@@ -261,11 +271,11 @@ impl Tunnel {
                     None => *client_readable = false,
                 }
             }
-            if !self.down.eof
-                && self.down.has_room()
-                && self.down.fill(&mut self.upstream)?.is_some()
-            {
-                moved = true;
+            if !self.down.eof && self.upstream_readable && self.down.has_room() {
+                match self.down.fill(&mut self.upstream)? {
+                    Some(_) => moved = true,
+                    None => self.upstream_readable = false,
+                }
             }
             if !moved {
                 return Ok(Pumped::Wait);

@@ -221,9 +221,9 @@ impl EventLoop {
                                 let Some(conn) = self.conns.get_mut(client) else {
                                     continue;
                                 };
-                                if event.is_readable() || event.is_read_closed() || event.is_error()
-                                {
-                                    conn.upstream_readable();
+                                let hup = event.is_read_closed() || event.is_error();
+                                if event.is_readable() || hup {
+                                    conn.upstream_readable(hup);
                                 }
                                 let verdict = conn.drive(client, &mut self.svc);
                                 self.settle(client, verdict);
@@ -244,6 +244,9 @@ impl EventLoop {
                         };
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
                             conn.readable = true;
+                        }
+                        if event.is_read_closed() || event.is_error() {
+                            conn.client_hung_up();
                         }
                         let verdict = conn.drive(key, &mut self.svc);
                         self.settle(key, verdict);

@@ -236,10 +236,19 @@ impl Conn {
         })
     }
 
-    /// A readable event for a tunnel's upstream socket (before `drive`).
-    pub fn upstream_readable(&mut self) {
+    /// A readable event for a tunnel's upstream socket (before `drive`); `hup`: it
+    /// said the peer closed or the socket failed.
+    pub fn upstream_readable(&mut self, hup: bool) {
         if let Some(t) = self.busy.as_mut().and_then(|b| b.tunnel.as_mut()) {
-            t.upstream_ready();
+            t.upstream_ready(hup);
+        }
+    }
+
+    /// An event for the client socket said the peer closed or the socket failed
+    /// (before `drive`): a tunnel reads the client on to its EOF.
+    pub fn client_hung_up(&mut self) {
+        if let Some(t) = self.busy.as_mut().and_then(|b| b.tunnel.as_mut()) {
+            t.client_hung_up();
         }
     }
 

@@ -156,6 +156,11 @@ pub struct Tunnel {
     /// The upstream socket may have input we have not read (edge-triggered: set by
     /// its readable events, cleared on EAGAIN).
     upstream_readable: bool,
+    /// An event said the peer closed (or failed): read such a side until EOF, not
+    /// just until a short read, since a FIN that came with the last bytes raises no
+    /// further edge. Cleared on EAGAIN (a later close raises an edge of its own).
+    client_hup: bool,
+    upstream_hup: bool,
     idle_timeout: Micros,
     /// The last time a byte moved either way (or the tunnel opened).
     last: Micros,
@@ -183,6 +188,9 @@ impl Tunnel {
             down: Pipe::new(PIPE_BYTES, upstream_rest),
             // Its edges may have been consumed while the exchange ran.
             upstream_readable: true,
+            // Those edges may have said so, too (until the first EAGAIN).
+            client_hup: true,
+            upstream_hup: true,
             idle_timeout: idle_timeout.as_micros() as Micros,
             last: svc.clock.now_us,
         }
@@ -198,9 +206,16 @@ impl Tunnel {
         self.last.saturating_add(self.idle_timeout)
     }
 
-    /// A readable (or hang-up, or error) event arrived for the upstream socket.
-    pub fn upstream_ready(&mut self) {
+    /// A readable event arrived for the upstream socket; `hup`: it said the peer
+    /// closed (or the socket failed).
+    pub fn upstream_ready(&mut self, hup: bool) {
         self.upstream_readable = true;
+        self.upstream_hup |= hup;
+    }
+
+    /// An event for the client socket said the peer closed (or the socket failed).
+    pub fn client_hung_up(&mut self) {
+        self.client_hup = true;
     }
 
     /// Bytes for the client are waiting for its socket.
@@ -260,21 +275,33 @@ impl Tunnel {
                 return Ok(Pumped::Ended);
             }
             if !self.up.eof && *client_readable && self.up.has_room() {
-                // Read until EAGAIN, not just until a short read: a FIN that came
-                // with the last bytes raises no further edge, and a half-close must
-                // not be missed.
+                let space = self.up.room().len();
                 match self.up.fill(client)? {
                     Some(n) => {
                         moved = true;
                         svc.stats.bytes_in(n as u64);
+                        // A short read drained the socket: the next edge tells of
+                        // more (unless the peer closed: then read on to the EOF).
+                        *client_readable = n == space || self.client_hup;
                     }
-                    None => *client_readable = false,
+                    None => {
+                        // Drained: a close from now on raises an edge of its own.
+                        *client_readable = false;
+                        self.client_hup = false;
+                    }
                 }
             }
             if !self.down.eof && self.upstream_readable && self.down.has_room() {
+                let space = self.down.room().len();
                 match self.down.fill(&mut self.upstream)? {
-                    Some(_) => moved = true,
-                    None => self.upstream_readable = false,
+                    Some(n) => {
+                        moved = true;
+                        self.upstream_readable = n == space || self.upstream_hup;
+                    }
+                    None => {
+                        self.upstream_readable = false;
+                        self.upstream_hup = false;
+                    }
                 }
             }
             if !moved {

@@ -26,7 +26,7 @@
 
 use super::dispatch::{self, After, Exchange, Next};
 use super::proxied::{self, Client, Progress};
-use super::tunnel::{Pumped, Tunnel};
+use super::tunnel::{Moved, Pumped, Tunnel};
 use crate::busy::{Body, Busy, RateWindow};
 use crate::http::request::{self, RequestError};
 use crate::http::response::Status;
@@ -545,8 +545,22 @@ impl Conn {
                     let Some(tunnel) = self.busy.as_mut().and_then(|b| b.tunnel.as_mut()) else {
                         return Verdict::Close;
                     };
-                    return match tunnel.pump(&mut self.stream, &mut self.readable, svc, &mut bytes)
-                    {
+                    let mut moved = Moved::default();
+                    let now = svc.clock.now_us;
+                    let pumped = tunnel.pump(
+                        &mut self.stream,
+                        &mut self.readable,
+                        now,
+                        &mut bytes,
+                        &mut moved,
+                    );
+                    if moved.from_client > 0 {
+                        svc.stats.bytes_in(moved.from_client);
+                    }
+                    if moved.to_client > 0 {
+                        svc.stats.bytes_out(moved.to_client);
+                    }
+                    return match pumped {
                         Pumped::Wait => Verdict::Keep,
                         Pumped::Budget => {
                             self.bits.set(Bits::YIELDED, true);
@@ -1088,8 +1102,9 @@ fn open_tunnel(
         &busy.inbuf[busy.in_start..busy.in_end],
         &rest,
         idle,
-        svc,
+        svc.clock.now_us,
     );
+    svc.stats.bump(counters::TUNNELS_OPENED, 1);
     busy.discard_input();
     Some(tunnel)
 }

@@ -38,7 +38,10 @@ const DISCARD_MAX: usize = 256 * 1024;
 /// One direction's bytes between reading one socket and writing the other.
 #[derive(Debug)]
 struct Pipe {
+    /// At least `capacity` bytes (more if the seed was larger).
     buf: Vec<u8>,
+    /// It takes input only while it holds less than this.
+    capacity: usize,
     start: usize,
     end: usize,
     /// The side it reads from sent EOF.
@@ -54,6 +57,7 @@ impl Pipe {
         buf[..seed.len()].copy_from_slice(seed);
         Pipe {
             buf,
+            capacity,
             start: 0,
             end: seed.len(),
             eof: false,
@@ -84,7 +88,7 @@ impl Pipe {
     }
 
     fn has_room(&self) -> bool {
-        self.end - self.start < self.buf.len()
+        self.end - self.start < self.capacity
     }
 
     /// Reads what `from` has into the free space: `Ok(Some(n))` bytes (0: EOF),
@@ -129,6 +133,13 @@ impl Pipe {
     }
 }
 
+/// Client bytes a [`Tunnel::pump`] moved, for the stats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Moved {
+    pub from_client: u64,
+    pub to_client: u64,
+}
+
 /// What [`Tunnel::pump`] left the tunnel in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pumped {
@@ -169,7 +180,7 @@ pub struct Tunnel {
 impl Tunnel {
     /// Opens a tunnel over `upstream` (registered under `token`), starting with the
     /// client's bytes after its request (`client_rest`) and the upstream's after its
-    /// 101 (`upstream_rest`). Counted in `tunnels_opened`.
+    /// 101 (`upstream_rest`), at `now`.
     pub fn open(
         upstream: UpstreamSocket,
         token: usize,
@@ -177,9 +188,8 @@ impl Tunnel {
         client_rest: &[u8],
         upstream_rest: &[u8],
         idle_timeout: std::time::Duration,
-        svc: &Services,
+        now: Micros,
     ) -> Tunnel {
-        svc.stats.bump(counters::TUNNELS_OPENED, 1);
         Tunnel {
             upstream,
             token,
@@ -192,7 +202,7 @@ impl Tunnel {
             client_hup: true,
             upstream_hup: true,
             idle_timeout: idle_timeout.as_micros() as Micros,
-            last: svc.clock.now_us,
+            last: now,
         }
     }
 
@@ -227,14 +237,16 @@ impl Tunnel {
     /// written, or the tunnel ends. `client_readable`: the client socket may have
     /// input (edge-triggered readiness); the upstream's is kept here
     /// ([`Tunnel::upstream_ready`]).
+    /// `now` is the time of any byte moved; `moved` counts the client's bytes.
     pub fn pump(
         &mut self,
         client: &mut TcpStream,
         client_readable: &mut bool,
-        svc: &Services,
+        now: Micros,
         budget: &mut u64,
+        moved: &mut Moved,
     ) -> Pumped {
-        match self.pump_io(client, client_readable, svc, budget) {
+        match self.pump_io(client, client_readable, now, budget, moved) {
             Ok(pumped) => pumped,
             Err(e) => {
                 forkd_shared::debug!("tunnel ended by a socket error: {e}");
@@ -247,14 +259,15 @@ impl Tunnel {
         &mut self,
         client: &mut TcpStream,
         client_readable: &mut bool,
-        svc: &Services,
+        now: Micros,
         budget: &mut u64,
+        meter: &mut Moved,
     ) -> io::Result<Pumped> {
         loop {
             let mut moved = false;
             let to_client = self.down.drain(client, *budget)?;
             if to_client > 0 {
-                svc.stats.bytes_out(to_client as u64);
+                meter.to_client += to_client as u64;
                 *budget = budget.saturating_sub(to_client as u64);
                 moved = true;
             }
@@ -279,7 +292,7 @@ impl Tunnel {
                 match self.up.fill(client)? {
                     Some(n) => {
                         moved = true;
-                        svc.stats.bytes_in(n as u64);
+                        meter.from_client += n as u64;
                         // A short read drained the socket: the next edge tells of
                         // more (unless the peer closed: then read on to the EOF).
                         *client_readable = n == space || self.client_hup;
@@ -307,7 +320,7 @@ impl Tunnel {
             if !moved {
                 return Ok(Pumped::Wait);
             }
-            self.last = svc.clock.now_us;
+            self.last = now;
             if *budget == 0 {
                 return Ok(Pumped::Budget);
             }
@@ -325,7 +338,8 @@ impl Tunnel {
     }
 
     /// The connection closed: the upstream socket closes with the tunnel, its token
-    /// is free, and the tunnel is counted in `tunnels_closed`.
+    /// is free, and the tunnel is counted in `tunnels_closed` (`tunnels_opened` is
+    /// counted by the caller of [`Tunnel::open`]).
     pub fn close(self, svc: &mut Services) {
         svc.upstreams.forget(self.token);
         svc.stats.bump(counters::TUNNELS_CLOSED, 1);
@@ -358,7 +372,140 @@ fn discard(from: &mut impl Read) {
 
 #[cfg(test)]
 mod tests {
-    use super::Pipe;
+    use super::{Moved, Pipe, Pumped, Tunnel};
+    use crate::proxy::connect::UpstreamSocket;
+    use mio::{Events, Interest, Poll, Token};
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener};
+    use std::time::Duration;
+
+    /// A connected pair on loopback: the peer (blocking, std) and our side (mio).
+    fn pair() -> (std::net::TcpStream, mio::net::TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let (ours, _) = listener.accept().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        (peer, mio::net::TcpStream::from_std(ours))
+    }
+
+    /// Waits for an event on `token` that says the peer closed.
+    fn wait_closed(poll: &mut Poll, token: Token) {
+        let mut events = Events::with_capacity(8);
+        for _ in 0..500 {
+            poll.poll(&mut events, Some(Duration::from_millis(10)))
+                .unwrap();
+            if events
+                .iter()
+                .any(|e| e.token() == token && e.is_read_closed())
+            {
+                return;
+            }
+        }
+        panic!("no close event");
+    }
+
+    /// The event loop's part: an event that says the peer closed makes the tunnel
+    /// read that side on to its EOF, though the bytes before the FIN came in a short
+    /// read (a FIN that comes with data raises no edge of its own).
+    #[test]
+    fn a_close_that_came_with_the_last_bytes_is_passed_on_both_ways() {
+        let (mut client_peer, mut client) = pair();
+        let (mut upstream_peer, mut upstream) = pair();
+        let mut poll = Poll::new().unwrap();
+        poll.registry()
+            .register(&mut client, Token(0), Interest::READABLE)
+            .unwrap();
+        poll.registry()
+            .register(&mut upstream, Token(1), Interest::READABLE)
+            .unwrap();
+        let mut t = Tunnel::open(
+            UpstreamSocket::Tcp(upstream),
+            7,
+            None,
+            b"early;",
+            b"hello;",
+            Duration::from_secs(3600),
+            0,
+        );
+        let (mut readable, mut budget, mut moved) = (true, u64::MAX, Moved::default());
+        // The seeds go out; both sockets are drained (EAGAIN).
+        assert_eq!(
+            t.pump(&mut client, &mut readable, 1, &mut budget, &mut moved),
+            Pumped::Wait
+        );
+        assert!(!readable);
+        let mut got = [0u8; 6];
+        client_peer.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"hello;");
+
+        client_peer.write_all(b"late").unwrap();
+        client_peer.shutdown(Shutdown::Write).unwrap();
+        wait_closed(&mut poll, Token(0));
+        readable = true;
+        t.client_hung_up();
+        assert_eq!(
+            t.pump(&mut client, &mut readable, 2, &mut budget, &mut moved),
+            Pumped::Wait
+        );
+        let mut up = Vec::new();
+        upstream_peer.read_to_end(&mut up).unwrap();
+        assert_eq!(up, b"early;late", "then the client's EOF, as a half-close");
+
+        upstream_peer.write_all(b"bye").unwrap();
+        upstream_peer.shutdown(Shutdown::Write).unwrap();
+        wait_closed(&mut poll, Token(1));
+        t.upstream_ready(true);
+        assert_eq!(
+            t.pump(&mut client, &mut readable, 3, &mut budget, &mut moved),
+            Pumped::Ended,
+            "both directions closed"
+        );
+        let mut down = Vec::new();
+        client_peer.read_to_end(&mut down).unwrap();
+        assert_eq!(down, b"bye");
+        assert_eq!(
+            moved,
+            Moved {
+                from_client: 4,
+                to_client: 9
+            }
+        );
+        assert_eq!(t.deadline(), 3 + 3_600_000_000, "from the last byte moved");
+    }
+
+    #[test]
+    fn a_pump_writes_no_more_than_its_budget_and_a_full_pipe_reads_nothing() {
+        let (mut client_peer, mut client) = pair();
+        let (mut upstream_peer, upstream) = pair();
+        let seed = vec![7u8; 40_000]; // more than the pipe holds
+        let mut t = Tunnel::open(
+            UpstreamSocket::Tcp(upstream),
+            7,
+            None,
+            &seed,
+            b"",
+            Duration::from_secs(1),
+            0,
+        );
+        client_peer.write_all(b"not yet").unwrap();
+        let (mut readable, mut moved) = (true, Moved::default());
+        let mut budget = 1000;
+        assert_eq!(
+            t.pump(&mut client, &mut readable, 1, &mut budget, &mut moved),
+            Pumped::Budget
+        );
+        assert_eq!(budget, 0);
+        assert_eq!(moved.from_client, 0, "no room: the client is not read");
+        assert!(readable, "its input is still there");
+        let mut budget = u64::MAX;
+        t.pump(&mut client, &mut readable, 2, &mut budget, &mut moved);
+        assert_eq!(moved.from_client, 7, "read once the pipe had room");
+        let mut got = vec![0u8; seed.len() + 7];
+        upstream_peer.read_exact(&mut got).unwrap();
+        assert_eq!(&got[..seed.len()], &seed[..]);
+        assert_eq!(&got[seed.len()..], b"not yet");
+    }
 
     #[test]
     fn a_pipe_holds_its_seed_and_takes_no_more_than_its_capacity() {

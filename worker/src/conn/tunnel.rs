@@ -236,8 +236,8 @@ impl Tunnel {
     /// Moves bytes both ways until both sockets would block, `budget` bytes are
     /// written, or the tunnel ends. `client_readable`: the client socket may have
     /// input (edge-triggered readiness); the upstream's is kept here
-    /// ([`Tunnel::upstream_ready`]).
-    /// `now` is the time of any byte moved; `moved` counts the client's bytes.
+    /// ([`Tunnel::upstream_ready`]). `now` is the time of any byte moved; `moved`
+    /// counts the client's bytes (for the stats).
     pub fn pump(
         &mut self,
         client: &mut TcpStream,

@@ -4,6 +4,7 @@
 //! Taken from the pool when bytes arrive and given back when the connection is idle
 //! again, so an idle keep-alive connection is just its `Conn` (about 80 bytes).
 
+use crate::conn::Tunnel;
 use crate::http::chunked::ChunkedDecoder;
 use crate::out::OutQueue;
 use crate::timers::Micros;
@@ -62,6 +63,8 @@ pub struct Busy {
     pub rate: RateWindow,
     /// A proxied exchange under way.
     pub proxy: Option<Box<Proxied>>,
+    /// The connection was upgraded (a 101 from the upstream): the byte tunnel.
+    pub tunnel: Option<Box<Tunnel>>,
 }
 
 impl Busy {
@@ -75,6 +78,7 @@ impl Busy {
             body: None,
             rate: RateWindow::default(),
             proxy: None,
+            tunnel: None,
         })
     }
 
@@ -89,6 +93,7 @@ impl Busy {
             && self.out.is_empty()
             && self.body.is_none()
             && self.proxy.is_none()
+            && self.tunnel.is_none()
     }
 
     /// Input bytes not consumed yet.
@@ -124,6 +129,7 @@ impl Busy {
         self.discard_input();
         self.body = None;
         self.proxy = None;
+        self.tunnel = None;
         self.rate = RateWindow::default();
         self.out.clear();
     }

@@ -230,6 +230,10 @@ impl EventLoop {
                                 let Some(conn) = self.conns.get_mut(client) else {
                                     continue;
                                 };
+                                let hup = event.is_read_closed() || event.is_error();
+                                if event.is_readable() || hup {
+                                    conn.upstream_readable(hup);
+                                }
                                 let verdict = conn.drive(client, &mut self.svc);
                                 self.settle(client, verdict);
                             }
@@ -249,6 +253,9 @@ impl EventLoop {
                         };
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
                             conn.readable = true;
+                        }
+                        if event.is_read_closed() || event.is_error() {
+                            conn.client_hung_up();
                         }
                         let verdict = conn.drive(key, &mut self.svc);
                         self.settle(key, verdict);
@@ -283,6 +290,7 @@ impl EventLoop {
                         "drain_timeout reached: closing {} connection(s) still open",
                         self.conns.len()
                     );
+                    self.close_tunnels();
                     return exit::OK;
                 }
             }
@@ -292,10 +300,28 @@ impl EventLoop {
         }
     }
 
+    /// The drain is over: every tunnel still open is shut down on both sides (each
+    /// peer reads an EOF, not a reset) and closed, and counted closed.
+    fn close_tunnels(&mut self) {
+        let keys: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.is_tunnel())
+            .map(|(k, _)| k)
+            .collect();
+        for key in keys {
+            self.conns[key].shut_tunnel();
+            self.close(key);
+        }
+        self.svc.stats.tunnels(0);
+    }
+
     /// Publishes the gauges that are sampled rather than counted.
     fn sample_stats(&self) {
         let (mut reading, mut writing, mut idle) = (0, 0, 0);
+        let mut tunnels = 0;
         for (_, conn) in &self.conns {
+            tunnels += u64::from(conn.is_tunnel());
             match conn.activity() {
                 Activity::Reading => reading += 1,
                 Activity::Writing => writing += 1,
@@ -305,6 +331,7 @@ impl EventLoop {
         self.svc
             .stats
             .sample(self.conns.len() as u64, reading, writing, idle);
+        self.svc.stats.tunnels(tunnels);
     }
 
     /// Publishes each upstream server's open and idle connections: idle ones are in
@@ -316,9 +343,16 @@ impl EventLoop {
         }
         let mut busy: Vec<Vec<u64>> = upstreams.iter().map(|u| vec![0; u.servers.len()]).collect();
         for (_, conn) in &self.conns {
-            let Some(p) = conn.proxied() else { continue };
-            if let (Some(_), Some((server, _))) = (p.token, p.server) {
-                if let Some(n) = busy.get_mut(p.upstream).and_then(|v| v.get_mut(server)) {
+            let in_use = match conn.proxied() {
+                Some(p) => p
+                    .token
+                    .and(p.server)
+                    .map(|(server, _)| (p.upstream, server)),
+                // An upgraded connection still holds its upstream connection.
+                None => conn.tunnel_server(),
+            };
+            if let Some((upstream, server)) = in_use {
+                if let Some(n) = busy.get_mut(upstream).and_then(|v| v.get_mut(server)) {
                     *n += 1;
                 }
             }

@@ -176,11 +176,12 @@ impl Stats {
     }
 
     /// A response was queued: `status`, after `latency_us` since its request began.
-    /// Interim (1xx) responses count by class but not as requests.
+    /// Interim (1xx) responses count by class but not as requests; a 101 (switching
+    /// to a tunnel) is its request's final answer.
     #[inline]
     pub fn response(&self, status: u16, latency_us: Option<u64>) {
         self.bump(counters::response_class(status / 100), 1);
-        if status >= 200 {
+        if status >= 200 || status == 101 {
             self.bump(counters::REQUESTS, 1);
         }
         if let Some(us) = latency_us {
@@ -224,6 +225,12 @@ impl Stats {
     }
 
     /// Once a second: connection gauges, open fds and RSS.
+    /// Publishes the upgraded connections (tunnels) open now.
+    pub fn tunnels(&self, open: u64) {
+        let open = u32::try_from(open).unwrap_or(u32::MAX);
+        self.slot().tunnels_open.store(open, Relaxed);
+    }
+
     pub fn sample(&self, active: u64, reading: u64, writing: u64, idle: u64) {
         let s = self.slot();
         s.connections_active.store(active, Relaxed);

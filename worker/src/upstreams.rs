@@ -240,6 +240,9 @@ pub struct Proxied {
     /// The client connection may be kept after the response.
     pub client_keep_alive: bool,
     pub http10: bool,
+    /// The upstream switched protocols (101): its socket and the bytes after the
+    /// head, for the tunnel the client connection becomes once the 101 is written.
+    pub upgraded: Option<(UpstreamSocket, Vec<u8>)>,
     /// The `X-Request-Id` sent upstream.
     request_id: [u8; 32],
     request_id_len: u8,
@@ -281,6 +284,7 @@ impl Proxied {
             sent: 0,
             client_keep_alive,
             http10,
+            upgraded: None,
             request_id: id,
             request_id_len: len as u8,
         }

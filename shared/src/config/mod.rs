@@ -191,9 +191,11 @@ pub enum Handler {
         body: String,
         content_type: String,
     },
-    /// Hands the request to `Config::upstreams[upstream]`.
+    /// Hands the request to `Config::upstreams[upstream]`; `upgrade`: `Upgrade`
+    /// requests are forwarded with it and a 101 becomes a byte tunnel.
     Proxy {
         upstream: usize,
+        upgrade: bool,
     },
 }
 

@@ -205,8 +205,14 @@ pub enum RawHandler {
         #[serde(default = "default_return_type")]
         content_type: String,
     },
-    /// Hands the request to a server of the named entry of `upstreams`.
-    Proxy { upstream: String },
+    /// Hands the request to a server of the named entry of `upstreams`; `upgrade`:
+    /// a request asking for `Upgrade` (WebSocket) is forwarded with it, and a 101
+    /// turns the connection into a byte tunnel.
+    Proxy {
+        upstream: String,
+        #[serde(default)]
+        upgrade: bool,
+    },
 }
 
 #[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
@@ -250,6 +256,10 @@ pub struct RawUpstream {
     /// How often a server given by name is resolved again (off the event loop).
     #[serde(default = "default_upstream_resolve_every")]
     pub resolve_every: ConfDuration,
+    /// An upgraded connection (WebSocket tunnel) with no bytes either way for this
+    /// long is closed.
+    #[serde(default = "default_tunnel_idle_timeout")]
+    pub tunnel_idle_timeout: ConfDuration,
 }
 
 /// `health_check: Some((path: "/healthz", interval: "2s", timeout: "1s", rise: 2,
@@ -555,6 +565,9 @@ fn default_check_fall() -> u32 {
 }
 fn default_check_expect_status() -> (u16, u16) {
     (200, 399)
+}
+fn default_tunnel_idle_timeout() -> ConfDuration {
+    ConfDuration(std::time::Duration::from_secs(3600))
 }
 fn default_min_rate() -> ConfRate {
     ConfRate(1024)

@@ -33,6 +33,8 @@ pub struct Upstream {
     pub health_check: Option<HealthCheck>,
     /// Names are resolved again this often.
     pub resolve_every: Duration,
+    /// An upgraded connection idle (no bytes either way) this long is closed.
+    pub tunnel_idle_timeout: Duration,
 }
 
 /// A validated `health_check` block.
@@ -167,6 +169,7 @@ pub(super) fn validate_upstream(
         retries: raw.retries,
         health_check,
         resolve_every: raw.resolve_every.0,
+        tunnel_idle_timeout: raw.tunnel_idle_timeout.0,
     })
 }
 

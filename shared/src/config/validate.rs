@@ -296,6 +296,7 @@ pub(super) fn validate(
                     retries: 0,
                     health_check: None,
                     resolve_every: std::time::Duration::ZERO,
+                    tunnel_idle_timeout: std::time::Duration::ZERO,
                 });
             }
         }
@@ -541,10 +542,13 @@ pub(super) fn validate(
                         content_type,
                     }
                 }
-                RawHandler::Proxy { upstream } => {
+                RawHandler::Proxy { upstream, upgrade } => {
                     let (literal, nth) = occurrence(&upstream);
                     match upstreams.iter().position(|u| u.name == upstream) {
-                        Some(i) => Handler::Proxy { upstream: i },
+                        Some(i) => Handler::Proxy {
+                            upstream: i,
+                            upgrade,
+                        },
                         None => {
                             let known: Vec<&str> =
                                 upstreams.iter().map(|u| u.name.as_str()).collect();
@@ -561,7 +565,10 @@ pub(super) fn validate(
                                     )
                                 },
                             );
-                            Handler::Proxy { upstream: 0 }
+                            Handler::Proxy {
+                                upstream: 0,
+                                upgrade,
+                            }
                         }
                     }
                 }
@@ -846,10 +853,39 @@ mod tests {
         assert_eq!(u.send_timeout.as_secs(), 30);
         assert_eq!(u.read_timeout.as_secs(), 5);
         assert_eq!(u.retries, 1);
+        assert_eq!(u.tunnel_idle_timeout.as_secs(), 3600);
         assert_eq!(
             c.servers[0].route(b"/api/x").unwrap().handler,
-            Handler::Proxy { upstream: 0 }
+            Handler::Proxy {
+                upstream: 0,
+                upgrade: false
+            }
         );
+    }
+
+    #[test]
+    fn a_proxy_route_may_allow_upgrades_and_the_upstream_bounds_idle_tunnels() {
+        let d = site();
+        let text = PROXY
+            .replace(
+                "Proxy(upstream: \"app\")",
+                "Proxy(upstream: \"app\", upgrade: true)",
+            )
+            .replace(
+                "keepalive: 8,",
+                "keepalive: 8, tunnel_idle_timeout: \"90s\",",
+            );
+        let c = parse(&d.0, &text).unwrap();
+        assert_eq!(c.upstreams[0].tunnel_idle_timeout.as_secs(), 90);
+        assert_eq!(
+            c.servers[0].route(b"/api/x").unwrap().handler,
+            Handler::Proxy {
+                upstream: 0,
+                upgrade: true
+            }
+        );
+        let bad = PROXY.replace("keepalive: 8,", "tunnel_idle_timeout: \"soon\",");
+        assert!(parse(&d.0, &bad).is_err());
     }
 
     #[test]

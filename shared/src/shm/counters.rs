@@ -79,6 +79,9 @@ counters! { COUNTERS;
     11 ACCEPT_EMPTY_WAKEUPS   "accept_empty_wakeups"   "forkd_accept_empty_wakeups_total"           "Accept wake-ups that found no connection.";
     12 CONNECTION_LIMIT_HITS  "connection_limit_hits"  "forkd_connection_limit_hits_total"          "Times a worker reached worker_connections.";
     13 SLOW_CLIENTS_CLOSED    "slow_clients_closed"    "forkd_slow_clients_closed_total"            "Connections closed below min_body_rate or min_send_rate.";
+    // WebSocket / Upgrade tunnels (#12).
+    44 TUNNELS_OPENED         "tunnels_opened"         "forkd_tunnels_opened_total"                 "Upgraded connections (WebSocket tunnels) opened after a 101 from an upstream.";
+    45 TUNNELS_CLOSED         "tunnels_closed"         "forkd_tunnels_closed_total"                 "Upgraded connections (WebSocket tunnels) closed.";
     // Overload protection (ids from 48: other areas take the ones after 13; 40 is a test's "future" counter).
     48 AT_LIMIT_MS            "at_limit_ms"            "forkd_at_connection_limit_ms_total"         "Milliseconds a worker spent at worker_connections.";
     49 CONNECTIONS_ROTATED    "connections_rotated"    "forkd_connections_rotated_total"            "Connections told to close after their next response to make room at worker_connections.";

@@ -173,7 +173,9 @@ pub struct WorkerSlot {
     /// The worker's slot number (CPU, reuseport queue), not this slot's index.
     pub worker: AtomicU32,
     pub state: AtomicU32,
-    _pad: AtomicU32,
+    /// Upgraded connections (WebSocket tunnels) open now, sampled once a second. Was
+    /// padding: builds without tunnels left it 0, so the layout version stays.
+    pub tunnels_open: AtomicU32,
     /// Configuration generation this worker serves.
     pub generation: AtomicU64,
     /// Wall-clock start, ms since the epoch.

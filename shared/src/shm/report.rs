@@ -4,7 +4,8 @@
 
 use super::counters::{
     CounterDef, BYTES_IN, BYTES_OUT, CONNECTIONS_ACCEPTED, COUNTERS, REQUESTS, RESPONSES_1XX,
-    RESPONSES_2XX, RESPONSES_3XX, RESPONSES_499, RESPONSES_4XX, RESPONSES_5XX,
+    RESPONSES_2XX, RESPONSES_3XX, RESPONSES_499, RESPONSES_4XX, RESPONSES_5XX, TUNNELS_CLOSED,
+    TUNNELS_OPENED,
 };
 use super::layout::{Layout, WorkerState};
 pub use super::upstream_values::UpstreamReport;
@@ -31,6 +32,8 @@ pub struct WorkerReport {
     pub connections_reading: u64,
     pub connections_writing: u64,
     pub connections_idle: u64,
+    /// Upgraded connections (WebSocket tunnels) open.
+    pub tunnels_open: u64,
     pub open_fds: u64,
     pub rss_bytes: u64,
     pub counters: CounterValues,
@@ -198,6 +201,7 @@ fn read_once(layout: &Layout) -> Report {
                 connections_reading: s.connections_reading.load(Relaxed),
                 connections_writing: s.connections_writing.load(Relaxed),
                 connections_idle: s.connections_idle.load(Relaxed),
+                tunnels_open: u64::from(s.tunnels_open.load(Relaxed)),
                 open_fds: s.open_fds.load(Relaxed),
                 rss_bytes: s.rss_bytes.load(Relaxed),
                 counters: CounterValues::read(&s.counters),
@@ -442,6 +446,14 @@ impl Report {
             t[BYTES_IN],
             t[BYTES_OUT]
         );
+        let tunnels: u64 = self.workers.iter().map(|w| w.tunnels_open).sum();
+        if tunnels > 0 || t[TUNNELS_OPENED] > 0 {
+            let _ = writeln!(
+                o,
+                "tunnels open {tunnels}  opened {}  closed {}",
+                t[TUNNELS_OPENED], t[TUNNELS_CLOSED]
+            );
+        }
         super::upstream_values::table(&mut o, &self.upstreams);
         if let Some(pid) = self.checks.owner_pid {
             let _ = writeln!(o, "upstream checks and name resolution: worker pid {pid}");
@@ -532,11 +544,16 @@ impl Report {
             );
         }
         type Gauge = fn(&WorkerReport) -> String;
-        let gauges: [(&str, &str, Gauge); 4] = [
+        let gauges: [(&str, &str, Gauge); 5] = [
             (
                 "forkd_connections_active",
                 "Open client connections.",
                 |w| w.connections_active.to_string(),
+            ),
+            (
+                "forkd_tunnels_open",
+                "Upgraded connections (WebSocket tunnels) open.",
+                |w| w.tunnels_open.to_string(),
             ),
             (
                 "forkd_open_fds",
@@ -676,6 +693,7 @@ mod tests {
             connections_reading: 0,
             connections_writing: 0,
             connections_idle: 0,
+            tunnels_open: 0,
             open_fds: 0,
             rss_bytes: 0,
             counters: {

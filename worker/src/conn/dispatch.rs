@@ -22,6 +22,7 @@ use crate::http::response::{self, Persistence, Status};
 use crate::out::OutQueue;
 use crate::proxy::response_head::ResponseContext;
 use crate::proxy::session::Session;
+use crate::proxy::upgrade;
 use crate::proxy::upstream_request::{self, Forwarding, Framing, Scheme};
 use crate::services::Services;
 use crate::timers::Micros;
@@ -126,8 +127,8 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
             svc.config.servers[server].max_header_bytes,
         ))),
     };
-    if let Some(upstream) = proxy_route(svc, server, req, x.peer) {
-        return proxy(x, svc, req, head, server, upstream);
+    if let Some((upstream, upgrade)) = proxy_route(svc, server, req, x.peer) {
+        return proxy(x, svc, req, head, server, upstream, upgrade);
     }
     if let Some(body) = body {
         if req.expect_continue && refused_from_head(svc, server, req, x.peer) {
@@ -262,9 +263,15 @@ fn too_many(
     persistence
 }
 
-/// The upstream of the route `req` goes to, if that route is a `Proxy` the client
-/// `peer` may use (a refused one is answered 403 by `respond`, like any route).
-fn proxy_route(svc: &Services, server: usize, req: &Request, peer: IpAddr) -> Option<usize> {
+/// The upstream of the route `req` goes to and whether it allows upgrades, if that
+/// route is a `Proxy` the client `peer` may use (a refused one is answered 403 by
+/// `respond`, like any route).
+fn proxy_route(
+    svc: &Services,
+    server: usize,
+    req: &Request,
+    peer: IpAddr,
+) -> Option<(usize, bool)> {
     let server = &svc.config.servers[server];
     let path = route_path(req.path).ok()?;
     let route = &server.routes[server.route_index(&path)?];
@@ -272,7 +279,7 @@ fn proxy_route(svc: &Services, server: usize, req: &Request, peer: IpAddr) -> Op
         return None;
     }
     match route.handler {
-        Handler::Proxy { upstream } => Some(upstream),
+        Handler::Proxy { upstream, upgrade } => Some((upstream, upgrade)),
         _ => None,
     }
 }
@@ -290,6 +297,7 @@ fn proxy(
     head: &[u8],
     server: usize,
     upstream_index: usize,
+    allow_upgrade: bool,
 ) -> Next {
     *x.requests = x.requests.saturating_add(1);
     let srv = &svc.config.servers[server];
@@ -302,6 +310,12 @@ fn proxy(
         BodyKind::Length(n) => Framing::Length(n),
         BodyKind::Chunked => Framing::Chunked,
     };
+    // An upgrade the route allows: forwarded with `Upgrade` (see `proxy::upgrade`);
+    // otherwise both fields are dropped as hop-by-hop and the request is plain HTTP.
+    let protocol = match framing {
+        Framing::None if allow_upgrade => upgrade::requested(head),
+        _ => None,
+    };
     let fallback = srv
         .names
         .first()
@@ -310,7 +324,8 @@ fn proxy(
         client_ip: x.peer,
         scheme: Scheme::Http,
         fallback_host: fallback,
-        close: upstream.keepalive == 0,
+        // `Connection: upgrade` instead: a switched connection is never pooled.
+        close: upstream.keepalive == 0 && protocol.is_none(),
     };
     let mut out = Vec::with_capacity(head.len() + 192);
     let written =
@@ -319,6 +334,9 @@ fn proxy(
             // The head was parsed once already; re-tokenising it cannot fail.
             Err(_) => return Next::Reject(RequestError::Malformed("unparseable head")),
         };
+    if let Some(protocol) = protocol {
+        upgrade::add_request_fields(&mut out, protocol);
+    }
     let request_id = out[written.request_id.clone()].to_vec();
     let context = ResponseContext {
         head_request: req.method == Method::Head,
@@ -327,6 +345,7 @@ fn proxy(
         upstream_requests: 0,
         keepalive_requests: upstream.keepalive_requests,
         max_head: MAX_UPSTREAM_HEAD,
+        upgrade: protocol.is_some(),
     };
     let mut session = Session::new(
         out,

@@ -13,7 +13,8 @@
 //!                  then: Linger ─▶ Linger (drain input, then closed)
 //!
 //!  ReadHead ──Proxy route──▶ Proxy ──response written──▶ ReadHead (or closed)
-//!                              └── upstream failed before the head ─▶ Write{then: Linger}
+//!                              ├── upstream failed before the head ─▶ Write{then: Linger}
+//!                              └── 101 written (an upgrade) ─▶ Tunnel ──both ends shut──▶ closed
 //! ```
 //!
 //! In `Proxy` the exchange (`Busy::proxy`) is driven by `proxied.rs`: the client is
@@ -25,6 +26,7 @@
 
 use super::dispatch::{self, After, Exchange, Next};
 use super::proxied::{self, Client, Progress};
+use super::tunnel::{Moved, Pumped, Tunnel};
 use crate::busy::{Body, Busy, RateWindow};
 use crate::http::request::{self, RequestError};
 use crate::http::response::Status;
@@ -114,6 +116,9 @@ enum Phase {
     Linger,
     /// A proxied exchange (`Busy::proxy`) under way.
     Proxy,
+    /// Upgraded (a 101 from the upstream): a byte tunnel (`Busy::tunnel`) until both
+    /// sides end, it idles out, or the drain ends.
+    Tunnel,
 }
 
 /// What a connection is doing, for the stats gauges.
@@ -204,7 +209,7 @@ impl Conn {
 
     pub fn activity(&self) -> Activity {
         match self.phase {
-            Phase::Write(_) | Phase::Proxy => Activity::Writing,
+            Phase::Write(_) | Phase::Proxy | Phase::Tunnel => Activity::Writing,
             _ if self.is_idle() => Activity::Idle,
             _ => Activity::Reading,
         }
@@ -227,7 +232,43 @@ impl Conn {
                 || b.proxy
                     .as_ref()
                     .is_some_and(|p| !p.session.client_output().is_empty())
+                || b.tunnel.as_ref().is_some_and(|t| t.wants_client_write())
         })
+    }
+
+    /// A readable event for a tunnel's upstream socket (before `drive`); `hup`: it
+    /// said the peer closed or the socket failed.
+    pub fn upstream_readable(&mut self, hup: bool) {
+        if let Some(t) = self.busy.as_mut().and_then(|b| b.tunnel.as_mut()) {
+            t.upstream_ready(hup);
+        }
+    }
+
+    /// An event for the client socket said the peer closed or the socket failed
+    /// (before `drive`): a tunnel reads the client on to its EOF.
+    pub fn client_hung_up(&mut self) {
+        if let Some(t) = self.busy.as_mut().and_then(|b| b.tunnel.as_mut()) {
+            t.client_hung_up();
+        }
+    }
+
+    /// Upgraded: a tunnel (for the `tunnels_open` gauge).
+    pub fn is_tunnel(&self) -> bool {
+        self.phase == Phase::Tunnel
+    }
+
+    /// The upstream and server a tunnel's upstream connection goes to (for the
+    /// upstream's open-connections gauge).
+    pub fn tunnel_server(&self) -> Option<(usize, usize)> {
+        self.busy.as_ref()?.tunnel.as_ref()?.server()
+    }
+
+    /// The drain ended with the tunnel still open: shut both sides down cleanly (the
+    /// caller closes the connection).
+    pub fn shut_tunnel(&mut self) {
+        if let Some(t) = self.busy.as_mut().and_then(|b| b.tunnel.as_mut()) {
+            t.shut(&mut self.stream);
+        }
     }
 
     /// The client address (see `peer`).
@@ -311,6 +352,9 @@ impl Conn {
         if let Some(mut busy) = self.busy.take() {
             if let Some(token) = busy.proxy.take().and_then(|p| p.token) {
                 svc.upstreams.forget(token); // the session's socket closes with it
+            }
+            if let Some(tunnel) = busy.tunnel.take() {
+                tunnel.close(svc);
             }
             svc.give_busy(busy);
         }
@@ -443,6 +487,7 @@ impl Conn {
                         progress: &mut self.progress,
                     };
                     let progress = proxied::advance(&mut p, &mut client, busy, svc, &mut bytes);
+                    let mut upgraded = None;
                     match progress {
                         Progress::Again
                         | Progress::ReadClient
@@ -450,6 +495,7 @@ impl Conn {
                         | Progress::Budget => {
                             busy.proxy = Some(p);
                         }
+                        Progress::Upgraded => upgraded = Some(p),
                         _ => {
                             if let Some(token) = p.token {
                                 svc.upstreams.forget(token);
@@ -483,7 +529,45 @@ impl Conn {
                             self.phase = Phase::ReadHead;
                             self.start_writing(After::Linger, svc);
                         }
+                        Progress::Upgraded => {
+                            let p = upgraded.take().expect("kept above");
+                            let Some(tunnel) = open_tunnel(*p, busy, svc) else {
+                                return Verdict::Close;
+                            };
+                            busy.tunnel = Some(Box::new(tunnel));
+                            self.phase = Phase::Tunnel;
+                            // Client bytes may have arrived while the upstream answered.
+                            self.readable = true;
+                        }
                     }
+                }
+                Phase::Tunnel => {
+                    let Some(tunnel) = self.busy.as_mut().and_then(|b| b.tunnel.as_mut()) else {
+                        return Verdict::Close;
+                    };
+                    let mut moved = Moved::default();
+                    let now = svc.clock.now_us;
+                    let pumped = tunnel.pump(
+                        &mut self.stream,
+                        &mut self.readable,
+                        now,
+                        &mut bytes,
+                        &mut moved,
+                    );
+                    if moved.from_client > 0 {
+                        svc.stats.bytes_in(moved.from_client);
+                    }
+                    if moved.to_client > 0 {
+                        svc.stats.bytes_out(moved.to_client);
+                    }
+                    return match pumped {
+                        Pumped::Wait => Verdict::Keep,
+                        Pumped::Budget => {
+                            self.bits.set(Bits::YIELDED, true);
+                            Verdict::Keep
+                        }
+                        Pumped::Ended => Verdict::Close,
+                    };
                 }
                 Phase::Linger => {
                     // Read and drop until the client closes or the socket is empty.
@@ -737,6 +821,10 @@ impl Conn {
             }
             Phase::Linger => self.idle_since + LINGER,
             Phase::ProxyHeader => self.idle_since + us(server.header_timeout),
+            Phase::Tunnel => match self.busy.as_ref().and_then(|b| b.tunnel.as_ref()) {
+                Some(t) => t.deadline(),
+                None => self.progress,
+            },
             Phase::Proxy => match self.busy.as_deref() {
                 Some(b) => match b.proxy.as_deref() {
                     Some(p) => {
@@ -853,7 +941,23 @@ impl Conn {
                 Verdict::Close
             }
             Phase::Proxy => self.proxy_timeout(key, svc),
+            Phase::Tunnel => self.tunnel_timeout(key, svc),
         }
+    }
+
+    /// The tunnel's deadline passed: closed if it has been idle for its
+    /// `tunnel_idle_timeout` (both sides shut down first, so each reads an EOF).
+    fn tunnel_timeout(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        let Some(tunnel) = self.busy.as_mut().and_then(|b| b.tunnel.as_mut()) else {
+            return Verdict::Close;
+        };
+        if svc.clock.now_us < tunnel.deadline() {
+            self.arm(key, svc);
+            return Verdict::Keep;
+        }
+        forkd_shared::info!("tunnel of client {} idle: closing", self.peer);
+        tunnel.shut(&mut self.stream);
+        Verdict::Close
     }
 
     /// The deadline of a proxied exchange passed: the upstream's (the session decides
@@ -967,6 +1071,42 @@ impl Conn {
             self.head_since,
         );
     }
+}
+
+/// Turns a proxied exchange that ended in a 101 into a tunnel: its upstream socket
+/// and token, the upstream's bytes after the head, the client's after its request.
+/// None if the exchange holds no switched socket (then the connection closes).
+fn open_tunnel(
+    mut p: crate::upstreams::Proxied,
+    busy: &mut crate::busy::Busy,
+    svc: &mut Services,
+) -> Option<Tunnel> {
+    let (Some((socket, rest)), Some(token)) = (p.upgraded.take(), p.token) else {
+        if let Some(token) = p.token {
+            svc.upstreams.forget(token);
+        }
+        return None;
+    };
+    let idle = svc
+        .config
+        .upstreams
+        .get(p.upstream)
+        .map_or(std::time::Duration::from_secs(3600), |u| {
+            u.tunnel_idle_timeout
+        });
+    let server = p.server_index().map(|s| (p.upstream, s));
+    let tunnel = Tunnel::open(
+        socket,
+        token,
+        server,
+        &busy.inbuf[busy.in_start..busy.in_end],
+        &rest,
+        idle,
+        svc.clock.now_us,
+    );
+    svc.stats.bump(counters::TUNNELS_OPENED, 1);
+    busy.discard_input();
+    Some(tunnel)
 }
 
 #[cfg(test)]

@@ -5,12 +5,16 @@
 //!   queued (no socket), or "proxy this".
 //! - `proxied`: the client side of a proxied exchange (the session pumped, the
 //!   response written to the client, steps acted on).
+//! - `tunnel`: an upgraded connection (101): bytes both ways between the client and
+//!   the upstream socket.
 //!
-//! `io` calls `dispatch` and `proxied`; `proxied` calls `dispatch` (error pages, the
-//! access log); `dispatch` knows nothing of the other two.
+//! `io` calls `dispatch`, `proxied` and `tunnel`; `proxied` calls `dispatch` (error
+//! pages, the access log); `dispatch` knows nothing of the others.
 
 mod dispatch;
 mod io;
 mod proxied;
+mod tunnel;
 
 pub use io::{Activity, Conn, Verdict};
+pub use tunnel::Tunnel;

@@ -43,6 +43,9 @@ pub enum Progress {
     Failed,
     /// Part of the response was sent and the rest cannot be: close the client.
     Close,
+    /// A 101 was written whole (and logged): the connection becomes a tunnel over
+    /// `Proxied::upgraded`, whose token stays registered.
+    Upgraded,
 }
 
 /// The client connection's side of [`advance`].
@@ -156,6 +159,10 @@ pub fn advance(
     if p.truncated {
         return Progress::Close;
     }
+    if p.upstream_done && p.upgraded.is_some() {
+        account(p, c, svc);
+        return Progress::Upgraded;
+    }
     if p.upstream_done {
         let keep = finish(p, c, svc);
         return Progress::Finished { keep };
@@ -204,6 +211,12 @@ fn act(
                 account(p, c, svc);
                 p.upstream_done = true;
                 p.truncated = true;
+                return None;
+            }
+            Step::Upgraded { socket, rest } => {
+                p.upstream_done = true;
+                observe(p, svc);
+                p.upgraded = Some((socket, rest));
                 return None;
             }
             Step::Done { pool } => {

@@ -502,6 +502,7 @@ mod tests {
             retries: 1,
             health_check: None,
             resolve_every: Duration::from_secs(30),
+            tunnel_idle_timeout: Duration::from_secs(3600),
         };
         let t = |after: u64, fires_as, rearm_on_progress| {
             Some(Timeout {

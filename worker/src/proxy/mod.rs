@@ -20,6 +20,8 @@
 //! - [`session`]: an exchange with its upstream socket: moves the bytes, feeds the
 //!   state machine, tells the connection code what to do next ([`session::Step`]).
 //! - [`request_id`]: `X-Request-Id` values unique per worker.
+//! - [`upgrade`]: `Upgrade` requests (WebSocket): the fields forwarded both ways
+//!   around a 101; the tunnel itself is `conn/tunnel.rs`.
 
 pub mod body;
 pub mod connect;
@@ -30,6 +32,7 @@ pub mod response_head;
 pub mod retry;
 pub mod session;
 pub mod stream;
+pub mod upgrade;
 pub mod upstream_request;
 
 /// Hop-by-hop fields (RFC 9110 §7.6.1) a proxy never forwards, in either direction,
@@ -217,6 +220,7 @@ mod tests {
             upstream_requests: fresh.requests,
             keepalive_requests: 100,
             max_head: 8192,
+            upgrade: false,
         };
         let mut response = ResponseStream::new(ctx, 1024);
         let upstream = b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nContent-Length: 2\r\n\r\n[]";

@@ -438,6 +438,7 @@ mod tests {
             retries: 1,
             health_check: None,
             resolve_every: Duration::from_secs(30),
+            tunnel_idle_timeout: Duration::from_secs(3600),
         }
     }
 

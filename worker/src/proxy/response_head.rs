@@ -14,8 +14,10 @@
 //! | neither | until close (not reusable) | chunked | until close |
 //!
 //! 1xx other than 101 are forwarded to a 1.1 client (RFC 9110 §15.2: never to a 1.0
-//! one) and parsing goes on with the next head; a 101 is a 502, since forkd never
-//! forwards `Upgrade`. Hop-by-hop fields and those `Connection` names are dropped.
+//! one) and parsing goes on with the next head. A 101 is final when the request asked
+//! for an upgrade forkd forwarded (`ResponseContext::upgrade`; its head carries the
+//! upstream's `Upgrade` and `Connection: upgrade`, see `upgrade.rs`), else a 502.
+//! Hop-by-hop fields and those `Connection` names are dropped.
 
 use super::{is_hop_by_hop, parse_decimal, push_decimal, trim, ConnectionTokens};
 
@@ -38,6 +40,9 @@ pub struct ResponseContext {
     pub keepalive_requests: u64,
     /// The largest head accepted (more is a 502).
     pub max_head: usize,
+    /// The request asked for an upgrade the route allows (`upgrade::requested`): a
+    /// 101 is forwarded and the connection becomes a tunnel; otherwise a 101 is a 502.
+    pub upgrade: bool,
 }
 
 /// How the body is read from the upstream.
@@ -101,6 +106,8 @@ pub enum ResponseError {
     UnsupportedCoding,
     /// 101 without forkd having asked for an upgrade.
     UnexpectedSwitch,
+    /// 101 to an upgrade request, without the `Upgrade` field naming the protocol.
+    SwitchWithoutUpgrade,
 }
 
 impl ResponseError {
@@ -113,6 +120,7 @@ impl ResponseError {
             ResponseError::InvalidLength => "invalid Content-Length",
             ResponseError::UnsupportedCoding => "unsupported transfer coding",
             ResponseError::UnexpectedSwitch => "101 Switching Protocols without Upgrade",
+            ResponseError::SwitchWithoutUpgrade => "101 Switching Protocols naming no protocol",
         }
     }
 }
@@ -151,7 +159,22 @@ pub fn parse(
     let tokens = ConnectionTokens::of(headers);
 
     if status == 101 {
-        return Err(ResponseError::UnexpectedSwitch);
+        if !ctx.upgrade {
+            return Err(ResponseError::UnexpectedSwitch);
+        }
+        write_status_line(out, status, reason);
+        write_end_to_end(out, headers, tokens, true);
+        super::upgrade::write_switch_fields(out, headers)
+            .ok_or(ResponseError::SwitchWithoutUpgrade)?;
+        out.extend_from_slice(b"\r\n");
+        return Ok(Some(Parsed::Final(ResponseHead {
+            status,
+            head_len,
+            upstream_body: UpstreamBody::None,
+            client_body: ClientBody::None,
+            upstream_reusable: false,
+            client_close: true,
+        })));
     }
     if (100..200).contains(&status) {
         let forwarded = !ctx.client_http10;
@@ -315,6 +338,7 @@ mod tests {
         upstream_requests: 1,
         keepalive_requests: 100,
         max_head: 4096,
+        upgrade: false,
     };
 
     fn final_head(raw: &str, ctx: &ResponseContext) -> (ResponseHead, String) {

@@ -40,6 +40,14 @@ pub enum Step {
     /// may still be in [`Session::client_output`]: write it out, then the exchange is
     /// over (and the client connection closes if not [`Session::request_complete`]).
     Done { pool: Option<(UpstreamSocket, u64)> },
+    /// The upstream switched protocols (a 101 to an upgrade request): the 101 head is
+    /// in [`Session::client_output`]; after it, the connection is a byte tunnel over
+    /// `socket` (never pooled), starting with the upstream bytes that followed the
+    /// head (`rest`).
+    Upgraded {
+        socket: UpstreamSocket,
+        rest: Vec<u8>,
+    },
 }
 
 /// One proxied exchange.
@@ -330,6 +338,10 @@ impl Session {
             }
         }
         if let Some(head) = fed.head {
+            if head.status == 101 {
+                // `response_head` returns a final 101 only to an upgrade forkd forwarded.
+                return Some(self.switched());
+            }
             let has_body = head.upstream_body != super::response_head::UpstreamBody::None;
             let event = Event::FinalHead {
                 has_body,
@@ -345,6 +357,23 @@ impl Session {
             return Some(self.complete(clean));
         }
         None
+    }
+
+    /// The exchange ends in a switch: the socket and the bytes read past the 101 head
+    /// go to the tunnel.
+    fn switched(&mut self) -> Step {
+        // No body and not reusable: the exchange ends (`Release`, which is not acted on).
+        self.exchange.on(Event::FinalHead {
+            has_body: false,
+            reusable: false,
+        });
+        let mut rest = self.response.take_leftover();
+        rest.extend_from_slice(&self.inbox[self.inbox_at..self.inbox_end]);
+        self.inbox_at = self.inbox_end;
+        match self.socket.take() {
+            Some(socket) => Step::Upgraded { socket, rest },
+            None => Step::CloseClient,
+        }
     }
 
     fn upstream_closed(&mut self) -> Step {
@@ -438,6 +467,7 @@ mod tests {
         upstream_requests: 0,
         keepalive_requests: 100,
         max_head: 8192,
+        upgrade: false,
     };
 
     const GET: &[u8] = b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n";
@@ -645,6 +675,38 @@ mod tests {
             at += step.consumed;
         }
         assert_eq!(&data, body);
+    }
+
+    #[test]
+    fn a_101_to_an_upgrade_hands_over_the_socket_and_the_bytes_after_the_head() {
+        let switch: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+            Connection: Upgrade\r\n\r\n\x81\x02hi";
+        let (addr, _) = upstream(vec![vec![switch]]);
+        let ctx = ResponseContext {
+            upgrade: true,
+            ..CTX
+        };
+        let mut s = Session::new(GET.to_vec(), Framing::None, "GET", 1, 1, ctx, 1024);
+        s.attach(0, connect(addr), None);
+        let (client, step) = drive(&mut s, addr, usize::MAX);
+        assert_eq!(
+            client,
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n"
+        );
+        match step {
+            Step::Upgraded { rest, .. } => assert_eq!(rest, b"\x81\x02hi"),
+            other => panic!("{other:?}"),
+        }
+        assert!(s.socket_mut().is_none(), "the socket left the session");
+        assert!(matches!(s.pump(), Step::Pending));
+
+        // The same 101 to a request forkd did not upgrade.
+        let (addr, _) = upstream(vec![vec![switch]]);
+        let mut s = session(1024, 1);
+        s.attach(0, connect(addr), None);
+        let (client, step) = drive(&mut s, addr, usize::MAX);
+        assert!(client.is_empty());
+        assert!(matches!(step, Step::Respond(502)), "{step:?}");
     }
 
     #[test]

@@ -299,6 +299,15 @@ impl ResponseStream {
         }
     }
 
+    /// After a final head without a body (a 101 switch): the upstream bytes that
+    /// came with the head and that the stream held back.
+    pub fn take_leftover(&mut self) -> Vec<u8> {
+        match &mut self.phase {
+            Phase::Body { leftover, .. } => std::mem::take(leftover),
+            Phase::Head { .. } => Vec::new(),
+        }
+    }
+
     /// Whether the upstream should be read.
     pub fn wants_input(&self) -> bool {
         match &self.phase {
@@ -381,6 +390,7 @@ mod tests {
         upstream_requests: 1,
         keepalive_requests: 100,
         max_head: 4096,
+        upgrade: false,
     };
 
     /// Feeds `upstream` in pieces of `piece` bytes, then EOF if `close`; the client

@@ -332,12 +332,20 @@ impl Conn {
         verdict
     }
 
-    /// Stopped on its budget with work left: drive it again next turn.
+    /// The upstream socket of the exchange under way reported readable, or
+    /// (`hung_up`) a hang-up or an error: the next drive reads it.
+    pub fn upstream_readable(&mut self, hung_up: bool) {
+        if let Some(p) = self.busy.as_mut().and_then(|b| b.proxy.as_mut()) {
+            p.session.upstream_readable(hung_up);
+        }
+    }
+
     /// The proxied exchange under way, if any (for the upstream gauges).
     pub fn proxied(&self) -> Option<&crate::upstreams::Proxied> {
         self.busy.as_ref()?.proxy.as_deref()
     }
 
+    /// Stopped on its budget with work left: drive it again next turn.
     pub fn yielded(&self) -> bool {
         self.bits.has(Bits::YIELDED)
     }

@@ -23,7 +23,7 @@ use crate::services::Services;
 use crate::timers::Micros;
 use crate::upstreams::Proxied;
 use mio::net::TcpStream;
-use std::io::{self, Write};
+use std::io::{self, IoSlice, Write};
 use std::net::IpAddr;
 
 /// What the connection does after [`advance`].
@@ -130,15 +130,24 @@ pub fn advance(
             return Progress::Again;
         }
     }
-    let out = p.session.client_output();
-    if !out.is_empty() {
+    let [head, body] = p.session.client_output_parts();
+    if !head.is_empty() || !body.is_empty() {
         if *budget == 0 {
             return Progress::Budget;
         }
-        let n = out
-            .len()
-            .min(usize::try_from(*budget).unwrap_or(usize::MAX));
-        return match c.stream.write(&out[..n]) {
+        // A head and the body bytes after it leave in one `writev`, within the budget.
+        let mut allowed = usize::try_from(*budget).unwrap_or(usize::MAX);
+        let head = &head[..head.len().min(allowed)];
+        allowed -= head.len();
+        let body = &body[..body.len().min(allowed)];
+        let written = match (head.is_empty(), body.is_empty()) {
+            (false, false) => c
+                .stream
+                .write_vectored(&[IoSlice::new(head), IoSlice::new(body)]),
+            (false, true) => c.stream.write(head),
+            _ => c.stream.write(body),
+        };
+        return match written {
             Ok(0) => Progress::Close,
             Ok(n) => {
                 p.session.client_wrote(n);

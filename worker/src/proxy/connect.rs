@@ -74,6 +74,13 @@ impl Write for UpstreamSocket {
         }
     }
 
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            UpstreamSocket::Tcp(s) => s.write_vectored(bufs),
+            UpstreamSocket::Unix(s) => s.write_vectored(bufs),
+        }
+    }
+
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }

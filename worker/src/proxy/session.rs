@@ -3,11 +3,13 @@
 //! what happened into [`Event`]s for the [`Exchange`], and turns the exchange's
 //! [`Action`]s into a [`Step`] the connection code acts on.
 //!
-//! The caller registers the socket readable and writable (edge-triggered) and calls
-//! [`Session::pump`] after every event on it, after feeding client body bytes, and
-//! after writing client output: `pump` reads and writes until the socket would block
-//! or a buffer is full, so no edge is lost. Which pool, which server, the tokens and
-//! the timers stay with the caller.
+//! The caller registers the socket readable and writable (edge-triggered), calls
+//! [`Session::upstream_readable`] for every readable (or hang-up, or error) event on
+//! it and [`Session::pump`] after every event, after feeding client body bytes, and
+//! after writing client output: `pump` writes until the socket would block and reads
+//! until a short read (the edge-triggered socket is then empty until the next event)
+//! or a full buffer, so no edge is lost and no read is spent on an empty socket.
+//! Which pool, which server, the tokens and the timers stay with the caller.
 
 use super::body::BodyError;
 use super::connect::{connect_failure, UpstreamSocket};
@@ -16,7 +18,7 @@ use super::response_head::ResponseContext;
 use super::retry::Failure;
 use super::stream::{RequestStream, ResponseStream, StreamError};
 use super::upstream_request::Framing;
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 
 /// Upstream bytes read at once.
 const READ_CHUNK: usize = 16 * 1024;
@@ -60,6 +62,14 @@ pub struct Session {
     inbox: Vec<u8>,
     inbox_at: usize,
     inbox_end: usize,
+    /// The socket may hold bytes not read yet: an event said so, and no short read
+    /// or `EAGAIN` has emptied it since. A pooled socket starts empty (an idle
+    /// one that turns readable is evicted from its pool), a new one too (its events
+    /// come).
+    readable: bool,
+    /// A hang-up or an error was reported: the edge for it came with the data before
+    /// it, so read until EOF (or the error) whatever the reads' sizes.
+    hung_up: bool,
     head_reported: bool,
     body_reported: bool,
     progressed: bool,
@@ -92,6 +102,8 @@ impl Session {
             inbox: Vec::new(),
             inbox_at: 0,
             inbox_end: 0,
+            readable: false,
+            hung_up: false,
             head_reported: false,
             body_reported: false,
             progressed: false,
@@ -114,6 +126,8 @@ impl Session {
         );
         self.inbox_end = 0;
         self.inbox_at = 0;
+        self.readable = false;
+        self.hung_up = false;
         self.head_reported = false;
         self.body_reported = false;
         self.socket = Some(socket);
@@ -189,9 +203,21 @@ impl Session {
         self.response.head()
     }
 
-    /// Bytes for the client.
+    /// The upstream socket reported readable, or (`hung_up`) a hang-up or an error:
+    /// the next [`Session::pump`] reads it.
+    pub fn upstream_readable(&mut self, hung_up: bool) {
+        self.readable = true;
+        self.hung_up |= hung_up;
+    }
+
+    /// Bytes for the client (the first part of [`Session::client_output_parts`]).
     pub fn client_output(&self) -> &[u8] {
         self.response.pending()
+    }
+
+    /// Bytes for the client as head bytes then body bytes, for one `writev`.
+    pub fn client_output_parts(&self) -> [&[u8]; 2] {
+        self.response.pending_parts()
     }
 
     /// `n` bytes of [`Session::client_output`] were written. Call `pump` afterwards.
@@ -236,9 +262,20 @@ impl Session {
 
     /// Writes the request; Some(step) when the exchange moved on.
     fn write_upstream(&mut self) -> Option<Step> {
-        while !self.request.pending().is_empty() {
+        loop {
+            let [head, body] = self.request.pending_parts();
+            if head.is_empty() && body.is_empty() {
+                break;
+            }
             let socket = self.socket.as_mut()?;
-            match socket.write(self.request.pending()) {
+            let written = if head.is_empty() {
+                socket.write(body)
+            } else if body.is_empty() {
+                socket.write(head)
+            } else {
+                socket.write_vectored(&[IoSlice::new(head), IoSlice::new(body)])
+            };
+            match written {
                 Ok(0) => return Some(self.fail(Failure::Reset)),
                 Ok(n) => {
                     self.request.advance(n);
@@ -281,7 +318,7 @@ impl Session {
             if self.inbox_at < self.inbox_end {
                 return None; // the client side is full
             }
-            if !self.response.wants_input() {
+            if !self.response.wants_input() || !self.readable {
                 return None;
             }
             self.inbox_end = 0;
@@ -295,13 +332,18 @@ impl Session {
                     return Some(self.upstream_closed());
                 }
                 Ok(n) => {
+                    // A short read emptied the socket: the next edge says when more came.
+                    self.readable = self.hung_up || n == self.inbox.len();
                     self.inbox_end = n;
                     self.progressed = true;
                     if let Some(step) = self.apply(Event::ResponseBytes) {
                         return Some(step);
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.readable = self.hung_up;
+                    return None;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => {
                     return Some(self.fail(Failure::Reset));
@@ -516,6 +558,7 @@ mod tests {
                 Step::Pending => {
                     poll.poll(&mut events, Some(Duration::from_millis(20)))
                         .unwrap();
+                    mark_readable(s, &events);
                 }
                 Step::NeedFreshConnection { server } => {
                     let sock = UpstreamSocket::connect(&UpstreamAddress::Tcp(addr)).unwrap();
@@ -549,6 +592,15 @@ mod tests {
             "the exchange did not end; client got {:?}",
             String::from_utf8_lossy(&client)
         );
+    }
+
+    /// As the event loop does: a readable, hang-up or error event lets `pump` read.
+    fn mark_readable(s: &mut Session, events: &Events) {
+        for e in events.iter() {
+            if e.is_readable() || e.is_read_closed() || e.is_error() {
+                s.upstream_readable(e.is_read_closed() || e.is_error());
+            }
+        }
     }
 
     fn connect(addr: SocketAddr) -> UpstreamSocket {
@@ -726,6 +778,7 @@ mod tests {
                     if offered == LEN || !s.wants_client_body() {
                         poll.poll(&mut events, Some(Duration::from_millis(50)))
                             .unwrap();
+                        mark_readable(&mut s, &events);
                     }
                 }
                 other => break other,

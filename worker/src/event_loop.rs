@@ -245,6 +245,9 @@ impl EventLoop {
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
                             conn.readable = true;
                         }
+                        if event.is_read_closed() || event.is_error() {
+                            conn.client_hung_up();
+                        }
                         let verdict = conn.drive(key, &mut self.svc);
                         self.settle(key, verdict);
                     }

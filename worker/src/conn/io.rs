@@ -340,6 +340,17 @@ impl Conn {
         }
     }
 
+    /// The client's socket reported a hang-up (or an error): during a proxied
+    /// exchange, the next drive looks whether the client left (nginx's 499).
+    pub fn client_hung_up(&mut self) {
+        if self.phase != Phase::Proxy {
+            return;
+        }
+        if let Some(p) = self.busy.as_mut().and_then(|b| b.proxy.as_mut()) {
+            p.client_hung_up = true;
+        }
+    }
+
     /// The proxied exchange under way, if any (for the upstream gauges).
     pub fn proxied(&self) -> Option<&crate::upstreams::Proxied> {
         self.busy.as_ref()?.proxy.as_deref()
@@ -469,7 +480,13 @@ impl Conn {
                         Progress::ReadClient => match self.fill(svc) {
                             Ok(true) => continue,
                             Ok(false) => return Verdict::Keep,
-                            Err(_) => return Verdict::Close,
+                            Err(_) => {
+                                // The client left while its body was read.
+                                if let Some(mut p) = busy_proxy(&mut self.busy) {
+                                    proxied::abandon(&mut p, self.peer, svc);
+                                }
+                                return Verdict::Close;
+                            }
                         },
                         Progress::Wait => return Verdict::Keep,
                         Progress::Budget => {
@@ -484,12 +501,16 @@ impl Conn {
                                 let _ = self.stream.set_nodelay(true);
                             }
                         }
-                        Progress::Finished { keep: false } | Progress::Close => {
-                            return Verdict::Close
-                        }
-                        Progress::Failed => {
+                        Progress::Finished { keep: false } | Progress::Truncated => {
+                            // Not a client that left (`abandoned`: 499).
                             self.phase = Phase::ReadHead;
-                            self.start_writing(After::Linger, svc);
+                            return Verdict::Close;
+                        }
+                        Progress::Close => return Verdict::Close,
+                        Progress::Failed { keep } => {
+                            self.phase = Phase::ReadHead;
+                            let after = if keep { After::ReadHead } else { After::Linger };
+                            self.start_writing(after, svc);
                         }
                     }
                 }
@@ -975,6 +996,11 @@ impl Conn {
             self.head_since,
         );
     }
+}
+
+/// Takes the proxied exchange out of the connection's buffers.
+fn busy_proxy(busy: &mut Option<Box<Busy>>) -> Option<Box<crate::upstreams::Proxied>> {
+    busy.as_mut()?.proxy.take()
 }
 
 #[cfg(test)]

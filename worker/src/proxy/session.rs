@@ -187,6 +187,18 @@ impl Session {
         self.request.is_complete()
     }
 
+    /// The client's body was read whole (there is none, or its last byte was taken):
+    /// what follows on the client connection is its next request.
+    pub fn client_body_read(&self) -> bool {
+        self.request.body_read()
+    }
+
+    /// The client left: the upstream connection closes (it is never pooled with a
+    /// response still coming).
+    pub fn abandon(&mut self) {
+        self.socket = None;
+    }
+
     /// Whether the client should be read for body bytes.
     pub fn wants_client_body(&self) -> bool {
         self.request.wants_input()

@@ -58,6 +58,11 @@ impl RequestStream {
         self.relay.wants_input()
     }
 
+    /// The client's body was taken whole (some may still wait to be written).
+    pub fn body_read(&self) -> bool {
+        self.relay.is_finished()
+    }
+
     /// What to write upstream next: the rest of the head, then body bytes.
     pub fn pending(&self) -> &[u8] {
         if self.head_sent < self.head.len() {

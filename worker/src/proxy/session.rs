@@ -18,10 +18,27 @@ use super::response_head::ResponseContext;
 use super::retry::Failure;
 use super::stream::{RequestStream, ResponseStream, StreamError};
 use super::upstream_request::Framing;
+use std::cell::RefCell;
 use std::io::{self, IoSlice, Read, Write};
 
 /// Upstream bytes read at once.
 const READ_CHUNK: usize = 16 * 1024;
+/// Read buffers of ended sessions kept for the next ones (per worker thread).
+const SPARE_INBOXES: usize = 32;
+
+thread_local! {
+    /// The read buffers of ended sessions: a new session takes one instead of
+    /// allocating and zeroing `READ_CHUNK` bytes per exchange. At most
+    /// `SPARE_INBOXES` are kept (512 KiB).
+    static SPARE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A read buffer of `READ_CHUNK` bytes: a spare one, or a new one.
+fn take_inbox() -> Vec<u8> {
+    SPARE
+        .with(|s| s.borrow_mut().pop())
+        .unwrap_or_else(|| vec![0; READ_CHUNK])
+}
 
 /// What the connection code does next.
 #[derive(Debug)]
@@ -336,7 +353,7 @@ impl Session {
             self.inbox_end = 0;
             self.inbox_at = 0;
             if self.inbox.len() < READ_CHUNK {
-                self.inbox.resize(READ_CHUNK, 0); // once: no zeroing per read
+                self.inbox = take_inbox(); // once per session, reused after it
             }
             let socket = self.socket.as_mut()?;
             match socket.read(&mut self.inbox) {
@@ -463,6 +480,21 @@ impl Session {
                 self.socket = None;
                 Step::CloseClient
             }
+        }
+    }
+}
+
+impl Drop for Session {
+    /// The read buffer goes back to the spares.
+    fn drop(&mut self) {
+        let inbox = std::mem::take(&mut self.inbox);
+        if inbox.len() == READ_CHUNK {
+            SPARE.with(|s| {
+                let mut spare = s.borrow_mut();
+                if spare.len() < SPARE_INBOXES {
+                    spare.push(inbox);
+                }
+            });
         }
     }
 }

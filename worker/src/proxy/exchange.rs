@@ -197,6 +197,11 @@ impl Exchange {
     }
 
     /// The connection in use came from a pool (for stats and the access log).
+    /// Whether the method may be sent twice (`retry::is_idempotent`).
+    pub fn idempotent(&self) -> bool {
+        self.method_idempotent
+    }
+
     pub fn reused(&self) -> bool {
         self.attempt.reused
     }

@@ -87,6 +87,11 @@ pub struct Session {
     /// A hang-up or an error was reported: the edge for it came with the data before
     /// it, so read until EOF (or the error) whatever the reads' sizes.
     hung_up: bool,
+    /// A pooled connection, and a request that could not be sent again once bytes of
+    /// it left (a body, or a method that is not idempotent): look at the socket once
+    /// before the first write. The upstream may have closed it in this very loop turn
+    /// (its event not handled yet); found now, the request goes to a fresh connection.
+    check_stale: bool,
     head_reported: bool,
     body_reported: bool,
     progressed: bool,
@@ -121,6 +126,7 @@ impl Session {
             inbox_end: 0,
             readable: false,
             hung_up: false,
+            check_stale: false,
             head_reported: false,
             body_reported: false,
             progressed: false,
@@ -145,6 +151,8 @@ impl Session {
         self.inbox_at = 0;
         self.readable = false;
         self.hung_up = false;
+        self.check_stale = pooled.is_some()
+            && (self.request.framing() != Framing::None || !self.exchange.idempotent());
         self.head_reported = false;
         self.body_reported = false;
         self.socket = Some(socket);
@@ -291,6 +299,14 @@ impl Session {
 
     /// Writes the request; Some(step) when the exchange moved on.
     fn write_upstream(&mut self) -> Option<Step> {
+        if std::mem::take(&mut self.check_stale) {
+            let mut byte = [0u8; 1];
+            match self.socket.as_ref()?.peek(&mut byte) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                // Closed, or bytes nobody asked for: not a connection to send on.
+                Ok(_) | Err(_) => return Some(self.fail(Failure::Reset)),
+            }
+        }
         loop {
             let [head, body] = self.request.pending_parts();
             if head.is_empty() && body.is_empty() {
@@ -690,6 +706,38 @@ mod tests {
         assert_eq!(second.last_failure(), Some(Failure::Reset));
         assert!(
             !second.exchange().reused(),
+            "answered on the fresh connection"
+        );
+    }
+
+    #[test]
+    fn a_post_meeting_a_pooled_connection_the_upstream_closed_goes_to_a_fresh_one() {
+        let ok: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        let (addr, closed) = upstream(vec![vec![ok], vec![ok]]);
+        let mut first = session(1024, 1);
+        first.attach(0, connect(addr), None);
+        let Step::Done {
+            pool: Some((pooled, requests)),
+        } = drive(&mut first, addr, usize::MAX).1
+        else {
+            panic!("first exchange did not pool its connection");
+        };
+        // The upstream closes the idle connection before its close is handled here.
+        assert_eq!(closed.recv_timeout(Duration::from_secs(10)), Ok(0));
+        std::thread::sleep(Duration::from_millis(50)); // the FIN is in
+        let head = b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\n".to_vec();
+        let mut post = Session::new(head, Framing::Length(4), "POST", 1, 1, CTX, 1024);
+        assert_eq!(post.feed_client_body(b"abcd").ok(), Some(4));
+        post.attach(0, pooled, Some(requests));
+        let (client, step) = drive(&mut post, addr, usize::MAX);
+        assert_eq!(
+            client, ok,
+            "not a 502: nothing had been sent on the stale one"
+        );
+        assert!(matches!(step, Step::Done { .. }), "{step:?}");
+        assert_eq!(post.last_failure(), Some(Failure::Reset));
+        assert!(
+            !post.exchange().reused(),
             "answered on the fresh connection"
         );
     }

@@ -230,9 +230,9 @@ impl EventLoop {
                                 let Some(conn) = self.conns.get_mut(client) else {
                                     continue;
                                 };
-                                let hup = event.is_read_closed() || event.is_error();
-                                if event.is_readable() || hup {
-                                    conn.upstream_readable(hup);
+                                let hung_up = event.is_read_closed() || event.is_error();
+                                if event.is_readable() || hung_up {
+                                    conn.upstream_readable(hung_up);
                                 }
                                 let verdict = conn.drive(client, &mut self.svc);
                                 self.settle(client, verdict);

@@ -232,6 +232,9 @@ pub struct Proxied {
     pub upstream_done: bool,
     /// The deadline fired: tell the session before the next pump.
     pub fired: bool,
+    /// The client's socket reported a hang-up: see whether the client left before
+    /// the next pump.
+    pub client_hung_up: bool,
     /// The upstream failed after the response head: what was received goes out,
     /// then the client connection closes (a truncated response, never a wrong one).
     pub truncated: bool,
@@ -280,6 +283,7 @@ impl Proxied {
             status: None,
             upstream_done: false,
             fired: false,
+            client_hung_up: false,
             truncated: false,
             sent: 0,
             client_keep_alive,

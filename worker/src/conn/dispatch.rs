@@ -623,6 +623,31 @@ pub fn error_page_for(
     started: Micros,
     req: Option<&Request>,
 ) {
+    error_page_persisting(
+        out,
+        svc,
+        status,
+        server,
+        peer,
+        started,
+        req,
+        Persistence::Close,
+    );
+}
+
+/// [`error_page_for`] on a connection that stays open after it (`persistence`): a
+/// 502 or 504 of forkd's own after a request that was read whole.
+#[allow(clippy::too_many_arguments)]
+pub fn error_page_persisting(
+    out: &mut OutQueue,
+    svc: &mut Services,
+    status: Status,
+    server: usize,
+    peer: IpAddr,
+    started: Micros,
+    req: Option<&Request>,
+    persistence: Persistence,
+) {
     let date = *svc.clock.http_date_array();
     ensure_out(out);
     let head_only = req.is_some_and(|r| r.method == Method::Head);
@@ -634,7 +659,7 @@ pub fn error_page_for(
         out.bytes(),
         status,
         &date,
-        Persistence::Close,
+        persistence,
         &[],
         &site,
         head_only,

@@ -236,22 +236,6 @@ impl Conn {
         })
     }
 
-    /// A readable event for a tunnel's upstream socket (before `drive`); `hup`: it
-    /// said the peer closed or the socket failed.
-    pub fn upstream_readable(&mut self, hup: bool) {
-        if let Some(t) = self.busy.as_mut().and_then(|b| b.tunnel.as_mut()) {
-            t.upstream_ready(hup);
-        }
-    }
-
-    /// An event for the client socket said the peer closed or the socket failed
-    /// (before `drive`): a tunnel reads the client on to its EOF.
-    pub fn client_hung_up(&mut self) {
-        if let Some(t) = self.busy.as_mut().and_then(|b| b.tunnel.as_mut()) {
-            t.client_hung_up();
-        }
-    }
-
     /// Upgraded: a tunnel (for the `tunnels_open` gauge).
     pub fn is_tunnel(&self) -> bool {
         self.phase == Phase::Tunnel
@@ -376,12 +360,41 @@ impl Conn {
         verdict
     }
 
-    /// Stopped on its budget with work left: drive it again next turn.
+    /// The upstream socket of the exchange under way (or of the tunnel) reported
+    /// readable, or (`hung_up`) a hang-up or an error: the next drive reads it.
+    pub fn upstream_readable(&mut self, hung_up: bool) {
+        let Some(b) = self.busy.as_mut() else {
+            return;
+        };
+        if let Some(t) = b.tunnel.as_mut() {
+            t.upstream_ready(hung_up);
+        } else if let Some(p) = b.proxy.as_mut() {
+            p.session.upstream_readable(hung_up);
+        }
+    }
+
+    /// The client's socket reported a hang-up (or an error), before `drive`: a
+    /// tunnel reads the client on to its EOF; during a proxied exchange, the next
+    /// drive looks whether the client left (nginx's 499).
+    pub fn client_hung_up(&mut self) {
+        let Some(b) = self.busy.as_mut() else {
+            return;
+        };
+        if let Some(t) = b.tunnel.as_mut() {
+            t.client_hung_up();
+        } else if self.phase == Phase::Proxy {
+            if let Some(p) = b.proxy.as_mut() {
+                p.client_hung_up = true;
+            }
+        }
+    }
+
     /// The proxied exchange under way, if any (for the upstream gauges).
     pub fn proxied(&self) -> Option<&crate::upstreams::Proxied> {
         self.busy.as_ref()?.proxy.as_deref()
     }
 
+    /// Stopped on its budget with work left: drive it again next turn.
     pub fn yielded(&self) -> bool {
         self.bits.has(Bits::YIELDED)
     }
@@ -507,7 +520,13 @@ impl Conn {
                         Progress::ReadClient => match self.fill(svc) {
                             Ok(true) => continue,
                             Ok(false) => return Verdict::Keep,
-                            Err(_) => return Verdict::Close,
+                            Err(_) => {
+                                // The client left while its body was read.
+                                if let Some(mut p) = busy_proxy(&mut self.busy) {
+                                    proxied::abandon(&mut p, self.peer, svc);
+                                }
+                                return Verdict::Close;
+                            }
                         },
                         Progress::Wait => return Verdict::Keep,
                         Progress::Budget => {
@@ -522,12 +541,16 @@ impl Conn {
                                 let _ = self.stream.set_nodelay(true);
                             }
                         }
-                        Progress::Finished { keep: false } | Progress::Close => {
-                            return Verdict::Close
-                        }
-                        Progress::Failed => {
+                        Progress::Finished { keep: false } | Progress::Truncated => {
+                            // Not a client that left (`abandoned`: 499).
                             self.phase = Phase::ReadHead;
-                            self.start_writing(After::Linger, svc);
+                            return Verdict::Close;
+                        }
+                        Progress::Close => return Verdict::Close,
+                        Progress::Failed { keep } => {
+                            self.phase = Phase::ReadHead;
+                            let after = if keep { After::ReadHead } else { After::Linger };
+                            self.start_writing(after, svc);
                         }
                         Progress::Upgraded => {
                             let p = upgraded.take().expect("kept above");
@@ -1107,6 +1130,11 @@ fn open_tunnel(
     svc.stats.bump(counters::TUNNELS_OPENED, 1);
     busy.discard_input();
     Some(tunnel)
+}
+
+/// Takes the proxied exchange out of the connection's buffers.
+fn busy_proxy(busy: &mut Option<Box<Busy>>) -> Option<Box<crate::upstreams::Proxied>> {
+    busy.as_mut()?.proxy.take()
 }
 
 #[cfg(test)]

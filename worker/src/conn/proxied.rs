@@ -14,7 +14,7 @@ use crate::access_log;
 use crate::busy::Busy;
 use crate::handlers::Outcome;
 use crate::http::request::{self, Version};
-use crate::http::response::Status;
+use crate::http::response::{Persistence, Status};
 use crate::out::Flush;
 use crate::proxy::response_head::ClientBody;
 use crate::proxy::retry::Failure;
@@ -23,7 +23,7 @@ use crate::services::Services;
 use crate::timers::Micros;
 use crate::upstreams::Proxied;
 use mio::net::TcpStream;
-use std::io::{self, Write};
+use std::io::{self, IoSlice, Write};
 use std::net::IpAddr;
 
 /// What the connection does after [`advance`].
@@ -39,13 +39,18 @@ pub enum Progress {
     Budget,
     /// The response was written whole; `keep`: the client connection stays open.
     Finished { keep: bool },
-    /// Nothing of a response was sent: an error page is queued; close after it.
-    Failed,
-    /// Part of the response was sent and the rest cannot be: close the client.
+    /// Nothing of a response was sent: an error page is queued; `keep`: the client's
+    /// request was read whole and the connection stays open after the page (else it
+    /// closes, lingering).
+    Failed { keep: bool },
+    /// The client left, or writing to it failed: close it.
     Close,
     /// A 101 was written whole (and logged): the connection becomes a tunnel over
     /// `Proxied::upgraded`, whose token stays registered.
     Upgraded,
+    /// The upstream failed after part of the response was sent: close the client,
+    /// which sees a truncated response.
+    Truncated,
 }
 
 /// The client connection's side of [`advance`].
@@ -81,18 +86,11 @@ pub fn advance(
             Ok(Flush::Done) => {}
         }
     }
-    if p.server.is_none() && !p.upstream_done {
-        let step = next_server(p, c.key, svc);
-        if let Some(done) = act(p, c, busy, svc, step) {
-            return done;
-        }
+    if std::mem::take(&mut p.client_hung_up) && !busy.has_input() && client_left(p, c) {
+        return abandon(p, c.peer, svc);
     }
-    if std::mem::take(&mut p.fired) {
-        let step = p.session.timed_out();
-        if let Some(done) = act(p, c, busy, svc, step) {
-            return done;
-        }
-    }
+    // Body bytes already here go in first: with the head in one write, and a
+    // request read whole is known to be so if no server answers.
     let mut moved = false;
     if p.session.wants_client_body() && busy.has_input() {
         match p
@@ -112,8 +110,20 @@ pub fn advance(
                 };
                 forget_token(p, svc);
                 busy.discard_input();
-                return fail(p, c, busy, svc, status);
+                return fail(p, c, busy, svc, status, false);
             }
+        }
+    }
+    if p.server.is_none() && !p.upstream_done {
+        let step = next_server(p, c.key, svc);
+        if let Some(done) = act(p, c, busy, svc, step) {
+            return done;
+        }
+    }
+    if std::mem::take(&mut p.fired) {
+        let step = p.session.timed_out();
+        if let Some(done) = act(p, c, busy, svc, step) {
+            return done;
         }
     }
     if !p.upstream_done {
@@ -133,15 +143,24 @@ pub fn advance(
             return Progress::Again;
         }
     }
-    let out = p.session.client_output();
-    if !out.is_empty() {
+    let [head, body] = p.session.client_output_parts();
+    if !head.is_empty() || !body.is_empty() {
         if *budget == 0 {
             return Progress::Budget;
         }
-        let n = out
-            .len()
-            .min(usize::try_from(*budget).unwrap_or(usize::MAX));
-        return match c.stream.write(&out[..n]) {
+        // A head and the body bytes after it leave in one `writev`, within the budget.
+        let mut allowed = usize::try_from(*budget).unwrap_or(usize::MAX);
+        let head = &head[..head.len().min(allowed)];
+        allowed -= head.len();
+        let body = &body[..body.len().min(allowed)];
+        let written = match (head.is_empty(), body.is_empty()) {
+            (false, false) => c
+                .stream
+                .write_vectored(&[IoSlice::new(head), IoSlice::new(body)]),
+            (false, true) => c.stream.write(head),
+            _ => c.stream.write(body),
+        };
+        return match written {
             Ok(0) => Progress::Close,
             Ok(n) => {
                 p.session.client_wrote(n);
@@ -157,7 +176,7 @@ pub fn advance(
         };
     }
     if p.truncated {
-        return Progress::Close;
+        return Progress::Truncated;
     }
     if p.upstream_done && p.upgraded.is_some() {
         account(p, c, svc);
@@ -200,8 +219,12 @@ fn act(
             Step::Respond(status) => {
                 log_failure(p, svc, false);
                 forget_token(p, svc);
-                busy.discard_input();
-                return Some(fail(p, c, busy, svc, Status(status)));
+                // What follows a request read whole is the client's next request.
+                let keep = p.client_keep_alive && p.session.client_body_read();
+                if !keep {
+                    busy.discard_input();
+                }
+                return Some(fail(p, c, busy, svc, Status(status), keep));
             }
             Step::CloseClient => {
                 log_failure(p, svc, false);
@@ -390,13 +413,51 @@ fn log_failure(p: &mut Proxied, svc: &Services, retried: bool) {
     }
 }
 
-/// Queues the error page for `status` (counted and logged like any error page).
+/// Whether the client is gone: its connection reported a hang-up and nothing but
+/// the end is left to read (a client that half-closes after sending a next request
+/// still waits for its answers; the caller looks at its buffered input first).
+/// Asked only while no body is read from the client: a close while its body is read
+/// ends that read.
+fn client_left(p: &Proxied, c: &mut Client) -> bool {
+    if p.upstream_done || p.session.wants_client_body() {
+        return false;
+    }
+    let mut byte = [0u8; 1];
+    match c.stream.peek(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+        ),
+    }
+}
+
+/// The client left before its response was complete: the exchange ends here, its
+/// upstream connection is closed (never pooled: the response is still coming), and
+/// the request is logged with status 499 (nginx's "client closed request"; the
+/// connection's close counts it in `responses_499`).
+pub fn abandon(p: &mut Proxied, peer: IpAddr, svc: &mut Services) -> Progress {
+    forkd_shared::info!(
+        "client {peer} closed its connection before the upstream's response was complete"
+    );
+    forget_token(p, svc);
+    p.session.abandon();
+    p.upstream_done = true;
+    let latency = svc.clock.precise_us().saturating_sub(p.started);
+    log_line(p, peer, svc, 499, latency);
+    Progress::Close
+}
+
+/// Queues the error page for `status` (counted and logged like any error page);
+/// `keep`: the connection stays open after it.
 fn fail(
     p: &mut Proxied,
     c: &Client,
     busy: &mut Busy,
     svc: &mut Services,
     status: Status,
+    keep: bool,
 ) -> Progress {
     let head = p.session.request_head();
     let parsed = request::parse(head, head.len());
@@ -408,7 +469,12 @@ fn fail(
         req.version = client_version(p);
     }
     let (server, peer, started) = (p.client_server, c.peer, p.started);
-    dispatch::error_page_for(
+    let persistence = match (keep, p.http10) {
+        (false, _) => Persistence::Close,
+        (true, true) => Persistence::KeepAlive10,
+        (true, false) => Persistence::KeepAlive11,
+    };
+    dispatch::error_page_persisting(
         &mut busy.out,
         svc,
         status,
@@ -416,8 +482,9 @@ fn fail(
         peer,
         started,
         req.as_ref(),
+        persistence,
     );
-    Progress::Failed
+    Progress::Failed { keep }
 }
 
 fn client_version(p: &Proxied) -> Version {
@@ -440,6 +507,11 @@ fn account(p: &Proxied, c: &Client, svc: &mut Services) {
     let status = p.status.unwrap_or(502);
     let latency = svc.clock.precise_us().saturating_sub(p.started);
     svc.stats.response(status, Some(latency));
+    log_line(p, c.peer, svc, status, latency);
+}
+
+/// The exchange's access-log line, with `status`.
+fn log_line(p: &Proxied, peer: IpAddr, svc: &mut Services, status: u16, latency: u64) {
     if !svc.logs.enabled(p.client_server) {
         return;
     }
@@ -476,7 +548,7 @@ fn account(p: &Proxied, c: &Client, svc: &mut Services) {
         dispatch::log_entry(
             svc,
             p.client_server,
-            c.peer,
+            peer,
             &req,
             &outcome,
             latency,

@@ -16,9 +16,15 @@
 //!
 //! Every limit is checked on the byte that crosses it, so the answer goes out at once
 //! instead of after the client has sent the rest.
+//!
+//! Sans-io and the only chunked decoder of the worker: a body forkd discards uses
+//! [`ChunkedDecoder::decode`], a body the proxy relays (either direction) uses
+//! [`ChunkedDecoder::step`], which says where the data is, with
+//! [`ChunkedDecoder::keeping_trailers`] so the trailer fields can be re-encoded.
 
 use super::request::MAX_HEADERS;
 use super::response::Status;
+use std::ops::Range;
 
 /// Extension bytes one chunk line may carry. The extensions in use (a name, perhaps a
 /// short value) take tens of bytes; 4 KiB leaves a hundredfold room for a signature
@@ -108,6 +114,16 @@ pub struct ChunkedDecoder {
     trailer_bytes: usize,
     trailer_fields: usize,
     max_trailer_bytes: usize,
+    /// The trailer field lines (each ending in CRLF), when kept.
+    trailers: Option<Vec<u8>>,
+}
+
+/// One [`ChunkedDecoder::step`]: `consumed` input bytes, of which `data` (a range of
+/// the input, possibly empty) are chunk data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub consumed: usize,
+    pub data: Range<usize>,
 }
 
 impl ChunkedDecoder {
@@ -124,7 +140,20 @@ impl ChunkedDecoder {
             trailer_bytes: 0,
             trailer_fields: 0,
             max_trailer_bytes,
+            trailers: None,
         }
+    }
+
+    /// Also keeps the trailer field lines ([`ChunkedDecoder::trailers`]), within the
+    /// same bounds: a relayed body is re-encoded with them.
+    pub fn keeping_trailers(mut self) -> Self {
+        self.trailers = Some(Vec::new());
+        self
+    }
+
+    /// The trailer field lines read so far, each ending in CRLF (empty unless kept).
+    pub fn trailers(&self) -> &[u8] {
+        self.trailers.as_deref().unwrap_or_default()
     }
 
     /// Whether the whole body, trailers included, has been read.
@@ -145,98 +174,139 @@ impl ChunkedDecoder {
         input: &[u8],
         mut data: impl FnMut(&[u8]),
     ) -> Result<usize, ChunkedError> {
+        let mut at = 0;
+        while at < input.len() && !self.is_done() {
+            let step = self.step(&input[at..])?;
+            if !step.data.is_empty() {
+                data(&input[at + step.data.start..at + step.data.end]);
+            }
+            at += step.consumed;
+        }
+        Ok(at)
+    }
+
+    /// Decodes from the start of `input` up to and including the next run of chunk
+    /// data (or to the end of `input`, or of the body): call again with the rest.
+    /// After an error nothing more may be fed.
+    pub fn step(&mut self, input: &[u8]) -> Result<Step, ChunkedError> {
         let mut i = 0;
         while i < input.len() {
             if self.state == State::Data {
                 let take = self.remaining.min((input.len() - i) as u64) as usize;
-                data(&input[i..i + take]);
-                i += take;
                 self.remaining -= take as u64;
                 if self.remaining == 0 {
                     self.state = State::DataCr;
                 }
-                continue;
+                return Ok(Step {
+                    consumed: i + take,
+                    data: i..i + take,
+                });
+            }
+            if self.state == State::Done {
+                break;
             }
             let b = input[i];
             i += 1;
-            if matches!(
-                self.state,
-                State::TrailerStart | State::TrailerLine | State::TrailerLf | State::EndLf
-            ) {
-                self.trailer_bytes += 1;
-                if self.trailer_bytes > self.max_trailer_bytes {
-                    return Err(ChunkedError::TrailersTooLarge);
-                }
+            self.framing_byte(b)?;
+        }
+        Ok(Step {
+            consumed: i,
+            data: i..i,
+        })
+    }
+
+    /// One byte of framing (size lines, CRLFs, trailers).
+    fn framing_byte(&mut self, b: u8) -> Result<(), ChunkedError> {
+        if matches!(
+            self.state,
+            State::TrailerStart | State::TrailerLine | State::TrailerLf | State::EndLf
+        ) {
+            self.trailer_bytes += 1;
+            if self.trailer_bytes > self.max_trailer_bytes {
+                return Err(ChunkedError::TrailersTooLarge);
             }
-            self.state = match self.state {
-                State::Size { digits } => match hex_value(b) {
-                    Some(v) => {
-                        if digits >= 16 {
-                            return Err(ChunkedError::BadFraming);
-                        }
-                        self.size = (self.size << 4) | u64::from(v);
-                        State::Size { digits: digits + 1 }
-                    }
-                    None if digits == 0 => return Err(ChunkedError::BadFraming),
-                    None => match b {
-                        b'\r' => State::SizeLf,
-                        b';' | b' ' | b'\t' => self.extension_byte(0)?,
-                        _ => return Err(ChunkedError::BadFraming),
-                    },
-                },
-                State::Extension { len } => match b {
-                    b'\r' => State::SizeLf,
-                    b'\n' => return Err(ChunkedError::BadFraming),
-                    _ => self.extension_byte(len)?,
-                },
-                State::SizeLf => {
-                    if b != b'\n' {
+        }
+        self.state = match self.state {
+            State::Size { digits } => match hex_value(b) {
+                Some(v) => {
+                    if digits >= 16 {
                         return Err(ChunkedError::BadFraming);
                     }
-                    self.total = self
-                        .total
-                        .checked_add(self.size)
-                        .ok_or(ChunkedError::TooLarge)?;
-                    if self.total > self.limit {
-                        return Err(ChunkedError::TooLarge);
-                    }
-                    if self.size == 0 {
-                        State::TrailerStart
-                    } else {
-                        self.remaining = self.size;
-                        self.size = 0;
-                        State::Data
-                    }
+                    self.size = (self.size << 4) | u64::from(v);
+                    State::Size { digits: digits + 1 }
                 }
-                State::DataCr if b == b'\r' => State::DataLf,
-                State::DataLf if b == b'\n' => State::Size { digits: 0 },
-                State::DataCr | State::DataLf => return Err(ChunkedError::BadFraming),
-                State::TrailerStart => match b {
-                    b'\r' => State::EndLf,
-                    b'\n' => return Err(ChunkedError::BadFraming),
-                    _ => {
-                        self.trailer_fields += 1;
-                        if self.trailer_fields > MAX_HEADERS {
-                            return Err(ChunkedError::TrailersTooLarge);
-                        }
-                        State::TrailerLine
-                    }
+                None if digits == 0 => return Err(ChunkedError::BadFraming),
+                None => match b {
+                    b'\r' => State::SizeLf,
+                    b';' | b' ' | b'\t' => self.extension_byte(0)?,
+                    _ => return Err(ChunkedError::BadFraming),
                 },
-                State::TrailerLine => match b {
-                    b'\r' => State::TrailerLf,
-                    b'\n' => return Err(ChunkedError::BadFraming),
-                    _ => State::TrailerLine,
-                },
-                State::TrailerLf if b == b'\n' => State::TrailerStart,
-                State::EndLf if b == b'\n' => {
-                    self.state = State::Done;
-                    return Ok(i);
+            },
+            State::Extension { len } => match b {
+                b'\r' => State::SizeLf,
+                b'\n' => return Err(ChunkedError::BadFraming),
+                _ => self.extension_byte(len)?,
+            },
+            State::SizeLf => {
+                if b != b'\n' {
+                    return Err(ChunkedError::BadFraming);
                 }
-                State::TrailerLf | State::EndLf => return Err(ChunkedError::BadFraming),
-                State::Data | State::Done => unreachable!("handled above / loop ends at Done"),
-            };
+                self.total = self
+                    .total
+                    .checked_add(self.size)
+                    .ok_or(ChunkedError::TooLarge)?;
+                if self.total > self.limit {
+                    return Err(ChunkedError::TooLarge);
+                }
+                if self.size == 0 {
+                    State::TrailerStart
+                } else {
+                    self.remaining = self.size;
+                    self.size = 0;
+                    State::Data
+                }
+            }
+            State::DataCr if b == b'\r' => State::DataLf,
+            State::DataLf if b == b'\n' => State::Size { digits: 0 },
+            State::DataCr | State::DataLf => return Err(ChunkedError::BadFraming),
+            State::TrailerStart => match b {
+                b'\r' => State::EndLf,
+                b'\n' => return Err(ChunkedError::BadFraming),
+                _ => {
+                    self.trailer_fields += 1;
+                    if self.trailer_fields > MAX_HEADERS {
+                        return Err(ChunkedError::TrailersTooLarge);
+                    }
+                    self.keep_trailer(b);
+                    State::TrailerLine
+                }
+            },
+            State::TrailerLine => match b {
+                b'\r' => State::TrailerLf,
+                b'\n' => return Err(ChunkedError::BadFraming),
+                _ => {
+                    self.keep_trailer(b);
+                    State::TrailerLine
+                }
+            },
+            State::TrailerLf if b == b'\n' => {
+                if let Some(kept) = self.trailers.as_mut() {
+                    kept.extend_from_slice(b"\r\n");
+                }
+                State::TrailerStart
+            }
+            State::EndLf if b == b'\n' => State::Done,
+            State::TrailerLf | State::EndLf => return Err(ChunkedError::BadFraming),
+            State::Data | State::Done => unreachable!("handled by step"),
+        };
+        Ok(())
+    }
+
+    /// A trailer byte, kept if asked (bounded by `max_trailer_bytes` already).
+    fn keep_trailer(&mut self, b: u8) {
+        if let Some(kept) = self.trailers.as_mut() {
+            kept.push(b);
         }
-        Ok(i)
     }
 
     /// Counts one more byte of extension on a line that had `len`.
@@ -429,6 +499,28 @@ mod tests {
             assert_eq!(d.decode(field), Ok(field.len()));
         }
         assert_eq!(d.decode(b"X"), Err(ChunkedError::TrailersTooLarge));
+    }
+
+    #[test]
+    fn steps_say_where_the_data_is_and_kept_trailers_are_whole() {
+        let body = b"5;x=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Sum: 1\r\nY: 2\r\n\r\nNEXT";
+        for piece in [1, 3, 7, body.len()] {
+            let mut d = ChunkedDecoder::new(100, 1024).keeping_trailers();
+            let (mut data, mut at) = (Vec::new(), 0);
+            while !d.is_done() {
+                let end = body.len().min(at + piece);
+                let step = d.step(&body[at..end]).unwrap();
+                data.extend_from_slice(&body[at + step.data.start..at + step.data.end]);
+                at += step.consumed;
+            }
+            assert_eq!(data, b"hello world", "pieces of {piece}");
+            assert_eq!(&body[at..], b"NEXT", "stops at the body's end");
+            assert_eq!(d.trailers(), b"X-Sum: 1\r\nY: 2\r\n");
+        }
+        // Not kept unless asked.
+        let mut d = ChunkedDecoder::new(100, 1024);
+        d.decode(b"0\r\nX: 1\r\n\r\n").unwrap();
+        assert!(d.is_done() && d.trailers().is_empty());
     }
 
     #[test]

@@ -2,27 +2,28 @@
 //! `Content-Length`, chunked or close-delimited body, an [`Encoder`] that frames data
 //! for the other side, and a [`Relay`] that joins the two over a bounded buffer.
 //!
-//! `http::chunked` only consumes a body (it is for bodies forkd discards), so the
-//! chunked decoder here is its own: the same strict rules (hex size of at most 16
-//! digits, CRLF line ends, CRLF after data), but it reports where the data is and
-//! keeps the trailer fields (bounded) so a chunked body is re-encoded with them.
-//! Chunk extensions are dropped: the body is re-chunked, never forwarded raw.
+//! A chunked body is decoded by `http::chunked`'s decoder, the worker's only one (the
+//! same strict rules and bounds for a body forkd discards and one it relays): its
+//! steps say where the data is, and it keeps the trailer fields (within
+//! [`MAX_TRAILERS`]) so the body is re-encoded with them. Chunk extensions are
+//! dropped: the body is re-chunked, never forwarded raw.
 //!
 //! Backpressure is the relay's whole point: [`Relay::feed`] takes only as many bytes
 //! as fit in its buffer, so a slow reader on one side stops reads on the other, and an
 //! exchange's memory stays at `capacity` (plus a chunk-size line) whatever the body.
 
 use super::push_hex;
-use crate::http::chunked::{MAX_EXTENSIONS_TOTAL, MAX_EXTENSION_BYTES};
-use std::ops::Range;
+pub use crate::http::chunked::Step;
+use crate::http::chunked::{ChunkedDecoder, ChunkedError};
 
-/// Trailer fields kept per body; more is a framing error.
+/// The trailer section of a relayed chunked body (field lines and the final empty
+/// line) may be at most this long; more is a framing error.
 pub const MAX_TRAILERS: usize = 8 * 1024;
 
 /// Why a body could not be relayed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyError {
-    /// Bad chunk framing (size, line ends, trailers too large).
+    /// Bad chunk framing (size, line ends, extensions or trailers too large).
     BadChunk,
     /// The sender closed before the end of a `Content-Length` or chunked body.
     Truncated,
@@ -31,32 +32,23 @@ pub enum BodyError {
     TooLarge,
 }
 
-/// One step of decoding: `consumed` input bytes, of which `data` (a range of the input,
-/// possibly empty) are body data.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Step {
-    pub consumed: usize,
-    pub data: Range<usize>,
+impl From<ChunkedError> for BodyError {
+    fn from(e: ChunkedError) -> BodyError {
+        match e {
+            ChunkedError::TooLarge => BodyError::TooLarge,
+            ChunkedError::BadFraming
+            | ChunkedError::ExtensionTooLong
+            | ChunkedError::TrailersTooLarge => BodyError::BadChunk,
+        }
+    }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Chunk {
-    Size { digits: u8 },
-    Extension,
-    SizeLf,
-    Data,
-    DataCr,
-    DataLf,
-    TrailerStart,
-    TrailerLine,
-    TrailerLf,
-    EndLf,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 enum Decoding {
-    Length,
-    Chunked(Chunk),
+    /// `Content-Length`: this many bytes left.
+    Length(u64),
+    /// Boxed: the chunked state is large and most bodies have a length.
+    Chunked(Box<ChunkedDecoder>),
     UntilClose,
     Done,
 }
@@ -65,16 +57,6 @@ enum Decoding {
 #[derive(Debug, Clone)]
 pub struct Decoder {
     state: Decoding,
-    /// Body bytes left (`Length`), or bytes left in the current chunk / its size so far.
-    remaining: u64,
-    trailers: Vec<u8>,
-    /// Chunk-extension bytes on the current size line and in the whole body, bounded
-    /// as `http::chunked` bounds them (a client's chunked body reaches the proxy too).
-    extension_line: usize,
-    extension_total: usize,
-    /// Chunked data allowed in all (`u64::MAX`: no limit) and declared so far.
-    limit: u64,
-    declared: u64,
 }
 
 impl Decoder {
@@ -82,67 +64,52 @@ impl Decoder {
         let state = if n == 0 {
             Decoding::Done
         } else {
-            Decoding::Length
+            Decoding::Length(n)
         };
-        Decoder {
-            state,
-            remaining: n,
-            trailers: Vec::new(),
-            extension_line: 0,
-            extension_total: 0,
-            limit: u64::MAX,
-            declared: 0,
-        }
+        Decoder { state }
     }
 
     pub fn chunked() -> Decoder {
-        Decoder {
-            state: Decoding::Chunked(Chunk::Size { digits: 0 }),
-            remaining: 0,
-            trailers: Vec::new(),
-            extension_line: 0,
-            extension_total: 0,
-            limit: u64::MAX,
-            declared: 0,
-        }
+        Decoder::chunked_within(u64::MAX)
     }
 
     /// A chunked body whose data may not pass `limit` bytes: refused on the size
     /// line that would cross it, before any of that chunk is relayed.
     pub fn chunked_within(limit: u64) -> Decoder {
+        let chunked = ChunkedDecoder::new(limit, MAX_TRAILERS).keeping_trailers();
         Decoder {
-            limit,
-            ..Decoder::chunked()
+            state: Decoding::Chunked(Box::new(chunked)),
         }
     }
 
     pub fn until_close() -> Decoder {
         Decoder {
             state: Decoding::UntilClose,
-            remaining: 0,
-            trailers: Vec::new(),
-            extension_line: 0,
-            extension_total: 0,
-            limit: u64::MAX,
-            declared: 0,
         }
     }
 
     /// The whole body has been read; bytes after it belong to the next message.
     pub fn is_done(&self) -> bool {
-        self.state == Decoding::Done
+        match &self.state {
+            Decoding::Done => true,
+            Decoding::Chunked(c) => c.is_done(),
+            _ => false,
+        }
     }
 
     /// Trailer field lines of a chunked body, each ending in CRLF (once done).
     pub fn trailers(&self) -> &[u8] {
-        &self.trailers
+        match &self.state {
+            Decoding::Chunked(c) => c.trailers(),
+            _ => &[],
+        }
     }
 
     /// The sender closed its side. Ends a close-delimited body; any other unfinished
     /// body was truncated.
     pub fn eof(&mut self) -> Result<(), BodyError> {
         match self.state {
-            Decoding::Done => Ok(()),
+            _ if self.is_done() => Ok(()),
             Decoding::UntilClose => {
                 self.state = Decoding::Done;
                 Ok(())
@@ -154,7 +121,7 @@ impl Decoder {
     /// Decodes from the start of `input` up to and including the next run of data (or
     /// to the end of `input`, or of the body). Call again with the rest.
     pub fn decode(&mut self, input: &[u8]) -> Result<Step, BodyError> {
-        match self.state {
+        match &mut self.state {
             Decoding::Done => Ok(Step {
                 consumed: 0,
                 data: 0..0,
@@ -163,10 +130,10 @@ impl Decoder {
                 consumed: input.len(),
                 data: 0..input.len(),
             }),
-            Decoding::Length => {
-                let take = self.remaining.min(input.len() as u64) as usize;
-                self.remaining -= take as u64;
-                if self.remaining == 0 {
+            Decoding::Length(remaining) => {
+                let take = (*remaining).min(input.len() as u64) as usize;
+                *remaining -= take as u64;
+                if *remaining == 0 {
                     self.state = Decoding::Done;
                 }
                 Ok(Step {
@@ -174,119 +141,12 @@ impl Decoder {
                     data: 0..take,
                 })
             }
-            Decoding::Chunked(_) => self.decode_chunked(input),
+            Decoding::Chunked(c) if c.is_done() => Ok(Step {
+                consumed: 0,
+                data: 0..0,
+            }),
+            Decoding::Chunked(c) => Ok(c.step(input)?),
         }
-    }
-
-    fn decode_chunked(&mut self, input: &[u8]) -> Result<Step, BodyError> {
-        let mut i = 0;
-        while let Decoding::Chunked(chunk) = self.state {
-            if chunk == Chunk::Data {
-                let take = self.remaining.min((input.len() - i) as u64) as usize;
-                self.remaining -= take as u64;
-                if self.remaining == 0 {
-                    self.state = Decoding::Chunked(Chunk::DataCr);
-                }
-                return Ok(Step {
-                    consumed: i + take,
-                    data: i..i + take,
-                });
-            }
-            let Some(&b) = input.get(i) else { break };
-            i += 1;
-            let next = match chunk {
-                Chunk::Size { digits } => match hex_value(b) {
-                    Some(_) if digits >= 16 => return Err(BodyError::BadChunk),
-                    Some(v) => {
-                        self.remaining = (self.remaining << 4) | u64::from(v);
-                        Chunk::Size { digits: digits + 1 }
-                    }
-                    None if digits == 0 => return Err(BodyError::BadChunk),
-                    None => match b {
-                        b'\r' => Chunk::SizeLf,
-                        b';' | b' ' | b'\t' => {
-                            self.extension_line = 0;
-                            Chunk::Extension
-                        }
-                        _ => return Err(BodyError::BadChunk),
-                    },
-                },
-                Chunk::Extension => match b {
-                    b'\r' => Chunk::SizeLf,
-                    b'\n' => return Err(BodyError::BadChunk),
-                    _ => {
-                        self.extension_line += 1;
-                        self.extension_total += 1;
-                        if self.extension_line > MAX_EXTENSION_BYTES
-                            || self.extension_total > MAX_EXTENSIONS_TOTAL
-                        {
-                            return Err(BodyError::BadChunk);
-                        }
-                        Chunk::Extension
-                    }
-                },
-                Chunk::SizeLf if b == b'\n' => {
-                    self.declared = self.declared.saturating_add(self.remaining);
-                    if self.declared > self.limit {
-                        return Err(BodyError::TooLarge);
-                    }
-                    if self.remaining == 0 {
-                        Chunk::TrailerStart
-                    } else {
-                        Chunk::Data
-                    }
-                }
-                Chunk::DataCr if b == b'\r' => Chunk::DataLf,
-                Chunk::DataLf if b == b'\n' => Chunk::Size { digits: 0 },
-                Chunk::TrailerStart => match b {
-                    b'\r' => Chunk::EndLf,
-                    b'\n' => return Err(BodyError::BadChunk),
-                    _ => {
-                        self.keep_trailer(b)?;
-                        Chunk::TrailerLine
-                    }
-                },
-                Chunk::TrailerLine => match b {
-                    b'\r' => Chunk::TrailerLf,
-                    b'\n' => return Err(BodyError::BadChunk),
-                    _ => {
-                        self.keep_trailer(b)?;
-                        Chunk::TrailerLine
-                    }
-                },
-                Chunk::TrailerLf if b == b'\n' => {
-                    self.trailers.extend_from_slice(b"\r\n");
-                    Chunk::TrailerStart
-                }
-                Chunk::EndLf if b == b'\n' => {
-                    self.state = Decoding::Done;
-                    break;
-                }
-                _ => return Err(BodyError::BadChunk),
-            };
-            self.state = Decoding::Chunked(next);
-        }
-        Ok(Step {
-            consumed: i,
-            data: i..i,
-        })
-    }
-
-    fn keep_trailer(&mut self, b: u8) -> Result<(), BodyError> {
-        if self.trailers.len() >= MAX_TRAILERS {
-            return Err(BodyError::BadChunk);
-        }
-        self.trailers.push(b);
-        Ok(())
-    }
-}
-
-fn hex_value(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
     }
 }
 
@@ -429,6 +289,7 @@ impl Relay {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::chunked::{MAX_EXTENSIONS_TOTAL, MAX_EXTENSION_BYTES};
 
     /// Relays `input` split into pieces of `piece` bytes, draining the buffer after
     /// each; returns (output, input bytes taken).
@@ -592,15 +453,16 @@ mod tests {
 
     #[test]
     fn chunk_extensions_are_bounded_like_http_chunked() {
-        // One line at the limit passes; one byte more is a framing error at once.
+        // One line at the limit (counted from the `;`) passes; one byte more is a
+        // framing error at once.
         let mut ok = b"1;".to_vec();
-        ok.extend(std::iter::repeat_n(b'x', MAX_EXTENSION_BYTES));
+        ok.extend(std::iter::repeat_n(b'x', MAX_EXTENSION_BYTES - 1));
         ok.extend_from_slice(b"\r\na\r\n0\r\n\r\n");
         let mut d = Decoder::chunked();
         assert_eq!(decode_all(&mut d, &ok), Ok(()));
         assert!(d.is_done());
         let mut long = b"1;".to_vec();
-        long.extend(std::iter::repeat_n(b'x', MAX_EXTENSION_BYTES + 1));
+        long.extend(std::iter::repeat_n(b'x', MAX_EXTENSION_BYTES));
         assert_eq!(
             decode_all(&mut Decoder::chunked(), &long),
             Err(BodyError::BadChunk)

@@ -48,6 +48,26 @@ impl UpstreamSocket {
     }
 }
 
+impl UpstreamSocket {
+    /// Looks at the socket without taking anything: `Ok(0)` the peer closed, `Ok(n)`
+    /// bytes are waiting, `WouldBlock` nothing has arrived.
+    pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            UpstreamSocket::Tcp(s) => s.peek(buf),
+            UpstreamSocket::Unix(s) => {
+                use nix::sys::socket::{recv, MsgFlags};
+                use std::os::fd::AsRawFd;
+                recv(
+                    s.as_raw_fd(),
+                    buf,
+                    MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+                )
+                .map_err(io::Error::from)
+            }
+        }
+    }
+}
+
 /// What a failed `connect` becomes for the retry rules.
 pub fn connect_failure(e: &io::Error) -> Failure {
     if e.kind() == io::ErrorKind::TimedOut {
@@ -71,6 +91,13 @@ impl Write for UpstreamSocket {
         match self {
             UpstreamSocket::Tcp(s) => s.write(buf),
             UpstreamSocket::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            UpstreamSocket::Tcp(s) => s.write_vectored(bufs),
+            UpstreamSocket::Unix(s) => s.write_vectored(bufs),
         }
     }
 

@@ -196,6 +196,11 @@ impl Exchange {
         self.tried
     }
 
+    /// Whether the method may be sent twice (`retry::is_idempotent`).
+    pub fn idempotent(&self) -> bool {
+        self.method_idempotent
+    }
+
     /// The connection in use came from a pool (for stats and the access log).
     pub fn reused(&self) -> bool {
         self.attempt.reused

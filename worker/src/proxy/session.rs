@@ -3,11 +3,13 @@
 //! what happened into [`Event`]s for the [`Exchange`], and turns the exchange's
 //! [`Action`]s into a [`Step`] the connection code acts on.
 //!
-//! The caller registers the socket readable and writable (edge-triggered) and calls
-//! [`Session::pump`] after every event on it, after feeding client body bytes, and
-//! after writing client output: `pump` reads and writes until the socket would block
-//! or a buffer is full, so no edge is lost. Which pool, which server, the tokens and
-//! the timers stay with the caller.
+//! The caller registers the socket readable and writable (edge-triggered), calls
+//! [`Session::upstream_readable`] for every readable (or hang-up, or error) event on
+//! it and [`Session::pump`] after every event, after feeding client body bytes, and
+//! after writing client output: `pump` writes until the socket would block and reads
+//! until a short read (the edge-triggered socket is then empty until the next event)
+//! or a full buffer, so no edge is lost and no read is spent on an empty socket.
+//! Which pool, which server, the tokens and the timers stay with the caller.
 
 use super::body::BodyError;
 use super::connect::{connect_failure, UpstreamSocket};
@@ -16,10 +18,27 @@ use super::response_head::ResponseContext;
 use super::retry::Failure;
 use super::stream::{RequestStream, ResponseStream, StreamError};
 use super::upstream_request::Framing;
-use std::io::{self, Read, Write};
+use std::cell::RefCell;
+use std::io::{self, IoSlice, Read, Write};
 
 /// Upstream bytes read at once.
 const READ_CHUNK: usize = 16 * 1024;
+/// Read buffers of ended sessions kept for the next ones (per worker thread).
+const SPARE_INBOXES: usize = 32;
+
+thread_local! {
+    /// The read buffers of ended sessions: a new session takes one instead of
+    /// allocating and zeroing `READ_CHUNK` bytes per exchange. At most
+    /// `SPARE_INBOXES` are kept (512 KiB).
+    static SPARE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A read buffer of `READ_CHUNK` bytes: a spare one, or a new one.
+fn take_inbox() -> Vec<u8> {
+    SPARE
+        .with(|s| s.borrow_mut().pop())
+        .unwrap_or_else(|| vec![0; READ_CHUNK])
+}
 
 /// What the connection code does next.
 #[derive(Debug)]
@@ -68,6 +87,19 @@ pub struct Session {
     inbox: Vec<u8>,
     inbox_at: usize,
     inbox_end: usize,
+    /// The socket may hold bytes not read yet: an event said so, and no short read
+    /// or `EAGAIN` has emptied it since. A pooled socket starts empty (an idle
+    /// one that turns readable is evicted from its pool), a new one too (its events
+    /// come).
+    readable: bool,
+    /// A hang-up or an error was reported: the edge for it came with the data before
+    /// it, so read until EOF (or the error) whatever the reads' sizes.
+    hung_up: bool,
+    /// A pooled connection, and a request that could not be sent again once bytes of
+    /// it left (a body, or a method that is not idempotent): look at the socket once
+    /// before the first write. The upstream may have closed it in this very loop turn
+    /// (its event not handled yet); found now, the request goes to a fresh connection.
+    check_stale: bool,
     head_reported: bool,
     body_reported: bool,
     progressed: bool,
@@ -100,6 +132,9 @@ impl Session {
             inbox: Vec::new(),
             inbox_at: 0,
             inbox_end: 0,
+            readable: false,
+            hung_up: false,
+            check_stale: false,
             head_reported: false,
             body_reported: false,
             progressed: false,
@@ -122,6 +157,10 @@ impl Session {
         );
         self.inbox_end = 0;
         self.inbox_at = 0;
+        self.readable = false;
+        self.hung_up = false;
+        self.check_stale = pooled.is_some()
+            && (self.request.framing() != Framing::None || !self.exchange.idempotent());
         self.head_reported = false;
         self.body_reported = false;
         self.socket = Some(socket);
@@ -181,6 +220,18 @@ impl Session {
         self.request.is_complete()
     }
 
+    /// The client's body was read whole (there is none, or its last byte was taken):
+    /// what follows on the client connection is its next request.
+    pub fn client_body_read(&self) -> bool {
+        self.request.body_read()
+    }
+
+    /// The client left: the upstream connection closes (it is never pooled with a
+    /// response still coming).
+    pub fn abandon(&mut self) {
+        self.socket = None;
+    }
+
     /// Whether the client should be read for body bytes.
     pub fn wants_client_body(&self) -> bool {
         self.request.wants_input()
@@ -197,9 +248,21 @@ impl Session {
         self.response.head()
     }
 
-    /// Bytes for the client.
+    /// The upstream socket reported readable, or (`hung_up`) a hang-up or an error:
+    /// the next [`Session::pump`] reads it.
+    pub fn upstream_readable(&mut self, hung_up: bool) {
+        self.readable = true;
+        self.hung_up |= hung_up;
+    }
+
+    /// Bytes for the client (the first part of [`Session::client_output_parts`]).
     pub fn client_output(&self) -> &[u8] {
         self.response.pending()
+    }
+
+    /// Bytes for the client as head bytes then body bytes, for one `writev`.
+    pub fn client_output_parts(&self) -> [&[u8]; 2] {
+        self.response.pending_parts()
     }
 
     /// `n` bytes of [`Session::client_output`] were written. Call `pump` afterwards.
@@ -244,9 +307,28 @@ impl Session {
 
     /// Writes the request; Some(step) when the exchange moved on.
     fn write_upstream(&mut self) -> Option<Step> {
-        while !self.request.pending().is_empty() {
+        if std::mem::take(&mut self.check_stale) {
+            let mut byte = [0u8; 1];
+            match self.socket.as_ref()?.peek(&mut byte) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                // Closed, or bytes nobody asked for: not a connection to send on.
+                Ok(_) | Err(_) => return Some(self.fail(Failure::Reset)),
+            }
+        }
+        loop {
+            let [head, body] = self.request.pending_parts();
+            if head.is_empty() && body.is_empty() {
+                break;
+            }
             let socket = self.socket.as_mut()?;
-            match socket.write(self.request.pending()) {
+            let written = if head.is_empty() {
+                socket.write(body)
+            } else if body.is_empty() {
+                socket.write(head)
+            } else {
+                socket.write_vectored(&[IoSlice::new(head), IoSlice::new(body)])
+            };
+            match written {
                 Ok(0) => return Some(self.fail(Failure::Reset)),
                 Ok(n) => {
                     self.request.advance(n);
@@ -289,13 +371,13 @@ impl Session {
             if self.inbox_at < self.inbox_end {
                 return None; // the client side is full
             }
-            if !self.response.wants_input() {
+            if !self.response.wants_input() || !self.readable {
                 return None;
             }
             self.inbox_end = 0;
             self.inbox_at = 0;
             if self.inbox.len() < READ_CHUNK {
-                self.inbox.resize(READ_CHUNK, 0); // once: no zeroing per read
+                self.inbox = take_inbox(); // once per session, reused after it
             }
             let socket = self.socket.as_mut()?;
             match socket.read(&mut self.inbox) {
@@ -303,13 +385,18 @@ impl Session {
                     return Some(self.upstream_closed());
                 }
                 Ok(n) => {
+                    // A short read emptied the socket: the next edge says when more came.
+                    self.readable = self.hung_up || n == self.inbox.len();
                     self.inbox_end = n;
                     self.progressed = true;
                     if let Some(step) = self.apply(Event::ResponseBytes) {
                         return Some(step);
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.readable = self.hung_up;
+                    return None;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => {
                     return Some(self.fail(Failure::Reset));
@@ -442,6 +529,21 @@ impl Session {
     }
 }
 
+impl Drop for Session {
+    /// The read buffer goes back to the spares.
+    fn drop(&mut self) {
+        let inbox = std::mem::take(&mut self.inbox);
+        if inbox.len() == READ_CHUNK {
+            SPARE.with(|s| {
+                let mut spare = s.borrow_mut();
+                if spare.len() < SPARE_INBOXES {
+                    spare.push(inbox);
+                }
+            });
+        }
+    }
+}
+
 fn stream_failure(e: StreamError, head_seen: bool) -> Failure {
     match e {
         StreamError::Head(_) => Failure::BadResponse,
@@ -546,6 +648,7 @@ mod tests {
                 Step::Pending => {
                     poll.poll(&mut events, Some(Duration::from_millis(20)))
                         .unwrap();
+                    mark_readable(s, &events);
                 }
                 Step::NeedFreshConnection { server } => {
                     let sock = UpstreamSocket::connect(&UpstreamAddress::Tcp(addr)).unwrap();
@@ -579,6 +682,15 @@ mod tests {
             "the exchange did not end; client got {:?}",
             String::from_utf8_lossy(&client)
         );
+    }
+
+    /// As the event loop does: a readable, hang-up or error event lets `pump` read.
+    fn mark_readable(s: &mut Session, events: &Events) {
+        for e in events.iter() {
+            if e.is_readable() || e.is_read_closed() || e.is_error() {
+                s.upstream_readable(e.is_read_closed() || e.is_error());
+            }
+        }
     }
 
     fn connect(addr: SocketAddr) -> UpstreamSocket {
@@ -624,6 +736,38 @@ mod tests {
         assert_eq!(second.last_failure(), Some(Failure::Reset));
         assert!(
             !second.exchange().reused(),
+            "answered on the fresh connection"
+        );
+    }
+
+    #[test]
+    fn a_post_meeting_a_pooled_connection_the_upstream_closed_goes_to_a_fresh_one() {
+        let ok: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        let (addr, closed) = upstream(vec![vec![ok], vec![ok]]);
+        let mut first = session(1024, 1);
+        first.attach(0, connect(addr), None);
+        let Step::Done {
+            pool: Some((pooled, requests)),
+        } = drive(&mut first, addr, usize::MAX).1
+        else {
+            panic!("first exchange did not pool its connection");
+        };
+        // The upstream closes the idle connection before its close is handled here.
+        assert_eq!(closed.recv_timeout(Duration::from_secs(10)), Ok(0));
+        std::thread::sleep(Duration::from_millis(50)); // the FIN is in
+        let head = b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\n".to_vec();
+        let mut post = Session::new(head, Framing::Length(4), "POST", 1, 1, CTX, 1024);
+        assert_eq!(post.feed_client_body(b"abcd").ok(), Some(4));
+        post.attach(0, pooled, Some(requests));
+        let (client, step) = drive(&mut post, addr, usize::MAX);
+        assert_eq!(
+            client, ok,
+            "not a 502: nothing had been sent on the stale one"
+        );
+        assert!(matches!(step, Step::Done { .. }), "{step:?}");
+        assert_eq!(post.last_failure(), Some(Failure::Reset));
+        assert!(
+            !post.exchange().reused(),
             "answered on the fresh connection"
         );
     }
@@ -788,6 +932,7 @@ mod tests {
                     if offered == LEN || !s.wants_client_body() {
                         poll.poll(&mut events, Some(Duration::from_millis(50)))
                             .unwrap();
+                        mark_readable(&mut s, &events);
                     }
                 }
                 other => break other,

@@ -58,6 +58,11 @@ impl RequestStream {
         self.relay.wants_input()
     }
 
+    /// The client's body was taken whole (some may still wait to be written).
+    pub fn body_read(&self) -> bool {
+        self.relay.is_finished()
+    }
+
     /// What to write upstream next: the rest of the head, then body bytes.
     pub fn pending(&self) -> &[u8] {
         if self.head_sent < self.head.len() {
@@ -67,12 +72,22 @@ impl RequestStream {
         }
     }
 
-    /// `n` bytes of [`RequestStream::pending`] were written.
-    pub fn advance(&mut self, n: usize) {
-        if self.head_sent < self.head.len() {
-            self.head_sent += n;
-            debug_assert!(self.head_sent <= self.head.len());
-        } else {
+    /// What to write upstream next, as the rest of the head and the body bytes after
+    /// it: one `writev` sends both.
+    pub fn pending_parts(&self) -> [&[u8]; 2] {
+        [&self.head[self.head_sent..], self.relay.pending()]
+    }
+
+    /// `n` bytes of [`RequestStream::pending_parts`] (or of `pending`) were written:
+    /// the head's first, then the body's.
+    pub fn advance(&mut self, mut n: usize) {
+        let head_left = self.head.len() - self.head_sent;
+        if head_left > 0 {
+            let h = n.min(head_left);
+            self.head_sent += h;
+            n -= h;
+        }
+        if n > 0 {
             self.body_sent += n as u64;
             self.relay.advance(n);
         }
@@ -329,16 +344,33 @@ impl ResponseStream {
         }
     }
 
-    /// `n` bytes of [`ResponseStream::pending`] were written.
-    pub fn advance(&mut self, n: usize) {
-        if self.heads_sent < self.heads.len() {
-            self.heads_sent += n;
+    /// What to write to the client next, as head bytes and the body bytes after them:
+    /// one `writev` sends a head with its body.
+    pub fn pending_parts(&self) -> [&[u8]; 2] {
+        let body = match &self.phase {
+            Phase::Body { relay, .. } => relay.pending(),
+            Phase::Head { .. } => &[],
+        };
+        [&self.heads[self.heads_sent..], body]
+    }
+
+    /// `n` bytes of [`ResponseStream::pending_parts`] (or of `pending`) were written:
+    /// the heads' first, then the body's.
+    pub fn advance(&mut self, mut n: usize) {
+        let heads_left = self.heads.len() - self.heads_sent;
+        if heads_left > 0 {
+            let h = n.min(heads_left);
+            self.heads_sent += h;
+            n -= h;
             if self.heads_sent == self.heads.len() {
                 self.heads.clear();
                 self.heads_sent = 0;
             }
-        } else if let Phase::Body { relay, .. } = &mut self.phase {
-            relay.advance(n);
+        }
+        if n > 0 {
+            if let Phase::Body { relay, .. } = &mut self.phase {
+                relay.advance(n);
+            }
         }
     }
 

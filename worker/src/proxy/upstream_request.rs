@@ -148,8 +148,7 @@ pub fn write(
         out.extend_from_slice(value);
         out.extend_from_slice(b", ");
     }
-    // Writing an IpAddr into a Vec cannot fail.
-    let _ = write!(out, "{}", fwd.client_ip);
+    push_ip(out, fwd.client_ip);
     out.extend_from_slice(match fwd.scheme {
         Scheme::Http => b"\r\nX-Forwarded-Proto: http\r\n",
         Scheme::Https => b"\r\nX-Forwarded-Proto: https\r\n",
@@ -208,6 +207,24 @@ fn split_absolute(target: &[u8]) -> (Option<&[u8]>, &[u8]) {
     match rest.iter().position(|&b| b == b'/' || b == b'?') {
         Some(i) => (Some(&rest[..i]), &rest[i..]),
         None => (Some(rest), b"/"),
+    }
+}
+
+/// Appends `ip` as `Display` writes it; IPv4 (most clients) without the formatter.
+fn push_ip(out: &mut Vec<u8>, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                push_decimal(out, u64::from(octet));
+            }
+        }
+        // Writing an IpAddr into a Vec cannot fail.
+        IpAddr::V6(_) => {
+            let _ = write!(out, "{ip}");
+        }
     }
 }
 
@@ -357,5 +374,22 @@ mod tests {
             "{got}"
         );
         assert!(got.ends_with("Connection: close\r\n\r\n"), "{got}");
+    }
+
+    #[test]
+    fn client_addresses_are_written_as_display_writes_them() {
+        for ip in [
+            "127.0.0.1",
+            "0.0.0.0",
+            "255.255.255.255",
+            "10.20.3.4",
+            "::1",
+            "2001:db8::7",
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            let mut out = Vec::new();
+            push_ip(&mut out, ip);
+            assert_eq!(out, ip.to_string().as_bytes());
+        }
     }
 }

@@ -161,6 +161,9 @@ pub struct RawRoute {
     pub allow: Vec<Cidr>,
     #[serde(default)]
     pub deny: Vec<Cidr>,
+    /// The route's share of an overloaded upstream (`Proxy` routes).
+    #[serde(default)]
+    pub priority: super::overload::Priority,
 }
 
 #[derive(Debug, Deserialize)]
@@ -243,6 +246,9 @@ pub struct RawUpstream {
     /// Attempts beyond the first.
     #[serde(default = "default_upstream_retries")]
     pub retries: u32,
+    /// The adaptive concurrency limit (`None`: no limit).
+    #[serde(default)]
+    pub overload: Option<super::overload::Overload>,
 }
 
 /// `upstreams: { "name": (...), ... }` in file order; a name defined twice is an error

@@ -24,6 +24,8 @@ pub struct Upstream {
     pub read_timeout: Duration,
     /// Attempts beyond the first.
     pub retries: u32,
+    /// The adaptive concurrency limit, if any.
+    pub overload: Option<super::overload::Overload>,
 }
 
 /// One server of an upstream.
@@ -58,6 +60,8 @@ pub(super) enum UpstreamProblem {
     ZeroKeepaliveRequests,
     /// A host name that does not resolve (the address as written, and why).
     Unresolved(String, String),
+    /// `overload`'s `min_limit` above its `max_limit`.
+    OverloadBounds { min: u32, max: u32 },
 }
 
 /// Validates one upstream; returns it, or every problem found.
@@ -105,6 +109,14 @@ pub(super) fn validate_upstream(
             }
         }
     }
+    if let Some(o) = &raw.overload {
+        if o.min_limit > o.max_limit {
+            problems.push(UpstreamProblem::OverloadBounds {
+                min: o.min_limit,
+                max: o.max_limit,
+            });
+        }
+    }
     if !problems.is_empty() {
         return Err(problems);
     }
@@ -118,5 +130,6 @@ pub(super) fn validate_upstream(
         send_timeout: raw.send_timeout.0,
         read_timeout: raw.read_timeout.0,
         retries: raw.retries,
+        overload: raw.overload,
     })
 }

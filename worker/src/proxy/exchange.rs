@@ -500,6 +500,7 @@ mod tests {
             send_timeout: Duration::from_secs(2),
             read_timeout: Duration::from_secs(3),
             retries: 1,
+            overload: None,
         };
         let t = |after: u64, fires_as, rearm_on_progress| {
             Some(Timeout {

@@ -434,6 +434,7 @@ mod tests {
             send_timeout: Duration::from_secs(1),
             read_timeout: Duration::from_secs(1),
             retries: 1,
+            overload: None,
         }
     }
 

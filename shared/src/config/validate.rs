@@ -934,19 +934,37 @@ mod tests {
             );
         let c = parse(&d.0, &text).unwrap();
         let o = c.upstreams[0].overload.unwrap();
-        assert_eq!((o.mode, o.min_limit, o.max_limit), (OverloadMode::DryRun, 2, 1000));
-        assert_eq!(c.servers[0].route(b"/api/x").unwrap().priority, Priority::Low);
-        assert_eq!(c.servers[0].route(b"/x").unwrap().priority, Priority::Normal);
-        let err = parse(&d.0, &text.replace("min_limit: 2", "min_limit: 20, max_limit: 10"))
-            .unwrap_err();
+        assert_eq!(
+            (o.mode, o.min_limit, o.max_limit),
+            (OverloadMode::DryRun, 2, 1000)
+        );
+        assert_eq!(
+            c.servers[0].route(b"/api/x").unwrap().priority,
+            Priority::Low
+        );
+        assert_eq!(
+            c.servers[0].route(b"/x").unwrap().priority,
+            Priority::Normal
+        );
+        let err = parse(
+            &d.0,
+            &text.replace("min_limit: 2", "min_limit: 20, max_limit: 10"),
+        )
+        .unwrap_err();
         assert!(
             err.contains("forkd.ron:7:43: upstreams.\"app\".overload.min_limit: min_limit 20 is above max_limit 10"),
             "{err}"
         );
         let err = parse(&d.0, &text.replace("min_limit: 2", "cpu_high: 3.0")).unwrap_err();
-        assert!(err.contains("forkd.ron:7:") && err.contains("cpu_high 3"), "{err}");
+        assert!(
+            err.contains("forkd.ron:7:") && err.contains("cpu_high 3"),
+            "{err}"
+        );
         let err = parse(&d.0, &text.replace("priority: Low", "priority: Urgent")).unwrap_err();
-        assert!(err.contains("forkd.ron:13:") && err.contains("Urgent"), "{err}");
+        assert!(
+            err.contains("forkd.ron:13:") && err.contains("Urgent"),
+            "{err}"
+        );
     }
 
     #[test]

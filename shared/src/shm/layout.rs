@@ -14,7 +14,9 @@
 //!  │                  written only by that worker (the master resets it)
 //!  ├── limits         per-client limit entries, shared by the workers (see `limits`:
 //!  │                  the one area with many writers, updated by compare-and-swap)
-//!  └── upstreams      appended area (`upstream`): per upstream server, per worker
+//!  ├── upstreams      appended area (`upstream`): per upstream server, per worker
+//!  └── overload       appended area (`overload`): per upstream group (limit, in
+//!                     flight over all workers), per worker row (latency samples)
 //! ```
 //!
 //! Growing: an area is appended at the end, never inserted, so every offset of an
@@ -357,6 +359,8 @@ pub struct Layout {
     pub limits: super::limits::LimitsArea,
     /// Appended after the first builds of version 2 (see "Growing" above).
     pub upstreams: super::upstream::UpstreamArea,
+    /// Appended after the upstream area: the adaptive concurrency limits.
+    pub overload: super::overload::OverloadArea,
 }
 
 /// Bytes of a version-2 region of a build before the upstream area: where that area

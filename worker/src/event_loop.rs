@@ -133,6 +133,8 @@ impl EventLoop {
         let capacity = config.worker_connections.get();
         let registry = poll.registry().try_clone().map_err(InitError::Poll)?;
         let upstreams = Upstreams::new(registry, &config.upstreams);
+        let overload =
+            crate::overload::Overload::new(init.region.clone(), init.region_slot, &config);
         let mut event_loop = EventLoop {
             poll,
             events: Events::with_capacity(1024),
@@ -150,6 +152,7 @@ impl EventLoop {
                 logs,
                 clock: Clock::new(),
                 timers: Timers::default(),
+                overload,
                 stats: Stats::new(init.region, init.region_slot),
                 upstreams,
                 not_ready: false,
@@ -183,6 +186,7 @@ impl EventLoop {
         self.svc.stats.serving();
         self.sample_stats();
         let code = self.serve();
+        self.svc.overload.stop();
         self.svc.logs.flush();
         self.svc.stats.set_state(WorkerState::Exited);
         code
@@ -205,6 +209,7 @@ impl EventLoop {
                 self.sample_upstreams();
             }
             self.svc.stats.heartbeat(self.svc.clock.now);
+            self.svc.overload.tick(self.svc.clock.now_us);
             self.check_generation();
             let mut fast_exit = false;
             let events = std::mem::replace(&mut self.events, Events::with_capacity(0));
@@ -334,6 +339,9 @@ impl EventLoop {
             until = until.min(self.svc.clock.instant(due));
         }
         if let Some(due) = self.svc.upstreams.next_expiry() {
+            until = until.min(self.svc.clock.instant(due));
+        }
+        if let Some(due) = self.svc.overload.next_due() {
             until = until.min(self.svc.clock.instant(due));
         }
         match self.run {
@@ -534,6 +542,7 @@ impl EventLoop {
         self.svc.cache = FileCache::default();
         self.svc.upstreams.reconfigure(&config.upstreams);
         self.svc.stats.map_upstreams(&config);
+        self.svc.overload.reconfigure(&config);
         self.svc.logs.set_formats(&config.servers);
         self.svc.config = config;
         self.generation = published;

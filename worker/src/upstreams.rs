@@ -224,6 +224,8 @@ pub struct Proxied {
     /// The client connection may be kept after the response.
     pub client_keep_alive: bool,
     pub http10: bool,
+    /// Its place under the upstream group's adaptive limit, given back when dropped.
+    pub overload: Option<crate::overload::admission::Ticket>,
     /// The `X-Request-Id` sent upstream.
     request_id: [u8; 32],
     request_id_len: u8,
@@ -265,6 +267,7 @@ impl Proxied {
             sent: 0,
             client_keep_alive,
             http10,
+            overload: None,
             request_id: id,
             request_id_len: len as u8,
         }

@@ -202,6 +202,9 @@ impl SlotCell {
     /// gone); exactly once whoever calls it, since each share is swapped out.
     pub fn uncount(&self, groups: &[GroupCell; MAX_GROUPS]) {
         for (share, g) in self.inflight.iter().zip(groups) {
+            if share.load(Relaxed) == 0 {
+                continue;
+            }
             let left = share.swap(0, AcqRel);
             if left > 0 {
                 g.leave(u64::from(left));

@@ -20,12 +20,14 @@ use crate::http::path::{self, PathError};
 use crate::http::request::{self, BodyKind, Method, Request, RequestError, Version};
 use crate::http::response::{self, Persistence, Status};
 use crate::out::OutQueue;
+use crate::overload::admission::{Admission, Ticket};
 use crate::proxy::response_head::ResponseContext;
 use crate::proxy::session::Session;
 use crate::proxy::upstream_request::{self, Forwarding, Framing, Scheme};
 use crate::services::Services;
 use crate::timers::Micros;
 use crate::upstreams::Proxied;
+use forkd_shared::config::overload::Priority;
 use forkd_shared::config::{Handler, Server};
 use std::borrow::Cow;
 use std::net::IpAddr;
@@ -106,7 +108,8 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
     if let Some(retry_after) = over_rate(svc, server, req, head, x.peer) {
         // A body not read yet cannot be skipped reliably: close after the answer.
         let close = req.body != BodyKind::None;
-        return match too_many(&mut x, svc, req, server, retry_after, close) {
+        let status = Status::TOO_MANY_REQUESTS;
+        return match refuse_now(&mut x, svc, req, server, status, retry_after, close) {
             Persistence::Close if close => Next::Finish(After::Linger),
             Persistence::Close => Next::Finish(After::Close),
             _ => Next::Continue,
@@ -126,8 +129,21 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
             svc.config.servers[server].max_header_bytes,
         ))),
     };
-    if let Some(upstream) = proxy_route(svc, server, req, x.peer) {
-        return proxy(x, svc, req, head, server, upstream);
+    if let Some((upstream, priority)) = proxy_route(svc, server, req, x.peer) {
+        let now = svc.clock.precise_us();
+        return match svc.overload.admit(upstream, priority, now) {
+            Admission::Admit(ticket) => proxy(x, svc, req, head, server, upstream, ticket),
+            // Over the upstream's adaptive limit: refused at once, never queued.
+            Admission::Shed => {
+                let close = req.body != BodyKind::None;
+                let status = Status::SERVICE_UNAVAILABLE;
+                match refuse_now(&mut x, svc, req, server, status, 1, close) {
+                    Persistence::Close if close => Next::Finish(After::Linger),
+                    Persistence::Close => Next::Finish(After::Close),
+                    _ => Next::Continue,
+                }
+            }
+        };
     }
     if let Some(body) = body {
         if req.expect_continue && refused_from_head(svc, server, req, x.peer) {
@@ -221,12 +237,14 @@ fn over_rate(
     crate::limits::admit::request(svc, server, route, head, peer)
 }
 
-/// Answers 429 with `Retry-After`. Returns the persistence used.
-fn too_many(
+/// Answers `status` (429 over a rate, 503 over an upstream's adaptive limit) with
+/// `Retry-After`. Returns the persistence used.
+fn refuse_now(
     x: &mut Exchange,
     svc: &mut Services,
     req: &Request,
     server: usize,
+    status: Status,
     retry_after: u64,
     close: bool,
 ) -> Persistence {
@@ -255,16 +273,22 @@ fn too_many(
     };
     let mut digits = Vec::with_capacity(20);
     response::push_decimal(&mut digits, retry_after);
-    let outcome = reply.error(Status::TOO_MANY_REQUESTS, &[("Retry-After", &digits)]);
+    let outcome = reply.error(status, &[("Retry-After", &digits)]);
     let latency = svc.clock.precise_us().saturating_sub(x.started);
     svc.stats.response(outcome.status.0, Some(latency));
     log_request(svc, server, x.peer, req, &outcome, latency);
     persistence
 }
 
-/// The upstream of the route `req` goes to, if that route is a `Proxy` the client
-/// `peer` may use (a refused one is answered 403 by `respond`, like any route).
-fn proxy_route(svc: &Services, server: usize, req: &Request, peer: IpAddr) -> Option<usize> {
+/// The upstream of the route `req` goes to and the route's priority, if that route is
+/// a `Proxy` the client `peer` may use (a refused one is answered 403 by `respond`,
+/// like any route).
+fn proxy_route(
+    svc: &Services,
+    server: usize,
+    req: &Request,
+    peer: IpAddr,
+) -> Option<(usize, Priority)> {
     let server = &svc.config.servers[server];
     let path = route_path(req.path).ok()?;
     let route = &server.routes[server.route_index(&path)?];
@@ -272,7 +296,7 @@ fn proxy_route(svc: &Services, server: usize, req: &Request, peer: IpAddr) -> Op
         return None;
     }
     match route.handler {
-        Handler::Proxy { upstream } => Some(upstream),
+        Handler::Proxy { upstream } => Some((upstream, route.priority)),
         _ => None,
     }
 }
@@ -290,6 +314,7 @@ fn proxy(
     head: &[u8],
     server: usize,
     upstream_index: usize,
+    ticket: Option<Ticket>,
 ) -> Next {
     *x.requests = x.requests.saturating_add(1);
     let srv = &svc.config.servers[server];
@@ -339,7 +364,7 @@ fn proxy(
     );
     session.limit_client_body(srv.max_body_bytes);
     let expect = req.expect_continue && framing != Framing::None;
-    Next::Proxy(Box::new(Proxied::new(
+    let mut proxied = Box::new(Proxied::new(
         session,
         upstream_index,
         server,
@@ -349,7 +374,9 @@ fn proxy(
         keep,
         req.version == Version::Http10,
         &request_id,
-    )))
+    ));
+    proxied.overload = ticket;
+    Next::Proxy(proxied)
 }
 
 /// Whether the answer to `req` is an error known from its head alone (a path that

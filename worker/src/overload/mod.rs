@@ -330,3 +330,132 @@ fn retire(g: &GroupCell) {
     g.limit.store(0, Relaxed);
     g.probing.store(0, Relaxed);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forkd_shared::shm::overload::RingSample;
+
+    struct Tmp(std::path::PathBuf);
+    impl Drop for Tmp {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(self.0.parent().unwrap());
+        }
+    }
+
+    fn region(name: &str) -> (Tmp, Rc<Region>) {
+        let dir = std::env::temp_dir().join(format!(
+            "forkd-overload-{name}-{}-{}",
+            std::process::id(),
+            forkd_shared::shm::now_ms()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("forkd.shm");
+        let r = Region::create(&path, std::process::id() as i32, None).unwrap();
+        (Tmp(path), Rc::new(r))
+    }
+
+    fn config(mode: &str) -> Config {
+        let text = format!(
+            r#"(
+            upstreams: {{ "app": (servers: ["127.0.0.1:9000"],
+                overload: Some((mode: {mode}, min_limit: 2, max_limit: 2))) }},
+            servers: [(listen: ["127.0.0.1:8080"], routes: [
+                (prefix: "/", handler: Proxy(upstream: "app")),
+            ])],
+        )"#
+        );
+        Config::parse(std::path::Path::new("/tmp/forkd-test.ron"), &text).unwrap()
+    }
+
+    fn samples(region: &Region, row: usize) -> Vec<RingSample> {
+        let mut out = Vec::new();
+        region.layout().overload.slots[row].drain(&mut 0, |s| out.push(s));
+        out
+    }
+
+    /// The failure where rejections feed near-zero latencies into the estimate: a shed
+    /// request is never a sample, and neither is one whose upstream failed before a
+    /// response head; only admitted, completed requests are.
+    #[test]
+    fn shed_and_failed_requests_are_not_samples() {
+        let (_tmp, region) = region("samples");
+        let mut o = Overload::new(region.clone(), 3, &config("Enforce"));
+        let mut first = match o.admit(0, Priority::Low, 1_000) {
+            Admission::Admit(Some(t)) => t,
+            other => panic!("{other:?}"),
+        };
+        for _ in 0..100 {
+            assert!(matches!(o.admit(0, Priority::Low, 1_001), Admission::Shed));
+        }
+        let failed = match o.admit(0, Priority::Critical, 1_002) {
+            Admission::Admit(Some(t)) => t,
+            other => panic!("{other:?}"),
+        };
+        assert!(matches!(
+            o.admit(0, Priority::Critical, 1_003),
+            Admission::Shed
+        ));
+        first.completed(41_000);
+        first.completed(99_000); // once per request
+        drop(first);
+        drop(failed); // its upstream failed: no head, no sample
+        let got = samples(&region, 3);
+        assert_eq!(
+            got,
+            [RingSample {
+                group: 0,
+                latency_us: 40_000,
+                probe: false
+            }]
+        );
+        let g = &region.layout().overload.groups[0];
+        assert_eq!(
+            g.inflight.load(Relaxed),
+            0,
+            "every ticket gave its place back"
+        );
+        assert_eq!(g.shed[Priority::Low.index()].load(Relaxed), 100);
+        assert_eq!(g.shed[Priority::Critical.index()].load(Relaxed), 1);
+        assert_eq!(
+            o.region.layout().overload.slots[3].inflight[0].load(Relaxed),
+            0
+        );
+    }
+
+    #[test]
+    fn dry_run_admits_everything_and_off_counts_nothing() {
+        let (_tmp, region) = region("modes");
+        let mut o = Overload::new(region.clone(), 0, &config("DryRun"));
+        let held: Vec<_> = (0..5)
+            .map(|i| match o.admit(0, Priority::Low, i) {
+                Admission::Admit(Some(t)) => t,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let g = &region.layout().overload.groups[0];
+        assert_eq!(g.inflight.load(Relaxed), 5);
+        assert_eq!(g.dry_run[Priority::Low.index()].load(Relaxed), 4);
+        drop(held);
+        o.reconfigure(&config("Off"));
+        assert!(matches!(
+            o.admit(0, Priority::Low, 9),
+            Admission::Admit(None)
+        ));
+        assert_eq!(g.inflight.load(Relaxed), 0);
+    }
+
+    /// A worker that died with requests in flight: the next worker of its row gives
+    /// its share back.
+    #[test]
+    fn a_new_worker_in_a_row_uncounts_what_the_dead_one_held() {
+        let (_tmp, region) = region("dead");
+        let mut dead = Overload::new(region.clone(), 5, &config("Enforce"));
+        let held = dead.admit(0, Priority::Critical, 0);
+        std::mem::forget(held); // a SIGKILL: no destructor runs
+        let g = &region.layout().overload.groups[0];
+        assert_eq!(g.inflight.load(Relaxed), 1);
+        let _next = Overload::new(region.clone(), 5, &config("Enforce"));
+        assert_eq!(g.inflight.load(Relaxed), 0);
+    }
+}

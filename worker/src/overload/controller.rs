@@ -8,7 +8,7 @@
 //!   gradient = clamp((baseline + 25%·baseline) / sample, 0.5, 2.0)
 //!   limit'   = gradient·limit;  limit' += sqrt(limit')  (headroom for bursts)
 //!   no growth while the window's peak in-flight stayed below limit/2 (nothing to learn)
-//!   limit    = clamp(limit', min_limit, max_limit)
+//!   limit    = clamp(0.8·limit + 0.2·limit', min_limit, max_limit)
 //! every 60 s + up to 15% jitter, and after 5 windows in a row at min_limit:
 //!   re-measure the baseline: limit = min_limit until 50 samples of requests admitted
 //!   during the measurement (or at least one and 2 s), baseline = their quantile; then
@@ -20,7 +20,11 @@
 //! faster than it lowers it at once. A baseline too low for an upstream that became
 //! slower pins the limit at `min_limit`, which starts a re-measurement after 5 windows
 //! (the floor cannot stick). Defaults are Envoy's (buffer 25%, interval 60 s, 50
-//! requests), jitter aside (15%).
+//! requests), jitter aside (15%). One thing is Netflix Gradient2's: the new limit is
+//! smoothed (0.2), so one window slowed by a scheduling stall of the machine, not by
+//! the upstream, moves the limit by a tenth at most, not by half (`bench/overload`
+//! on a loaded machine, same run: Critical admitted 96.8-99.0% with it, 94.8-95.9%
+//! without).
 
 use crate::timers::Micros;
 
@@ -29,6 +33,8 @@ const BUFFER: f64 = 0.25;
 /// Bounds of one window's correction.
 const GRADIENT_MIN: f64 = 0.5;
 const GRADIENT_MAX: f64 = 2.0;
+/// The weight of a window's new limit against the current one (Gradient2's smoothing).
+const SMOOTHING: f64 = 0.2;
 /// How often the baseline is re-measured, and the jitter added to each interval.
 pub const PROBE_EVERY_US: Micros = 60_000_000;
 pub const PROBE_JITTER: f64 = 0.15;
@@ -223,7 +229,7 @@ impl Controller {
             // Too little traffic to say whether more would queue.
             next = self.limit;
         }
-        self.limit = next;
+        self.limit = self.limit * (1.0 - SMOOTHING) + next * SMOOTHING;
         self.clamp();
     }
 
@@ -345,7 +351,7 @@ mod tests {
             "the limit grows to what the upstream takes: {before}"
         );
         // The upstream slows down 4x for everything (not queueing): latency rises.
-        let slow = run(&mut c, &mut now, 6, BASE * 4, 40);
+        let slow = run(&mut c, &mut now, 40, BASE * 4, 40);
         let during = slow.iter().map(|v| v.limit).min().unwrap();
         assert!(during < before, "{during} < {before}");
         assert_eq!(during, 4, "at worst the floor");
@@ -371,6 +377,26 @@ mod tests {
             (0, 5),
         ] {
             all.extend(run(&mut c, &mut now, 300, base, offered));
+        }
+        // An upstream whose latency does not depend on load, busy at the limit: the
+        // limit rises to its ceiling; then 10x slower: down to its floor.
+        for latency in [BASE, BASE * 10] {
+            for _ in 0..200 {
+                let v = c.verdict();
+                let mut samples = vec![
+                    Sample {
+                        latency_us: latency,
+                        probe: v.probing,
+                    };
+                    v.limit as usize
+                ];
+                now += WINDOW;
+                all.push(c.tick(Window {
+                    now,
+                    samples: &mut samples,
+                    peak_inflight: v.limit,
+                }));
+            }
         }
         assert!(all.iter().all(|v| (3..=20).contains(&v.limit)), "{all:?}");
         assert!(all.iter().any(|v| v.limit == 20) && all.iter().any(|v| v.limit == 3));

@@ -55,6 +55,12 @@ pub struct GroupCell {
     pub dry_run: [AtomicU64; 3],
     /// Of `shed`, those shed because the worker's CPU use was above `cpu_high` (low).
     pub shed_cpu: AtomicU64,
+    /// `Critical` requests in flight (of `inflight`), and the most at once since the
+    /// lease holder last looked.
+    pub critical: AtomicU64,
+    pub critical_peak: AtomicU64,
+    /// The part of the limit only `Critical` may use (lease holder); 0: not yet.
+    pub reserve: AtomicU64,
     pub name: Text<64>,
 }
 
@@ -159,6 +165,26 @@ impl GroupCell {
     pub fn take_peak(&self) -> u64 {
         self.peak.swap(self.inflight.load(Relaxed), Relaxed)
     }
+
+    /// Counts an admitted `Critical` request (already counted in `inflight`).
+    pub fn enter_critical(&self) {
+        let now = self.critical.fetch_add(1, AcqRel) + 1;
+        if now > self.critical_peak.load(Relaxed) {
+            self.critical_peak.fetch_max(now, Relaxed);
+        }
+    }
+
+    pub fn leave_critical(&self) {
+        let _ = self
+            .critical
+            .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(1)));
+    }
+
+    /// The most `Critical` in flight since the last call.
+    pub fn take_critical_peak(&self) -> u64 {
+        self.critical_peak
+            .swap(self.critical.load(Relaxed), Relaxed)
+    }
 }
 
 /// One latency sample as the ring holds it.
@@ -259,6 +285,8 @@ pub struct OverloadReport {
     pub upstream: String,
     pub mode: &'static str,
     pub limit: u64,
+    /// The part of the limit kept for `Critical`.
+    pub reserve: u64,
     pub inflight: u64,
     pub baseline_us: u64,
     pub sample_us: u64,
@@ -309,6 +337,7 @@ pub fn read(layout: &Layout) -> Vec<OverloadReport> {
             upstream: g.name.get(),
             mode: mode_name(g.mode.load(Relaxed)),
             limit: g.limit.load(Relaxed),
+            reserve: g.reserve.load(Relaxed),
             inflight: g.inflight.load(Relaxed),
             baseline_us: g.baseline_us.load(Relaxed),
             sample_us: g.sample_us.load(Relaxed),

@@ -4,30 +4,38 @@
 //! exchange ends by).
 //!
 //! ```text
-//! reserve  = max(1, ceil(limit / 5))
-//! Critical: admitted while in flight < limit            (the reserved top fifth)
+//! reserve  = ceil(limit / 10) + the most Critical requests in flight at once in the
+//!            last window, between 1 and limit / 2      (published by the lease holder)
+//! Critical: admitted while in flight < limit
 //! Normal:   admitted while in flight < limit - reserve
 //! Low:      admitted while in flight < limit - 2·reserve, and never while the
 //!           worker's CPU use is above cpu_high
 //! (Normal and Low caps are at least 1.)
 //! ```
 //!
-//! A fifth rather than a tenth: at 3x an upstream's capacity with a tenth of the
-//! requests Critical, Normal and Low keep the count at their cap all the time, so
-//! Critical has little more than the reserve; a tenth (2 of a limit of 14) shed
-//! 0.3-1.3% of Critical requests in `bench/overload`. The reserve costs no capacity
-//! when Critical is idle: the controller raises the limit until latency rises.
+//! A fixed tenth is not enough once Critical traffic is a real part of the load: at
+//! 3x an upstream's capacity with a tenth of the requests Critical (a third of the
+//! capacity), Normal keeps the count at its cap all the time, so Critical has only the
+//! reserve; with 2 of a limit of 14 it needs about 4, and `bench/overload` shed 1-5%
+//! of Critical requests. So the reserve follows what Critical uses. It costs no
+//! capacity when Critical is idle (a tenth), and the controller raises the limit
+//! while latency allows.
 
 use forkd_shared::config::overload::Priority;
 use forkd_shared::shm::overload::RingSample;
 use forkd_shared::shm::Region;
 use std::rc::Rc;
 
+/// The part of `limit` kept for Critical, when at most `critical_peak` Critical
+/// requests were in flight at once lately.
+pub fn reserve(limit: u64, critical_peak: u64) -> u64 {
+    (limit.div_ceil(10) + critical_peak).clamp(1, (limit / 2).max(1))
+}
+
 /// How many may be in flight when a request of `priority` arrives, for it to be
 /// admitted; 0: shed whatever the count (Low on a hot CPU).
-pub fn cap(limit: u64, priority: Priority, cpu_hot: bool) -> u64 {
+pub fn cap(limit: u64, reserve: u64, priority: Priority, cpu_hot: bool) -> u64 {
     let limit = limit.max(1);
-    let reserve = limit.div_ceil(5).max(1);
     match priority {
         Priority::Critical => limit,
         Priority::Normal => limit.saturating_sub(reserve).max(1),
@@ -57,6 +65,8 @@ pub struct Ticket {
     pub(super) probe: bool,
     /// A latency sample was recorded (one per request).
     pub(super) sampled: bool,
+    /// Counted among the group's Critical requests too.
+    pub(super) critical: bool,
 }
 
 impl Ticket {
@@ -80,6 +90,9 @@ impl Drop for Ticket {
         let o = &self.region.layout().overload;
         o.slots[self.row].inflight[self.cell].fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         o.groups[self.cell].leave(1);
+        if self.critical {
+            o.groups[self.cell].leave_critical();
+        }
     }
 }
 
@@ -99,19 +112,26 @@ mod tests {
 
     #[test]
     fn low_is_shed_first_and_critical_keeps_a_reserve() {
-        assert_eq!(cap(100, Priority::Critical, false), 100);
-        assert_eq!(cap(100, Priority::Normal, false), 80);
-        assert_eq!(cap(100, Priority::Low, false), 60);
-        assert_eq!(cap(14, Priority::Normal, false), 11);
-        assert_eq!(cap(14, Priority::Low, false), 8);
-        assert_eq!(cap(4, Priority::Critical, false), 4);
-        assert_eq!(cap(4, Priority::Normal, false), 3);
-        assert_eq!(cap(4, Priority::Low, false), 2);
+        let r = reserve(100, 0);
+        assert_eq!(r, 10, "a tenth while Critical is idle");
+        assert_eq!(cap(100, r, Priority::Critical, false), 100);
+        assert_eq!(cap(100, r, Priority::Normal, false), 90);
+        assert_eq!(cap(100, r, Priority::Low, false), 80);
+        // Critical traffic in flight widens its reserve, up to half the limit.
+        assert_eq!(reserve(14, 4), 6);
+        assert_eq!(cap(14, 6, Priority::Normal, false), 8);
+        assert_eq!(cap(14, 6, Priority::Low, false), 2);
+        assert_eq!(reserve(14, 40), 7);
+        assert_eq!(reserve(4, 0), 1);
+        assert_eq!(cap(4, 1, Priority::Critical, false), 4);
+        assert_eq!(cap(4, 1, Priority::Normal, false), 3);
+        assert_eq!(cap(4, 1, Priority::Low, false), 2);
         // A hot CPU sheds Low whatever the count, and nothing else.
-        assert_eq!(cap(100, Priority::Low, true), 0);
-        assert_eq!(cap(100, Priority::Normal, true), 80);
+        assert_eq!(cap(100, r, Priority::Low, true), 0);
+        assert_eq!(cap(100, r, Priority::Normal, true), 90);
         // Tiny limits: every priority still gets one.
-        assert_eq!(cap(1, Priority::Low, false), 1);
-        assert_eq!(cap(2, Priority::Normal, false), 1);
+        assert_eq!(reserve(1, 0), 1);
+        assert_eq!(cap(1, 1, Priority::Low, false), 1);
+        assert_eq!(cap(2, 1, Priority::Normal, false), 1);
     }
 }

@@ -19,7 +19,7 @@ pub mod admission;
 pub mod controller;
 pub mod cpu;
 
-use admission::{cap, Admission, Ticket};
+use admission::{cap, reserve, Admission, Ticket};
 use controller::{Controller, Params, Sample, Window};
 use forkd_shared::config::overload::{Overload as Settings, OverloadMode, Priority};
 use forkd_shared::config::Config;
@@ -187,7 +187,11 @@ impl Overload {
             published
         };
         let hot = self.cpu_use > g.settings.cpu_high;
-        let cap = cap(limit, priority, hot);
+        let reserve = match cell.reserve.load(Relaxed) {
+            0 => reserve(limit, 0),
+            r => r,
+        };
+        let cap = cap(limit, reserve, priority, hot);
         let p = priority.index();
         let admitted = match g.settings.mode {
             OverloadMode::Enforce => {
@@ -215,6 +219,10 @@ impl Overload {
             return Admission::Admit(None);
         }
         area.slots[self.row].inflight[g.cell].fetch_add(1, AcqRel);
+        let critical = priority == Priority::Critical;
+        if critical {
+            cell.enter_critical();
+        }
         Admission::Admit(Some(Ticket {
             region: self.region.clone(),
             row: self.row,
@@ -222,6 +230,7 @@ impl Overload {
             admitted_at: now,
             probe: cell.probing.load(Relaxed) != 0,
             sampled: false,
+            critical,
         }))
     }
 
@@ -302,6 +311,9 @@ impl Overload {
             r.samples.clear();
             r.since = now;
             g.limit.store(u64::from(verdict.limit), Relaxed);
+            let critical = g.take_critical_peak();
+            g.reserve
+                .store(reserve(u64::from(verdict.limit), critical), Relaxed);
             g.baseline_us
                 .store(verdict.baseline_us.unwrap_or(0), Relaxed);
             g.sample_us.store(verdict.sample_us.unwrap_or(0), Relaxed);
@@ -328,6 +340,7 @@ fn params(s: &Settings) -> Params {
 fn retire(g: &GroupCell) {
     g.mode.store(0, Relaxed);
     g.limit.store(0, Relaxed);
+    g.reserve.store(0, Relaxed);
     g.probing.store(0, Relaxed);
 }
 

@@ -9,7 +9,8 @@
 //!   limit'   = gradient·limit;  limit' += sqrt(limit')  (headroom for bursts)
 //!   no growth while the window's peak in-flight stayed below limit/2 (nothing to learn)
 //!   limit    = clamp(0.8·limit + 0.2·limit', min_limit, max_limit)
-//! every 60 s + up to 15% jitter, and after 5 windows in a row at min_limit:
+//! every 60 s + up to 15% jitter, and after 5 windows in a row at min_limit with
+//! limit' below it:
 //!   re-measure the baseline: limit = min_limit until 50 samples of requests admitted
 //!   during the measurement (or at least one and 2 s), baseline = their quantile; then
 //!   the limit from before the measurement is restored
@@ -202,8 +203,10 @@ impl Controller {
                     if !w.samples.is_empty() {
                         let baseline = baseline.min(sample).max(1);
                         self.baseline_us = Some(baseline);
-                        self.adjust(baseline, sample.max(1), w.peak_inflight);
-                        stuck = if self.limit.round() as u32 <= self.params.min_limit {
+                        let wants_less = self.adjust(baseline, sample.max(1), w.peak_inflight);
+                        // At the floor and pushed below it (not on its way up from it).
+                        let floor = f64::from(self.params.min_limit);
+                        stuck = if wants_less && self.limit.round() <= floor {
                             stuck + 1
                         } else {
                             0
@@ -220,7 +223,9 @@ impl Controller {
         self.verdict()
     }
 
-    fn adjust(&mut self, baseline: u64, sample: u64, peak: u32) {
+    /// Moves the limit by one window's gradient; true if the unsmoothed new limit is
+    /// at or below the floor.
+    fn adjust(&mut self, baseline: u64, sample: u64, peak: u32) -> bool {
         let target = baseline as f64 * (1.0 + BUFFER);
         let gradient = (target / sample as f64).clamp(GRADIENT_MIN, GRADIENT_MAX);
         let mut next = gradient * self.limit;
@@ -229,8 +234,10 @@ impl Controller {
             // Too little traffic to say whether more would queue.
             next = self.limit;
         }
+        let wants_less = next <= f64::from(self.params.min_limit);
         self.limit = self.limit * (1.0 - SMOOTHING) + next * SMOOTHING;
         self.clamp();
+        wants_less
     }
 
     fn clamp(&mut self) {

@@ -503,6 +503,34 @@ mod tests {
         assert!(end.limit >= 9, "off the floor: {end:?}");
     }
 
+    /// Smoothing climbs off the floor slowly: windows at `min_limit` on the way up are
+    /// not the floor sticking, and start no re-measurement.
+    #[test]
+    fn a_limit_climbing_off_the_floor_is_not_re_measured() {
+        let mut now = 0;
+        let mut c = Controller::new(params(), now, 2, Some((4, BASE)));
+        let mut seen = Vec::new();
+        for _ in 0..12 {
+            let v = c.verdict();
+            let mut samples = vec![
+                Sample {
+                    latency_us: BASE * 18 / 10,
+                    probe: v.probing,
+                };
+                v.limit as usize
+            ];
+            now += WINDOW;
+            seen.push(c.tick(Window {
+                now,
+                samples: &mut samples,
+                peak_inflight: v.limit,
+            }));
+        }
+        assert!(seen[..5].iter().all(|v| v.limit == 4), "{seen:?}");
+        assert!(seen.iter().all(|v| !v.probing), "{seen:?}");
+        assert!(seen.last().unwrap().limit > 4, "{seen:?}");
+    }
+
     #[test]
     fn re_measurements_are_jittered() {
         let mut now = 0;

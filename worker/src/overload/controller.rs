@@ -7,7 +7,8 @@
 //!   baseline = min(baseline, sample)                    (a lower sample proves it too high)
 //!   gradient = clamp((baseline + 25%·baseline) / sample, 0.5, 2.0)
 //!   limit'   = gradient·limit;  limit' += sqrt(limit')  (headroom for bursts)
-//!   no growth while the window's peak in-flight stayed below limit/2 (nothing to learn)
+//!   no growth while the window's peak in-flight stayed below limit/2 and nothing was
+//!   shed (nothing to learn: the limit is not what holds the traffic back)
 //!   limit    = clamp(0.8·limit + 0.2·limit', min_limit, max_limit)
 //! every 60 s + up to 15% jitter, and after 5 windows in a row at min_limit with
 //! limit' below it:
@@ -69,6 +70,9 @@ pub struct Window<'a> {
     pub samples: &'a mut [Sample],
     /// The most requests in flight at once during the window.
     pub peak_inflight: u32,
+    /// Requests refused during the window (a priority's share of the limit may be
+    /// full while the whole is not).
+    pub shed: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -203,7 +207,8 @@ impl Controller {
                     if !w.samples.is_empty() {
                         let baseline = baseline.min(sample).max(1);
                         self.baseline_us = Some(baseline);
-                        let wants_less = self.adjust(baseline, sample.max(1), w.peak_inflight);
+                        let limited = w.shed > 0 || f64::from(w.peak_inflight) >= self.limit / 2.0;
+                        let wants_less = self.adjust(baseline, sample.max(1), limited);
                         // At the floor and pushed below it (not on its way up from it).
                         let floor = f64::from(self.params.min_limit);
                         stuck = if wants_less && self.limit.round() <= floor {
@@ -225,12 +230,12 @@ impl Controller {
 
     /// Moves the limit by one window's gradient; true if the unsmoothed new limit is
     /// at or below the floor.
-    fn adjust(&mut self, baseline: u64, sample: u64, peak: u32) -> bool {
+    fn adjust(&mut self, baseline: u64, sample: u64, limited: bool) -> bool {
         let target = baseline as f64 * (1.0 + BUFFER);
         let gradient = (target / sample as f64).clamp(GRADIENT_MIN, GRADIENT_MAX);
         let mut next = gradient * self.limit;
         next += next.sqrt();
-        if next > self.limit && f64::from(peak) < self.limit / 2.0 {
+        if next > self.limit && !limited {
             // Too little traffic to say whether more would queue.
             next = self.limit;
         }
@@ -329,6 +334,7 @@ mod tests {
                     now: *now,
                     samples: &mut samples,
                     peak_inflight: peak,
+                    shed: 0,
                 })
             })
             .collect()
@@ -402,6 +408,7 @@ mod tests {
                     now,
                     samples: &mut samples,
                     peak_inflight: v.limit,
+                    shed: 0,
                 }));
             }
         }
@@ -455,6 +462,7 @@ mod tests {
                 now,
                 samples: &mut [],
                 peak_inflight: 40,
+                shed: 0,
             });
             assert_eq!((v.limit, v.baseline_us), (before.limit, before.baseline_us));
         }
@@ -467,6 +475,7 @@ mod tests {
             now,
             samples: &mut few,
             peak_inflight: 40,
+            shed: 0,
         });
         assert!(v.limit < before.limit);
         assert_eq!(v.baseline_us, before.baseline_us);
@@ -524,11 +533,43 @@ mod tests {
                 now,
                 samples: &mut samples,
                 peak_inflight: v.limit,
+                shed: 0,
             }));
         }
         assert!(seen[..5].iter().all(|v| v.limit == 4), "{seen:?}");
         assert!(seen.iter().all(|v| !v.probing), "{seen:?}");
         assert!(seen.last().unwrap().limit > 4, "{seen:?}");
+    }
+
+    /// Low's share of the limit is full (requests shed) while the whole is far from
+    /// it: the limit grows while latency allows, rather than "too little traffic".
+    #[test]
+    fn sheds_below_the_limit_let_it_grow() {
+        let mut now = 0;
+        let mut grow = |shed: u64| {
+            let mut c = Controller::new(params(), 0, 4, Some((10, BASE)));
+            let mut samples = vec![
+                Sample {
+                    latency_us: BASE,
+                    probe: false,
+                };
+                3
+            ];
+            now += WINDOW;
+            c.tick(Window {
+                now,
+                samples: &mut samples,
+                peak_inflight: 3,
+                shed,
+            })
+            .limit
+        };
+        assert_eq!(
+            grow(0),
+            10,
+            "3 in flight of 10, nothing shed: nothing to learn"
+        );
+        assert!(grow(5) > 10);
     }
 
     #[test]

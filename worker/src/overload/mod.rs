@@ -49,6 +49,8 @@ struct Running {
     /// When the window started (worker clock µs).
     since: u64,
     samples: Vec<Sample>,
+    /// The group's sheds (all priorities) counted when the window started.
+    shed_before: u64,
 }
 
 pub struct Overload {
@@ -277,6 +279,7 @@ impl Overload {
                     settings: g.settings,
                     since: now,
                     samples: Vec::new(),
+                    shed_before: total_shed(cell),
                 });
                 cell.mode.store(mode_code(g.settings.mode), Relaxed);
             }
@@ -303,11 +306,14 @@ impl Overload {
                 continue; // its window is longer than the tick
             }
             let g = &area.groups[cell];
+            let shed = total_shed(g);
             let verdict = r.controller.tick(Window {
                 now,
                 samples: &mut r.samples,
                 peak_inflight: g.take_peak().min(u64::from(u32::MAX)) as u32,
+                shed: shed.wrapping_sub(r.shed_before),
             });
+            r.shed_before = shed;
             r.samples.clear();
             r.since = now;
             g.limit.store(u64::from(verdict.limit), Relaxed);
@@ -326,6 +332,15 @@ impl Overload {
     pub fn stop(&mut self) {
         self.region.layout().overload.lease.resign(self.pid);
     }
+}
+
+/// Requests the group refused so far (`Enforce`) or would have (`DryRun`).
+fn total_shed(g: &GroupCell) -> u64 {
+    g.shed
+        .iter()
+        .chain(&g.dry_run)
+        .map(|c| c.load(Relaxed))
+        .sum()
 }
 
 fn params(s: &Settings) -> Params {

@@ -13,13 +13,13 @@
 //! (Normal and Low caps are at least 1.)
 //! ```
 //!
-//! A fixed tenth is not enough once Critical traffic is a real part of the load: at
+//! A fixed share is not enough once Critical traffic is a real part of the load: at
 //! 3x an upstream's capacity with a tenth of the requests Critical (a third of the
-//! capacity), Normal keeps the count at its cap all the time, so Critical has only the
-//! reserve; with 2 of a limit of 14 it needs about 4, and `bench/overload` shed 1-5%
-//! of Critical requests. So the reserve follows what Critical uses. It costs no
-//! capacity when Critical is idle (a tenth), and the controller raises the limit
-//! while latency allows.
+//! capacity), Normal keeps the count at its cap all the time, so Critical has little
+//! more than the reserve (2 of a limit of 14, where it needs about 4), and
+//! `bench/overload` shed 0.3-5% of Critical requests with a fixed tenth or fifth. So
+//! the reserve follows what Critical uses. It costs no capacity when Critical is idle
+//! (a tenth), and the controller raises the limit while latency allows.
 
 use forkd_shared::config::overload::Priority;
 use forkd_shared::shm::overload::RingSample;

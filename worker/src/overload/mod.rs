@@ -473,6 +473,27 @@ mod tests {
         assert_eq!(g.inflight.load(Relaxed), 0);
     }
 
+    /// Above `cpu_high` (0.8 by default), a worker sheds Low however few are in
+    /// flight, counted apart; Normal and Critical go on.
+    #[test]
+    fn a_hot_cpu_sheds_low_first() {
+        let (_tmp, region) = region("cpu");
+        let mut o = Overload::new(region.clone(), 1, &config("Enforce"));
+        o.cpu_use = 0.95;
+        assert!(matches!(o.admit(0, Priority::Low, 0), Admission::Shed));
+        let normal = o.admit(0, Priority::Normal, 0);
+        assert!(matches!(normal, Admission::Admit(Some(_))), "{normal:?}");
+        let g = &region.layout().overload.groups[0];
+        assert_eq!(g.shed_cpu.load(Relaxed), 1);
+        assert_eq!(g.shed[Priority::Low.index()].load(Relaxed), 1);
+        drop(normal);
+        o.cpu_use = 0.5;
+        assert!(matches!(
+            o.admit(0, Priority::Low, 0),
+            Admission::Admit(Some(_))
+        ));
+    }
+
     /// A worker that died with requests in flight: the next worker of its row gives
     /// its share back.
     #[test]

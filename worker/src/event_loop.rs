@@ -139,6 +139,8 @@ impl EventLoop {
         let region: &'static std::rc::Rc<forkd_shared::shm::Region> =
             Box::leak(Box::new(init.region.clone()));
         let checks = Checks::new(&region.layout().health);
+        let overload =
+            crate::overload::Overload::new(init.region.clone(), init.region_slot, &config);
         let mut event_loop = EventLoop {
             poll,
             events: Events::with_capacity(1024),
@@ -156,6 +158,7 @@ impl EventLoop {
                 logs,
                 clock: Clock::new(),
                 timers: Timers::default(),
+                overload,
                 stats: Stats::new(init.region, init.region_slot),
                 upstreams,
                 checks,
@@ -192,6 +195,7 @@ impl EventLoop {
         self.svc.stats.serving();
         self.sample_stats();
         let code = self.serve();
+        self.svc.overload.stop();
         self.svc.logs.flush();
         self.svc.stats.set_state(WorkerState::Exited);
         code
@@ -214,6 +218,7 @@ impl EventLoop {
                 self.sample_upstreams();
             }
             self.svc.stats.heartbeat(self.svc.clock.now);
+            self.svc.overload.tick(self.svc.clock.now_us);
             self.check_generation();
             let mut fast_exit = false;
             let events = std::mem::replace(&mut self.events, Events::with_capacity(0));
@@ -377,6 +382,9 @@ impl EventLoop {
             until = until.min(self.svc.clock.instant(due));
         }
         if let Some(due) = self.svc.upstreams.next_expiry() {
+            until = until.min(self.svc.clock.instant(due));
+        }
+        if let Some(due) = self.svc.overload.next_due() {
             until = until.min(self.svc.clock.instant(due));
         }
         match self.run {
@@ -582,6 +590,7 @@ impl EventLoop {
         self.svc.upstreams.reconfigure(&config.upstreams);
         self.svc.stats.map_upstreams(&config);
         self.svc.checks.adopt(&config, &self.svc.stats);
+        self.svc.overload.reconfigure(&config);
         self.svc.logs.set_formats(&config.servers);
         self.svc.config = config;
         self.generation = published;

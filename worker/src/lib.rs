@@ -8,6 +8,8 @@
 //!   owned by the event loop.
 //! - `limits`: overload protection (rotation at `worker_connections`, per-client
 //!   limits shared by the workers).
+//! - `overload`: the adaptive concurrency limit of proxied routes, shared by the
+//!   workers through the region.
 //! - `http`: sans-io HTTP/1.x parsing and response writing.
 //! - `proxy_protocol`: the sans-io PROXY protocol v1/v2 header parser; `real_ip`: the
 //!   client behind trusted proxies.
@@ -31,6 +33,7 @@ pub mod http;
 mod init;
 pub mod limits;
 pub mod out;
+pub mod overload;
 pub mod proxy;
 pub mod proxy_protocol;
 pub mod real_ip;

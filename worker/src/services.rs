@@ -78,6 +78,8 @@ pub struct Services {
     pub draining: bool,
     /// When limits may log next (see `limits::admit`).
     pub limit_log: crate::limits::admit::LimitLog,
+    /// The adaptive concurrency limits of upstream groups (see `overload`).
+    pub overload: crate::overload::Overload,
 }
 
 impl Services {

@@ -246,6 +246,8 @@ pub struct Proxied {
     /// The upstream switched protocols (101): its socket and the bytes after the
     /// head, for the tunnel the client connection becomes once the 101 is written.
     pub upgraded: Option<(UpstreamSocket, Vec<u8>)>,
+    /// Its place under the upstream group's adaptive limit, given back when dropped.
+    pub overload: Option<crate::overload::admission::Ticket>,
     /// The `X-Request-Id` sent upstream.
     request_id: [u8; 32],
     request_id_len: u8,
@@ -289,6 +291,7 @@ impl Proxied {
             client_keep_alive,
             http10,
             upgraded: None,
+            overload: None,
             request_id: id,
             request_id_len: len as u8,
         }

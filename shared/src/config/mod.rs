@@ -13,6 +13,7 @@ pub mod cidr;
 mod error;
 pub mod limits;
 mod locate;
+pub mod overload;
 pub mod raw;
 pub mod site;
 pub mod units;
@@ -134,6 +135,8 @@ pub struct Server {
 pub struct Route {
     pub prefix: String,
     pub handler: Handler,
+    /// The route's share of an overloaded upstream (used by `Proxy` routes).
+    pub priority: overload::Priority,
     pub limits: Option<limits::Limits>,
     /// The server's header fields then the route's, a route's empty value removing
     /// the server's field; none on probe and stats (`Status`, `Metrics`) routes.

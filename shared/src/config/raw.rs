@@ -161,6 +161,9 @@ pub struct RawRoute {
     pub allow: Vec<Cidr>,
     #[serde(default)]
     pub deny: Vec<Cidr>,
+    /// The route's share of an overloaded upstream (`Proxy` routes).
+    #[serde(default)]
+    pub priority: super::overload::Priority,
 }
 
 #[derive(Debug, Deserialize)]
@@ -260,6 +263,9 @@ pub struct RawUpstream {
     /// long is closed.
     #[serde(default = "default_tunnel_idle_timeout")]
     pub tunnel_idle_timeout: ConfDuration,
+    /// The adaptive concurrency limit (`None`: no limit).
+    #[serde(default)]
+    pub overload: Option<super::overload::Overload>,
 }
 
 /// `health_check: Some((path: "/healthz", interval: "2s", timeout: "1s", rise: 2,

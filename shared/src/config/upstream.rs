@@ -35,6 +35,8 @@ pub struct Upstream {
     pub resolve_every: Duration,
     /// An upgraded connection idle (no bytes either way) this long is closed.
     pub tunnel_idle_timeout: Duration,
+    /// The adaptive concurrency limit, if any.
+    pub overload: Option<super::overload::Overload>,
 }
 
 /// A validated `health_check` block.
@@ -94,6 +96,8 @@ pub(super) enum UpstreamProblem {
     Unresolved(String, String),
     /// A bad `health_check` value: the key it is about, and why.
     Check(&'static str, String),
+    /// `overload`'s `min_limit` above its `max_limit`.
+    OverloadBounds { min: u32, max: u32 },
 }
 
 /// Validates one upstream; returns it, or every problem found.
@@ -154,6 +158,14 @@ pub(super) fn validate_upstream(
             "must be at least 1s".into(),
         ));
     }
+    if let Some(o) = &raw.overload {
+        if o.min_limit > o.max_limit {
+            problems.push(UpstreamProblem::OverloadBounds {
+                min: o.min_limit,
+                max: o.max_limit,
+            });
+        }
+    }
     if !problems.is_empty() {
         return Err(problems);
     }
@@ -170,6 +182,7 @@ pub(super) fn validate_upstream(
         health_check,
         resolve_every: raw.resolve_every.0,
         tunnel_idle_timeout: raw.tunnel_idle_timeout.0,
+        overload: raw.overload,
     })
 }
 

@@ -281,6 +281,11 @@ pub(super) fn validate(
                             };
                             check.error_at(find_after(text, block, what), field(&name, &path), why)
                         }
+                        UpstreamProblem::OverloadBounds { min, max } => check.error_at(
+                            find_after(text, find_after(text, key, "overload"), "min_limit"),
+                            field(&name, "overload.min_limit"),
+                            format!("min_limit {min} is above max_limit {max}"),
+                        ),
                     }
                 }
                 // Keeps later indices right, so routes to it are not reported as unknown.
@@ -297,6 +302,7 @@ pub(super) fn validate(
                     health_check: None,
                     resolve_every: std::time::Duration::ZERO,
                     tunnel_idle_timeout: std::time::Duration::ZERO,
+                    overload: None,
                 });
             }
         }
@@ -603,6 +609,7 @@ pub(super) fn validate(
             routes.push(Route {
                 prefix: r.prefix.0,
                 handler,
+                priority: r.priority,
                 limits: r.limits,
                 headers,
                 header_block,
@@ -1045,6 +1052,54 @@ mod tests {
             .to_string();
         assert!(
             err.contains("cannot resolve `nope.invalid:9000`: unknown"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn overload_and_priority_are_read_and_bounds_located() {
+        use super::super::overload::{OverloadMode, Priority};
+        let d = site();
+        let text = PROXY
+            .replace(
+                "read_timeout: \"5s\",",
+                "read_timeout: \"5s\",\n            overload: Some((mode: DryRun, min_limit: 2)),",
+            )
+            .replace(
+                "handler: Proxy(upstream: \"app\")",
+                "handler: Proxy(upstream: \"app\"), priority: Low",
+            );
+        let c = parse(&d.0, &text).unwrap();
+        let o = c.upstreams[0].overload.unwrap();
+        assert_eq!(
+            (o.mode, o.min_limit, o.max_limit),
+            (OverloadMode::DryRun, 2, 1000)
+        );
+        assert_eq!(
+            c.servers[0].route(b"/api/x").unwrap().priority,
+            Priority::Low
+        );
+        assert_eq!(
+            c.servers[0].route(b"/x").unwrap().priority,
+            Priority::Normal
+        );
+        let err = parse(
+            &d.0,
+            &text.replace("min_limit: 2", "min_limit: 20, max_limit: 10"),
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("forkd.ron:7:43: upstreams.\"app\".overload.min_limit: min_limit 20 is above max_limit 10"),
+            "{err}"
+        );
+        let err = parse(&d.0, &text.replace("min_limit: 2", "cpu_high: 3.0")).unwrap_err();
+        assert!(
+            err.contains("forkd.ron:7:") && err.contains("cpu_high 3"),
+            "{err}"
+        );
+        let err = parse(&d.0, &text.replace("priority: Low", "priority: Urgent")).unwrap_err();
+        assert!(
+            err.contains("forkd.ron:13:") && err.contains("Urgent"),
             "{err}"
         );
     }

@@ -15,8 +15,10 @@
 //!  ├── limits         per-client limit entries, shared by the workers (see `limits`:
 //!  │                  the one area with many writers, updated by compare-and-swap)
 //!  ├── upstreams      appended area (`upstream`): per upstream server, per worker
-//!  └── health         appended area (`health`): the checks' lease, per upstream
-//!                     server its verdict and its resolved addresses
+//!  ├── health         appended area (`health`): the checks' lease, per upstream
+//!  │                  server its verdict and its resolved addresses
+//!  └── overload       appended area (`overload`): per upstream group (limit, in
+//!                     flight over all workers), per worker row (latency samples)
 //! ```
 //!
 //! Growing: an area is appended at the end, never inserted, so every offset of an
@@ -364,6 +366,8 @@ pub struct Layout {
     /// Appended after the upstream area: the active checks' lease and results, and
     /// the addresses of servers given by name (`health`).
     pub health: super::health::HealthArea,
+    /// Appended after the upstream area: the adaptive concurrency limits.
+    pub overload: super::overload::OverloadArea,
 }
 
 /// Bytes of a version-2 region of a build before the upstream area: where that area

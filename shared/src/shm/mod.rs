@@ -13,6 +13,8 @@
 //! - `report`: a consistent reading of the region, as JSON, a table or Prometheus text.
 //! - `upstream_counters`: the table of per-upstream-server counters, declared once.
 //! - `upstream`: the appended upstream area: per-server cells, their labels.
+//! - `overload`: the appended overload area: adaptive limits per upstream group,
+//!   latency samples per worker, the controllers' lease.
 //! - `upstream_values`: upstream cells read out of the region, their JSON and text.
 //! - `health`: the appended health area: the active checks' lease, per server its
 //!   verdict and resolved addresses.
@@ -24,6 +26,7 @@ pub mod layout;
 pub mod limits;
 pub mod mapping;
 pub mod master;
+pub mod overload;
 pub mod report;
 pub mod snapshot;
 #[cfg(test)]

@@ -75,6 +75,8 @@ pub struct Report {
     pub upstreams: Vec<UpstreamReport>,
     /// Who runs the upstream checks and name resolution (`health` lease).
     pub checks: ChecksReport,
+    /// Every upstream group with an adaptive limit.
+    pub overload: Vec<super::overload::OverloadReport>,
 }
 
 /// The active checks' lease.
@@ -245,6 +247,7 @@ fn read_once(layout: &Layout) -> Report {
         totals,
         upstreams: super::upstream_values::read(layout),
         checks: checks_report(layout),
+        overload: super::overload::read(layout),
     }
 }
 
@@ -263,6 +266,7 @@ struct Json<'a> {
     totals: &'a CounterValues,
     upstreams: &'a [UpstreamReport],
     checks: &'a ChecksReport,
+    overload: &'a [super::overload::OverloadReport],
 }
 
 #[derive(Serialize)]
@@ -317,6 +321,7 @@ impl Report {
             totals: &self.totals,
             upstreams: &self.upstreams,
             checks: &self.checks,
+            overload: &self.overload,
         };
         // Serialising plain structs, maps of string keys and numbers cannot fail.
         let mut out = serde_json::to_string(&doc).expect("stats serialise to JSON");
@@ -459,6 +464,7 @@ impl Report {
             let _ = writeln!(o, "upstream checks and name resolution: worker pid {pid}");
         }
         super::upstream_values::health_table(&mut o, &self.upstreams);
+        super::overload::table(&mut o, &self.overload);
         o
     }
 
@@ -622,6 +628,7 @@ impl Report {
             );
         }
         super::upstream_values::prometheus(&mut o, &self.upstreams, seconds);
+        super::overload::prometheus(&mut o, &self.overload, seconds);
         o
     }
 }
@@ -728,6 +735,7 @@ mod tests {
             totals: CounterValues::default(),
             upstreams: Vec::new(),
             checks: ChecksReport::default(),
+            overload: Vec::new(),
         };
         let table = report.to_table(None, 0.0);
         assert!(!table.contains("      100 "), "{table}");

@@ -20,6 +20,7 @@ use crate::http::path::{self, PathError};
 use crate::http::request::{self, BodyKind, Method, Request, RequestError, Version};
 use crate::http::response::{self, Persistence, Status};
 use crate::out::OutQueue;
+use crate::overload::admission::{Admission, Ticket};
 use crate::proxy::response_head::ResponseContext;
 use crate::proxy::session::Session;
 use crate::proxy::upgrade;
@@ -27,6 +28,7 @@ use crate::proxy::upstream_request::{self, Forwarding, Framing, Scheme};
 use crate::services::Services;
 use crate::timers::Micros;
 use crate::upstreams::Proxied;
+use forkd_shared::config::overload::Priority;
 use forkd_shared::config::{Handler, Server};
 use std::borrow::Cow;
 use std::net::IpAddr;
@@ -107,7 +109,8 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
     if let Some(retry_after) = over_rate(svc, server, req, head, x.peer) {
         // A body not read yet cannot be skipped reliably: close after the answer.
         let close = req.body != BodyKind::None;
-        return match too_many(&mut x, svc, req, server, retry_after, close) {
+        let status = Status::TOO_MANY_REQUESTS;
+        return match refuse_now(&mut x, svc, req, server, status, retry_after, close) {
             Persistence::Close if close => Next::Finish(After::Linger),
             Persistence::Close => Next::Finish(After::Close),
             _ => Next::Continue,
@@ -127,8 +130,28 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
             svc.config.servers[server].max_header_bytes,
         ))),
     };
-    if let Some((upstream, upgrade)) = proxy_route(svc, server, req, x.peer) {
-        return proxy(x, svc, req, head, server, upstream, upgrade);
+    if let Some((upstream, upgrade, priority)) = proxy_route(svc, server, req, x.peer) {
+        let now = svc.clock.precise_us();
+        return match svc.overload.admit(upstream, priority, now) {
+            Admission::Admit(ticket) => {
+                let to = ProxyTo {
+                    upstream,
+                    upgrade,
+                    ticket,
+                };
+                proxy(x, svc, req, head, server, to)
+            }
+            // Over the upstream's adaptive limit: refused at once, never queued.
+            Admission::Shed => {
+                let close = req.body != BodyKind::None;
+                let status = Status::SERVICE_UNAVAILABLE;
+                match refuse_now(&mut x, svc, req, server, status, 1, close) {
+                    Persistence::Close if close => Next::Finish(After::Linger),
+                    Persistence::Close => Next::Finish(After::Close),
+                    _ => Next::Continue,
+                }
+            }
+        };
     }
     if let Some(body) = body {
         if req.expect_continue && refused_from_head(svc, server, req, x.peer) {
@@ -222,12 +245,14 @@ fn over_rate(
     crate::limits::admit::request(svc, server, route, head, peer)
 }
 
-/// Answers 429 with `Retry-After`. Returns the persistence used.
-fn too_many(
+/// Answers `status` (429 over a rate, 503 over an upstream's adaptive limit) with
+/// `Retry-After`. Returns the persistence used.
+fn refuse_now(
     x: &mut Exchange,
     svc: &mut Services,
     req: &Request,
     server: usize,
+    status: Status,
     retry_after: u64,
     close: bool,
 ) -> Persistence {
@@ -256,22 +281,22 @@ fn too_many(
     };
     let mut digits = Vec::with_capacity(20);
     response::push_decimal(&mut digits, retry_after);
-    let outcome = reply.error(Status::TOO_MANY_REQUESTS, &[("Retry-After", &digits)]);
+    let outcome = reply.error(status, &[("Retry-After", &digits)]);
     let latency = svc.clock.precise_us().saturating_sub(x.started);
     svc.stats.response(outcome.status.0, Some(latency));
     log_request(svc, server, x.peer, req, &outcome, latency);
     persistence
 }
 
-/// The upstream of the route `req` goes to and whether it allows upgrades, if that
-/// route is a `Proxy` the client `peer` may use (a refused one is answered 403 by
-/// `respond`, like any route).
+/// The upstream of the route `req` goes to, whether it allows upgrades and the
+/// route's priority, if that route is a `Proxy` the client `peer` may use (a refused
+/// one is answered 403 by `respond`, like any route).
 fn proxy_route(
     svc: &Services,
     server: usize,
     req: &Request,
     peer: IpAddr,
-) -> Option<(usize, bool)> {
+) -> Option<(usize, bool, Priority)> {
     let server = &svc.config.servers[server];
     let path = route_path(req.path).ok()?;
     let route = &server.routes[server.route_index(&path)?];
@@ -279,7 +304,7 @@ fn proxy_route(
         return None;
     }
     match route.handler {
-        Handler::Proxy { upstream, upgrade } => Some((upstream, upgrade)),
+        Handler::Proxy { upstream, upgrade } => Some((upstream, upgrade, route.priority)),
         _ => None,
     }
 }
@@ -289,6 +314,14 @@ const PROXY_BUFFER: usize = 64 * 1024;
 /// The largest response head accepted from an upstream (more is a 502).
 const MAX_UPSTREAM_HEAD: usize = 32 * 1024;
 
+/// Where a proxied request goes: its upstream, whether the route allows an upgrade,
+/// and its place under the upstream's adaptive limit.
+struct ProxyTo {
+    upstream: usize,
+    upgrade: bool,
+    ticket: Option<Ticket>,
+}
+
 /// "Proxy this": the upstream head written, the exchange built.
 fn proxy(
     x: Exchange,
@@ -296,9 +329,13 @@ fn proxy(
     req: &Request,
     head: &[u8],
     server: usize,
-    upstream_index: usize,
-    allow_upgrade: bool,
+    to: ProxyTo,
 ) -> Next {
+    let ProxyTo {
+        upstream: upstream_index,
+        upgrade: allow_upgrade,
+        ticket,
+    } = to;
     *x.requests = x.requests.saturating_add(1);
     let srv = &svc.config.servers[server];
     let keep = req.keep_alive
@@ -358,7 +395,7 @@ fn proxy(
     );
     session.limit_client_body(srv.max_body_bytes);
     let expect = req.expect_continue && framing != Framing::None;
-    Next::Proxy(Box::new(Proxied::new(
+    let mut proxied = Box::new(Proxied::new(
         session,
         upstream_index,
         server,
@@ -368,7 +405,9 @@ fn proxy(
         keep,
         req.version == Version::Http10,
         &request_id,
-    )))
+    ));
+    proxied.overload = ticket;
+    Next::Proxy(proxied)
 }
 
 /// Whether the answer to `req` is an error known from its head alone (a path that

@@ -219,7 +219,8 @@ fn act(
             Step::Respond(status) => {
                 log_failure(p, svc, false);
                 forget_token(p, svc);
-                // What follows a request read whole is the client's next request.
+                p.overload = None; // the upstream side ended: out of the group's count
+                                   // What follows a request read whole is the client's next request.
                 let keep = p.client_keep_alive && p.session.client_body_read();
                 if !keep {
                     busy.discard_input();
@@ -229,6 +230,7 @@ fn act(
             Step::CloseClient => {
                 log_failure(p, svc, false);
                 forget_token(p, svc);
+                p.overload = None;
                 observe(p, svc);
                 // The client sees a truncated response; it is logged as what it was.
                 account(p, c, svc);
@@ -245,6 +247,7 @@ fn act(
             Step::Done { pool } => {
                 p.upstream_done = true;
                 observe(p, svc);
+                p.overload = None;
                 match (pool, p.token.take(), p.server) {
                     (Some((socket, requests)), Some(token), Some((_, id))) if !svc.draining => {
                         let now = svc.clock.now_us;
@@ -369,8 +372,12 @@ fn observe(p: &mut Proxied, svc: &Services) {
     }
     if p.head_at.is_none() {
         if let Some(head) = p.session.response_head() {
-            p.head_at = Some(svc.clock.precise_us());
+            let now = svc.clock.precise_us();
+            p.head_at = Some(now);
             p.status = Some(head.status);
+            if let Some(ticket) = p.overload.as_mut() {
+                ticket.completed(now);
+            }
             if let Some(c) = cell(p, svc) {
                 svc.stats
                     .upstream_response(c, head.status, p.time_to_head_us());

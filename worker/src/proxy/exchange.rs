@@ -508,6 +508,7 @@ mod tests {
             health_check: None,
             resolve_every: Duration::from_secs(30),
             tunnel_idle_timeout: Duration::from_secs(3600),
+            overload: None,
         };
         let t = |after: u64, fires_as, rearm_on_progress| {
             Some(Timeout {

@@ -21,6 +21,7 @@ mod validate;
 
 pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
 pub use raw::{AcceptMode, LogLevel};
+pub use raw::{Balance, HashKey, HeaderName};
 pub use upstream::{Upstream, UpstreamAddress, UpstreamServer};
 
 use std::net::SocketAddr;

@@ -265,6 +265,16 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                             field(&name, "servers"),
                             format!("cannot resolve `{addr}`: {why}"),
                         ),
+                        UpstreamProblem::OnlyBackups => check.error_at(
+                            find_after(text, key, "servers"),
+                            field(&name, "servers"),
+                            "every server is a backup: at least one must not be".into(),
+                        ),
+                        UpstreamProblem::ZeroFailTimeout => check.error_at(
+                            find_after(text, key, "fail_timeout"),
+                            field(&name, "fail_timeout"),
+                            "must be more than 0 while max_fails is above 0".into(),
+                        ),
                     }
                 }
                 // Keeps later indices right, so routes to it are not reported as unknown.
@@ -278,6 +288,10 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                     send_timeout: std::time::Duration::ZERO,
                     read_timeout: std::time::Duration::ZERO,
                     retries: 0,
+                    balance: raw::Balance::RoundRobin,
+                    max_fails: 0,
+                    fail_timeout: std::time::Duration::ZERO,
+                    slow_start: std::time::Duration::ZERO,
                 });
             }
         }

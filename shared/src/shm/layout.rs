@@ -14,7 +14,9 @@
 //!  │                  written only by that worker (the master resets it)
 //!  ├── limits         per-client limit entries, shared by the workers (see `limits`:
 //!  │                  the one area with many writers, updated by compare-and-swap)
-//!  └── upstreams      appended area (`upstream`): per upstream server, per worker
+//!  ├── upstreams      appended area (`upstream`): per upstream server, per worker
+//!  └── upstream_state appended area (`upstream_state`): per upstream server, shared
+//!                     by the workers (in flight, passive health)
 //! ```
 //!
 //! Growing: an area is appended at the end, never inserted, so every offset of an
@@ -357,11 +359,17 @@ pub struct Layout {
     pub limits: super::limits::LimitsArea,
     /// Appended after the first builds of version 2 (see "Growing" above).
     pub upstreams: super::upstream::UpstreamArea,
+    /// Appended after the upstream area: per upstream server, what every worker sees
+    /// the same (in flight, passive health; see `upstream_state`).
+    pub upstream_state: super::upstream_state::UpstreamStateArea,
 }
 
 /// Bytes of a version-2 region of a build before the upstream area: where that area
 /// starts.
 pub const LEGACY_SIZE: usize = std::mem::offset_of!(Layout, upstreams);
+
+/// Bytes of a region of a build before the upstream state area: where it starts.
+pub const UPSTREAM_AREA_END: usize = std::mem::offset_of!(Layout, upstream_state);
 
 #[cfg(test)]
 mod tests {

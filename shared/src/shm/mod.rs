@@ -14,6 +14,8 @@
 //! - `upstream_counters`: the table of per-upstream-server counters, declared once.
 //! - `upstream`: the appended upstream area: per-server cells, their labels.
 //! - `upstream_values`: upstream cells read out of the region, their JSON and text.
+//! - `upstream_state`: the appended area every worker shares per upstream server:
+//!   in flight, passive health, weights (balancing with a global view).
 
 pub mod counters;
 pub mod fold;
@@ -27,6 +29,7 @@ pub mod snapshot;
 mod testing;
 pub mod upstream;
 pub mod upstream_counters;
+pub mod upstream_state;
 pub mod upstream_values;
 pub mod values;
 

@@ -500,6 +500,10 @@ mod tests {
             send_timeout: Duration::from_secs(2),
             read_timeout: Duration::from_secs(3),
             retries: 1,
+            balance: forkd_shared::config::Balance::RoundRobin,
+            max_fails: 1,
+            fail_timeout: Duration::from_secs(10),
+            slow_start: Duration::ZERO,
         };
         let t = |after: u64, fires_as, rearm_on_progress| {
             Some(Timeout {

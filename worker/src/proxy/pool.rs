@@ -425,6 +425,8 @@ mod tests {
                 .map(|p| UpstreamServer {
                     addr: UpstreamAddress::Tcp(([127, 0, 0, 1], *p).into()),
                     label: format!("127.0.0.1:{p}"),
+                    weight: 1,
+                    backup: false,
                 })
                 .collect(),
             keepalive,
@@ -434,6 +436,10 @@ mod tests {
             send_timeout: Duration::from_secs(1),
             read_timeout: Duration::from_secs(1),
             retries: 1,
+            balance: forkd_shared::config::Balance::RoundRobin,
+            max_fails: 1,
+            fail_timeout: Duration::from_secs(10),
+            slow_start: Duration::ZERO,
         }
     }
 

@@ -465,13 +465,21 @@ mod tests {
 
     #[test]
     fn a_read_timeout_before_the_head_is_504_and_bad_heads_502() {
-        let mut x = Exchange::new("GET", 2, 1);
-        x.start(0, false);
-        run(
-            &mut x,
-            &[Event::Connected, Event::HeadWritten, Event::RequestBodyDone],
-        );
-        assert_eq!(x.on(Event::Failed(Failure::Timeout)), Action::Respond(504));
+        // With another server, a GET moves on to it; a POST, or a GET with nowhere
+        // else to go, is answered 504.
+        for (method, servers, want) in [
+            ("GET", 2, Action::ConnectNext),
+            ("POST", 2, Action::Respond(504)),
+            ("GET", 1, Action::Respond(504)),
+        ] {
+            let mut x = Exchange::new(method, servers, 1);
+            x.start(0, false);
+            run(
+                &mut x,
+                &[Event::Connected, Event::HeadWritten, Event::RequestBodyDone],
+            );
+            assert_eq!(x.on(Event::Failed(Failure::Timeout)), want, "{method}");
+        }
         let mut y = Exchange::new("GET", 2, 1);
         y.start(0, true);
         run(

@@ -14,6 +14,7 @@ use forkd_shared::shm::counters::{self, Counter};
 use forkd_shared::shm::layout::{WorkerSlot, WorkerState};
 use forkd_shared::shm::upstream::{self, UpstreamCell};
 use forkd_shared::shm::upstream_counters;
+use forkd_shared::shm::upstream_state::UpstreamStateArea;
 use forkd_shared::shm::Region;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::{Relaxed, Release};
@@ -34,8 +35,40 @@ pub struct Stats {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CellId(u16);
 
+impl CellId {
+    /// The cell's index in the region's upstream areas.
+    pub fn index(self) -> usize {
+        usize::from(self.0)
+    }
+}
+
+/// One request under way to an upstream server, counted in the region's in-flight
+/// word of this worker's slot for as long as it lives (dropping it ends it, however
+/// the exchange ended: done, failed, or its client gone).
+pub struct InFlight {
+    region: Rc<Region>,
+    cell: u16,
+    slot: u16,
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "InFlight(cell {}, slot {})", self.cell, self.slot)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.region
+            .layout()
+            .upstream_state
+            .end(usize::from(self.cell), usize::from(self.slot));
+    }
+}
+
 impl Stats {
     pub fn new(region: Rc<Region>, index: usize) -> Stats {
+        region.layout().upstream_state.note_slot(index);
         Stats {
             region,
             index,
@@ -65,6 +98,28 @@ impl Stats {
     #[inline]
     pub fn upstream_cell(&self, upstream: usize, server: usize) -> Option<CellId> {
         *self.cells.get(upstream)?.get(server)?
+    }
+
+    /// The region's shared upstream state (in flight, passive health).
+    #[inline]
+    pub fn upstream_state(&self) -> &UpstreamStateArea {
+        &self.region.layout().upstream_state
+    }
+
+    /// A request to `cell` starts; it is in flight until the guard is dropped.
+    pub fn begin_in_flight(&self, cell: CellId) -> InFlight {
+        self.upstream_state().begin(cell.index(), self.index);
+        InFlight {
+            region: Rc::clone(&self.region),
+            cell: cell.0,
+            slot: self.index as u16,
+        }
+    }
+
+    /// `at` as CLOCK_MONOTONIC milliseconds, the clock of the region's times.
+    #[inline]
+    pub fn monotonic_ms(&self, at: Instant) -> u64 {
+        self.origin.1 + at.saturating_duration_since(self.origin.0).as_millis() as u64
     }
 
     #[inline]
@@ -157,7 +212,7 @@ impl Stats {
     /// Once per loop turn: the heartbeat a reader ages to find a stuck worker.
     #[inline]
     pub fn heartbeat(&self, now: Instant) {
-        let ms = self.origin.1 + now.saturating_duration_since(self.origin.0).as_millis() as u64;
+        let ms = self.monotonic_ms(now);
         self.slot().heartbeat_ms.store(ms, Relaxed);
     }
 

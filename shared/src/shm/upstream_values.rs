@@ -192,14 +192,9 @@ pub fn table(o: &mut String, upstreams: &[UpstreamReport]) {
     }
     let _ = writeln!(
         o,
-        "{:<12} {:<24} {:<7} {:>6} {:>6} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>8} {:>5} {:>5} {:>8}  {}",
+        "{:<12} {:<24} {:>9} {:>7} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>8} {:>5} {:>5} {:>8} {:<7} {:>6} {:>6} {:>9} {:>9}  {}",
         "upstream",
         "server",
-        "state",
-        "weight",
-        "now",
-        "in_flight",
-        "fails_row",
         "requests",
         "2xx",
         "4xx",
@@ -212,6 +207,11 @@ pub fn table(o: &mut String, upstreams: &[UpstreamReport]) {
         "open",
         "idle",
         "p99<=",
+        "state",
+        "weight",
+        "now",
+        "in_flight",
+        "fails_row",
         "last_down"
     );
     for u in upstreams {
@@ -225,14 +225,9 @@ pub fn table(o: &mut String, upstreams: &[UpstreamReport]) {
         let dash = || "-".to_string();
         let _ = writeln!(
             o,
-            "{:<12} {:<24} {:<7} {:>6} {:>6} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>8} {:>5} {:>5} {:>8}  {}",
+            "{:<12} {:<24} {:>9} {:>7} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>8} {:>5} {:>5} {:>8} {:<7} {:>6} {:>6} {:>9} {:>9}  {}",
             u.upstream,
             server,
-            h.map_or("-", |h| h.state),
-            h.map_or_else(dash, |h| h.weight.to_string()),
-            h.map_or_else(dash, |h| h.weight_now.to_string()),
-            h.map_or_else(dash, |h| h.in_flight.to_string()),
-            h.map_or_else(dash, |h| h.consecutive_failures.to_string()),
             v[uc::REQUESTS],
             v[uc::RESPONSES_2XX],
             v[uc::RESPONSES_4XX],
@@ -251,6 +246,11 @@ pub fn table(o: &mut String, upstreams: &[UpstreamReport]) {
                 Some(us) if us < 1_000_000 => format!("{}ms", us / 1000),
                 Some(us) => format!("{}s", us / 1_000_000),
             },
+            h.map_or("-", |h| h.state),
+            h.map_or_else(dash, |h| h.weight.to_string()),
+            h.map_or_else(dash, |h| h.weight_now.to_string()),
+            h.map_or_else(dash, |h| h.in_flight.to_string()),
+            h.map_or_else(dash, |h| h.consecutive_failures.to_string()),
             h.map_or("", |h| h.last_down_reason)
         );
     }

@@ -604,6 +604,21 @@ pub fn error_page_for(
     started: Micros,
     req: Option<&Request>,
 ) {
+    error_page_with(out, svc, status, server, peer, started, req, &[]);
+}
+
+/// [`error_page_for`] with `extra` header fields (a 503's `Retry-After`).
+#[allow(clippy::too_many_arguments)]
+pub fn error_page_with(
+    out: &mut OutQueue,
+    svc: &mut Services,
+    status: Status,
+    server: usize,
+    peer: IpAddr,
+    started: Micros,
+    req: Option<&Request>,
+    extra: &[(&str, &[u8])],
+) {
     let date = *svc.clock.http_date_array();
     ensure_out(out);
     let head_only = req.is_some_and(|r| r.method == Method::Head);
@@ -616,7 +631,7 @@ pub fn error_page_for(
         status,
         &date,
         Persistence::Close,
-        &[],
+        extra,
         &site,
         head_only,
     );

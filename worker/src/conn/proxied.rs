@@ -20,8 +20,11 @@ use crate::proxy::response_head::ClientBody;
 use crate::proxy::retry::Failure;
 use crate::proxy::session::Step;
 use crate::services::Services;
+use crate::stats::CellId;
 use crate::timers::Micros;
+use crate::upstream_health::{self, fail_policy, Choice};
 use crate::upstreams::Proxied;
+use forkd_shared::shm::upstream_state::{DownReason, NoActiveChecks};
 use mio::net::TcpStream;
 use std::io::{self, Write};
 use std::net::IpAddr;
@@ -79,7 +82,7 @@ pub fn advance(
         }
     }
     if p.server.is_none() && !p.upstream_done {
-        let step = next_server(p, c.key, svc);
+        let step = next_server(p, c.key, c.peer, svc);
         if let Some(done) = act(p, c, busy, svc, step) {
             return done;
         }
@@ -109,7 +112,7 @@ pub fn advance(
                 };
                 forget_token(p, svc);
                 busy.discard_input();
-                return fail(p, c, busy, svc, status);
+                return fail(p, c, busy, svc, status, &[]);
             }
         }
     }
@@ -181,24 +184,36 @@ fn act(
         step = match step {
             Step::Pending => return None,
             Step::NeedFreshConnection { server } => {
-                log_failure(p, svc, true);
+                // The stale pooled connection race says nothing of the server.
+                log_failure(p, svc, true, false);
                 forget_token(p, svc);
                 connect(p, c.key, server, svc)
             }
             Step::NeedNextServer => {
-                log_failure(p, svc, true);
+                log_failure(p, svc, true, true);
                 forget_token(p, svc);
-                next_server(p, c.key, svc)
+                next_server(p, c.key, c.peer, svc)
             }
             Step::Respond(status) => {
-                log_failure(p, svc, false);
+                log_failure(p, svc, false, true);
                 forget_token(p, svc);
+                p.in_flight = None;
                 busy.discard_input();
-                return Some(fail(p, c, busy, svc, Status(status)));
+                return Some(fail(p, c, busy, svc, Status(status), &[]));
+            }
+            Step::Unavailable { retry_after_secs } => {
+                forget_token(p, svc);
+                p.in_flight = None;
+                busy.discard_input();
+                let mut digits = Vec::with_capacity(20);
+                crate::http::response::push_decimal(&mut digits, retry_after_secs);
+                let extra: [(&str, &[u8]); 1] = [("Retry-After", &digits)];
+                return Some(fail(p, c, busy, svc, Status::SERVICE_UNAVAILABLE, &extra));
             }
             Step::CloseClient => {
-                log_failure(p, svc, false);
+                log_failure(p, svc, false, true);
                 forget_token(p, svc);
+                p.in_flight = None;
                 observe(p, svc);
                 // The client sees a truncated response; it is logged as what it was.
                 account(p, c, svc);
@@ -208,6 +223,7 @@ fn act(
             }
             Step::Done { pool } => {
                 p.upstream_done = true;
+                p.in_flight = None;
                 observe(p, svc);
                 match (pool, p.token.take(), p.server) {
                     (Some((socket, requests)), Some(token), Some((_, id))) if !svc.draining => {
@@ -226,15 +242,39 @@ fn act(
     }
 }
 
-/// Starts an attempt on the next untried server of the upstream (a pooled
-/// connection if it has one); every server tried: 502.
-fn next_server(p: &mut Proxied, key: usize, svc: &mut Services) -> Step {
-    if p.upstream >= svc.config.upstreams.len() {
+/// Starts an attempt on the server `upstream_health::choose` picks among those this
+/// request has not tried (a pooled connection if it has one); none left: 502; every
+/// server down: 503.
+fn next_server(p: &mut Proxied, key: usize, peer: IpAddr, svc: &mut Services) -> Step {
+    p.in_flight = None;
+    let Some(upstream) = svc.config.upstreams.get(p.upstream) else {
         return Step::Respond(502); // removed by a reload
-    }
+    };
     let tried = p.session.exchange().tried();
-    let Some(server) = svc.upstreams.pools.next_server(p.upstream, tried) else {
+    let hash_key = *p.hash_key.get_or_insert_with(|| {
+        upstream_health::request_key(&upstream.balance, p.session.request_head(), peer)
+    });
+    let Some(balancer) = svc.upstreams.balancers.get_mut(p.upstream) else {
         return Step::Respond(502);
+    };
+    let stats = &svc.stats;
+    let choice = upstream_health::choose(
+        balancer,
+        upstream,
+        |s| stats.upstream_cell(p.upstream, s).map(CellId::index),
+        stats.upstream_state(),
+        &NoActiveChecks,
+        tried,
+        hash_key,
+        stats.monotonic_ms(svc.clock.now),
+        &mut svc.upstreams.scratch,
+    );
+    let server = match choice {
+        Choice::Server(s) => s,
+        Choice::NoneLeft => return Step::Respond(502),
+        Choice::AllDown { retry_after_secs } => {
+            return Step::Unavailable { retry_after_secs }
+        }
     };
     let id = svc.upstreams.pools.server_id(p.upstream, server);
     p.server = Some((server, id));
@@ -261,6 +301,7 @@ fn connect(p: &mut Proxied, key: usize, server: usize, svc: &mut Services) -> St
     };
     let id = svc.upstreams.pools.server_id(p.upstream, server);
     p.server = Some((server, id));
+    p.in_flight = None;
     match svc.upstreams.connect(addr, key) {
         Ok((socket, token)) => {
             begin_attempt(p, svc, token);
@@ -276,6 +317,7 @@ fn connect(p: &mut Proxied, key: usize, server: usize, svc: &mut Services) -> St
 }
 
 fn begin_attempt(p: &mut Proxied, svc: &Services, token: usize) {
+    p.in_flight = cell(p, svc).map(|c| svc.stats.begin_in_flight(c));
     p.token = Some(token);
     p.failure_logged = false;
     p.state_tag = None;
@@ -323,13 +365,20 @@ fn observe(p: &mut Proxied, svc: &Services) {
             if let Some(c) = cell(p, svc) {
                 svc.stats
                     .upstream_response(c, head.status, p.time_to_head_us());
+                let now_ms = svc.stats.monotonic_ms(svc.clock.now);
+                svc.stats
+                    .upstream_state()
+                    .server(c.index())
+                    .record_success(now_ms);
             }
         }
     }
 }
 
-/// Logs the current attempt's failure once, with the upstream and server.
-fn log_failure(p: &mut Proxied, svc: &Services, retried: bool) {
+/// Logs the current attempt's failure once, with the upstream and server; `counts`:
+/// it counts towards the server's `max_fails` (all but the stale pooled connection
+/// race), which may mark it down for every worker.
+fn log_failure(p: &mut Proxied, svc: &Services, retried: bool, counts: bool) {
     if p.failure_logged {
         return;
     }
@@ -337,6 +386,25 @@ fn log_failure(p: &mut Proxied, svc: &Services, retried: bool) {
         return;
     };
     p.failure_logged = true;
+    let upstream = svc.config.upstreams.get(p.upstream);
+    if let (Some(c), Some(u), true) = (cell(p, svc), upstream, counts) {
+        let now_ms = svc.stats.monotonic_ms(svc.clock.now);
+        let state = svc.stats.upstream_state().server(c.index());
+        let may_mark = u.servers.len() > 1;
+        if state.record_failure(down_reason(failure), now_ms, fail_policy(u), may_mark) {
+            let label = p
+                .server
+                .and_then(|(s, _)| u.servers.get(s))
+                .map_or("?", |s| s.label.as_str());
+            forkd_shared::warn!(
+                "upstream {} {label}: marked down for {:?} after {} failure(s) within {:?} ({failure})",
+                u.name,
+                u.fail_timeout,
+                u.max_fails,
+                u.fail_timeout
+            );
+        }
+    }
     if let Some(c) = cell(p, svc) {
         match failure {
             Failure::ConnectRefused | Failure::ConnectTimeout => {
@@ -362,13 +430,26 @@ fn log_failure(p: &mut Proxied, svc: &Services, retried: bool) {
     }
 }
 
-/// Queues the error page for `status` (counted and logged like any error page).
+/// How a failure is named as the reason a server was marked down.
+fn down_reason(failure: Failure) -> DownReason {
+    match failure {
+        Failure::ConnectRefused => DownReason::ConnectRefused,
+        Failure::ConnectTimeout => DownReason::ConnectTimeout,
+        Failure::Reset => DownReason::Reset,
+        Failure::Timeout => DownReason::Timeout,
+        Failure::BadResponse | Failure::BadBody => DownReason::BadResponse,
+    }
+}
+
+/// Queues the error page for `status` with `extra` fields (counted and logged like
+/// any error page).
 fn fail(
     p: &mut Proxied,
     c: &Client,
     busy: &mut Busy,
     svc: &mut Services,
     status: Status,
+    extra: &[(&str, &[u8])],
 ) -> Progress {
     let head = p.session.request_head();
     let parsed = request::parse(head, head.len());
@@ -380,7 +461,7 @@ fn fail(
         req.version = client_version(p);
     }
     let (server, peer, started) = (p.client_server, c.peer, p.started);
-    dispatch::error_page_for(
+    dispatch::error_page_with(
         &mut busy.out,
         svc,
         status,
@@ -388,6 +469,7 @@ fn fail(
         peer,
         started,
         req.as_ref(),
+        extra,
     );
     Progress::Failed
 }

@@ -78,7 +78,7 @@ pub enum Action {
     /// Open a new connection to `server` (of this exchange's upstream) and start again
     /// from the replay copy of the head. The failed connection is closed.
     Connect { server: usize },
-    /// Pick the next untried server with `Pools::next_server(upstream, tried())` and
+    /// Pick the next untried server (`upstream_health::choose` with `tried()`) and
     /// connect to it; none left: answer 502.
     ConnectNext,
     /// Answer the client with this status (502, 504); close the upstream connection.
@@ -191,7 +191,7 @@ impl Exchange {
         }
     }
 
-    /// Servers tried so far (bit i = server i), for `Pools::next_server`.
+    /// Servers tried so far (bit i = server i), for `upstream_health::choose`.
     pub fn tried(&self) -> u64 {
         self.tried
     }

@@ -4,9 +4,9 @@
 //! server is down. Two workers throughout, so what one worker learns must reach the
 //! other through the region.
 
-mod support;
 #[path = "support/backend.rs"]
 mod backend;
+mod support;
 
 use backend::Backend;
 use std::io::Write;
@@ -121,7 +121,10 @@ fn kill_one_of_three(keys: &str) {
         "the dead server was still sent requests after it was marked down: {after:#}"
     );
     assert_eq!(after["state"], "down", "{after:#}");
-    assert!(after["consecutive_failures"].as_u64() >= Some(3), "{after:#}");
+    assert!(
+        after["consecutive_failures"].as_u64() >= Some(3),
+        "{after:#}"
+    );
     assert_eq!(after["in_flight"], 0, "{after:#}");
     for (i, b) in backends.iter().enumerate() {
         if i != 1 {
@@ -137,7 +140,8 @@ fn kill_one_of_three(keys: &str) {
     );
     eprintln!(
         "({keys}) moved to another server after a close before the response: {}",
-        log.matches("closed or reset by the upstream (retrying)").count()
+        log.matches("closed or reset by the upstream (retrying)")
+            .count()
     );
 }
 
@@ -170,7 +174,11 @@ fn backup_takes_over_when_every_primary_is_down_then_503_with_retry_after() {
         get_ok(&d, SMALL_PATH);
     }
     assert_eq!(a.served() + b.served(), 20);
-    assert_eq!(backup.served(), 0, "a backup is not used while a primary is up");
+    assert_eq!(
+        backup.served(),
+        0,
+        "a backup is not used while a primary is up"
+    );
     assert_eq!(
         server_row(&d, &backup.addr().to_string())["state"],
         "backup"
@@ -183,7 +191,8 @@ fn backup_takes_over_when_every_primary_is_down_then_503_with_retry_after() {
     for _ in 0..20 {
         let r = get_ok(&d, SMALL_PATH);
         assert!(
-            r.head.contains(&format!("X-Backend: {}", backup.addr().port())),
+            r.head
+                .contains(&format!("X-Backend: {}", backup.addr().port())),
             "{}",
             r.head
         );
@@ -197,11 +206,7 @@ fn backup_takes_over_when_every_primary_is_down_then_503_with_retry_after() {
     // The first request finds the backup dead (502: tried, failed, nothing left); then
     // no server is usable and the answer is 503, from the error page.
     let first = d.get(SMALL_PATH);
-    assert!(
-        first.status == 502 || first.status == 503,
-        "{}",
-        first.head
-    );
+    assert!(first.status == 502 || first.status == 503, "{}", first.head);
     let mut s = d.connect();
     s.write_all(b"GET /load.txt HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .unwrap();
@@ -221,10 +226,7 @@ fn backup_takes_over_when_every_primary_is_down_then_503_with_retry_after() {
         "HTTP/1.1 503 Service Unavailable\r\nServer: forkd\r\nDate: {date}\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: 31\r\nRetry-After: {retry}\r\nConnection: close\r\n\r\n<p>resting, come back soon</p>\n"
     );
     assert_eq!(text, want);
-    assert_eq!(
-        server_row(&d, &backup.addr().to_string())["state"],
-        "down"
-    );
+    assert_eq!(server_row(&d, &backup.addr().to_string())["state"], "down");
 }
 
 /// Requests that load are sent to each of `servers` with `balance`, with one server
@@ -265,7 +267,10 @@ fn slow_share(balance: &str) -> f64 {
 #[test]
 fn least_conn_and_two_choices_send_a_slow_server_clearly_less_than_round_robin() {
     let rr = slow_share("RoundRobin");
-    assert!(rr > 0.25, "round robin gives the slow server its third: {rr}");
+    assert!(
+        rr > 0.25,
+        "round robin gives the slow server its third: {rr}"
+    );
     let lc = slow_share("LeastConn");
     let p2c = slow_share("TwoChoices");
     assert!(lc < rr / 2.0, "LeastConn {lc} vs RoundRobin {rr}");

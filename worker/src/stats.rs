@@ -372,6 +372,99 @@ mod tests {
     }
 
     #[test]
+    fn in_flight_and_passive_health_are_shown_by_every_reader() {
+        use forkd_shared::shm::upstream_state::{publish_settings, DownReason, FailPolicy};
+        let (_tmp, region, w) = populated("health");
+        publish_settings(region.layout(), &config());
+        let app0 = w[0].upstream_cell(0, 0).unwrap();
+        let auth = w[0].upstream_cell(1, 0).unwrap();
+        // One request under way from each worker, and a second from worker 1.
+        let a = w[0].begin_in_flight(app0);
+        let b = w[1].begin_in_flight(app0);
+        let c = w[1].begin_in_flight(app0);
+        let policy = FailPolicy {
+            max_fails: 1,
+            fail_timeout_ms: 10_000,
+        };
+        let now = forkd_shared::shm::monotonic_ms();
+        assert!(w[0].upstream_state().server(auth.index()).record_failure(
+            DownReason::ConnectRefused,
+            now,
+            policy,
+            true
+        ));
+
+        let report = region.report().unwrap();
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        let find = |s: &str| {
+            json["upstreams"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| x["server"] == s)
+                .cloned()
+                .unwrap()
+        };
+        let row = find("127.0.0.1:9000");
+        assert_eq!(
+            (
+                &row["state"],
+                &row["in_flight"],
+                &row["weight"],
+                &row["weight_now"]
+            ),
+            (&"up".into(), &3.into(), &1.into(), &1.into()),
+            "{row:#}"
+        );
+        let down = find("unix:/run/auth.sock");
+        assert_eq!(down["state"], "down", "{down:#}");
+        assert_eq!(down["last_down_reason"], "connect refused");
+        assert_eq!(
+            (&down["consecutive_failures"], &down["marked_down"]),
+            (&1.into(), &1.into())
+        );
+
+        let table = report.to_table(None, 0.0);
+        let line = table
+            .lines()
+            .find(|l| l.contains("unix:/run/auth.sock"))
+            .unwrap();
+        assert!(
+            line.contains(" down ") && line.ends_with("connect refused"),
+            "{line}"
+        );
+
+        let text = report.to_prometheus();
+        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+            .expect("parses");
+        let value = |metric: &str, server: &str| {
+            scrape
+                .samples
+                .iter()
+                .find(|s| s.metric == metric && s.labels.get("server") == Some(server))
+                .map(|s| match s.value {
+                    prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Counter(v) => v,
+                    _ => f64::NAN,
+                })
+                .unwrap_or_else(|| panic!("{metric} {server}: {text}"))
+        };
+        assert_eq!(value("forkd_upstream_in_flight", "127.0.0.1:9000"), 3.0);
+        assert_eq!(value("forkd_upstream_up", "unix:/run/auth.sock"), 0.0);
+        assert_eq!(value("forkd_upstream_up", "127.0.0.1:9000"), 1.0);
+        assert!(text.contains(
+            "forkd_upstream_last_down_reason{upstream=\"auth\",server=\"unix:/run/auth.sock\",reason=\"connect refused\"} 1"
+        ), "{text}");
+
+        // A request that ends ends its count; a worker that dies with two under way
+        // leaks neither once its row is folded.
+        drop(a);
+        assert_eq!(w[0].upstream_state().in_flight(app0.index()), 2);
+        std::mem::forget((b, c));
+        fold_slot(region.layout(), w[1].index);
+        assert_eq!(w[0].upstream_state().in_flight(app0.index()), 0);
+    }
+
+    #[test]
     fn cells_follow_the_configuration_indices() {
         let (_tmp, _region, w) = populated("cells");
         let s = &w[0];

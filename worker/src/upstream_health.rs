@@ -30,7 +30,9 @@ use std::net::IpAddr;
 pub enum Choice {
     Server(usize),
     /// No server may take the request now; the client may try again after this.
-    AllDown { retry_after_secs: u64 },
+    AllDown {
+        retry_after_secs: u64,
+    },
     /// Every usable server was tried by this request.
     NoneLeft,
 }
@@ -150,10 +152,7 @@ pub fn request_key(balance: &Balance, head: &[u8], peer: IpAddr) -> u64 {
             IpAddr::V6(a) => hash_key(&a.octets()),
         },
         HashKey::Path => {
-            let target = head
-                .split(|&b| b == b' ')
-                .nth(1)
-                .unwrap_or_default();
+            let target = head.split(|&b| b == b' ').nth(1).unwrap_or_default();
             let path = target.split(|&b| b == b'?').next().unwrap_or_default();
             hash_key(path)
         }
@@ -216,10 +215,7 @@ mod tests {
     }
 
     fn region(name: &str) -> (Tmp, Region) {
-        let path = std::env::temp_dir().join(format!(
-            "forkd-choose-{name}-{}",
-            std::process::id()
-        ));
+        let path = std::env::temp_dir().join(format!("forkd-choose-{name}-{}", std::process::id()));
         let r = Region::create(&path, 1, None).unwrap();
         (Tmp(path), r)
     }
@@ -255,19 +251,31 @@ mod tests {
         };
         let policy = fail_policy(&u);
         let picks: Vec<Choice> = (0..4).map(|_| pick(0)).collect();
-        assert!(!picks.contains(&Choice::Server(2)), "the backup waits: {picks:?}");
+        assert!(
+            !picks.contains(&Choice::Server(2)),
+            "the backup waits: {picks:?}"
+        );
         area.server(0)
             .record_failure(DownReason::ConnectRefused, now - 1000, policy, true);
         assert_eq!(pick(0), Choice::Server(1));
         assert_eq!(pick(0), Choice::Server(1));
-        assert_eq!(pick(0b10), Choice::NoneLeft, "1 tried, 0 down: not the backup");
+        assert_eq!(
+            pick(0b10),
+            Choice::NoneLeft,
+            "1 tried, 0 down: not the backup"
+        );
         area.server(1)
             .record_failure(DownReason::Timeout, now - 500, policy, true);
         assert_eq!(pick(0), Choice::Server(2), "no primary usable: the backup");
         area.server(2)
             .record_failure(DownReason::Reset, now - 200, policy, true);
         // Server 0 may be tried again first, 9 s from now.
-        assert_eq!(pick(0), Choice::AllDown { retry_after_secs: 9 });
+        assert_eq!(
+            pick(0),
+            Choice::AllDown {
+                retry_after_secs: 9
+            }
+        );
         assert_eq!(pick(0b100), Choice::NoneLeft);
     }
 
@@ -281,7 +289,19 @@ mod tests {
         let policy = fail_policy(&u);
         area.server(0)
             .record_failure(DownReason::ConnectRefused, 1_000, policy, true);
-        let mut at = |now| choose(&mut b, &u, Some, area, &NoActiveChecks, 0, 0, now, &mut scratch);
+        let mut at = |now| {
+            choose(
+                &mut b,
+                &u,
+                Some,
+                area,
+                &NoActiveChecks,
+                0,
+                0,
+                now,
+                &mut scratch,
+            )
+        };
         assert_eq!(at(5_000), Choice::Server(1));
         assert_eq!(at(11_000), Choice::Server(0), "the trial");
         assert_eq!(at(11_001), Choice::Server(1), "one trial only");
@@ -299,7 +319,17 @@ mod tests {
         area.begin(0, 5);
         area.begin(0, 5);
         area.begin(2, 5);
-        let choice = choose(&mut b, &u, Some, area, &NoActiveChecks, 0, 0, 1, &mut scratch);
+        let choice = choose(
+            &mut b,
+            &u,
+            Some,
+            area,
+            &NoActiveChecks,
+            0,
+            0,
+            1,
+            &mut scratch,
+        );
         assert_eq!(choice, Choice::Server(1));
     }
 

@@ -301,7 +301,10 @@ impl<'de> Deserialize<'de> for RawUpstreamServer {
                     backup: false,
                 })
             }
-            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<RawUpstreamServer, A::Error> {
+            fn visit_map<A: de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<RawUpstreamServer, A::Error> {
                 let f = ServerFields::deserialize(de::value::MapAccessDeserializer::new(map))?;
                 Ok(RawUpstreamServer {
                     addr: f.addr,

@@ -34,8 +34,7 @@
 use super::layout::{Layout, MAX_SLOTS};
 use super::upstream::{LabelState, UPSTREAM_CELLS};
 use std::sync::atomic::{
-    AtomicU32, AtomicU64, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed,
-    Ordering::Release,
+    AtomicU32, AtomicU64, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
 };
 
 /// Why a server was last marked down.
@@ -110,7 +109,10 @@ impl ActiveChecks for NoActiveChecks {
 pub enum Passive {
     Up,
     /// Marked down; may be tried again from `retry_at_ms`.
-    Down { since_ms: u64, retry_at_ms: u64 },
+    Down {
+        since_ms: u64,
+        retry_at_ms: u64,
+    },
     /// Marked down, and `fail_timeout` has passed: one request may try it.
     TrialDue,
 }
@@ -123,7 +125,9 @@ pub enum Usability {
     Trial,
     /// Not now; `retry_at_ms`: when the passive side lets it be tried (None: when
     /// the active check passes).
-    Unusable { retry_at_ms: Option<u64> },
+    Unusable {
+        retry_at_ms: Option<u64>,
+    },
 }
 
 /// A server may be used if no side says it is down; an active `Failing` wins over a
@@ -386,8 +390,7 @@ pub fn publish_settings(layout: &Layout, config: &crate::config::Config) {
     }
     for u in &config.upstreams {
         for s in &u.servers {
-            let Some(cell) = super::upstream::lookup(&layout.upstreams, &u.name, &s.label)
-            else {
+            let Some(cell) = super::upstream::lookup(&layout.upstreams, &u.name, &s.label) else {
                 continue;
             };
             let state = &area.servers[cell];
@@ -563,6 +566,10 @@ mod tests {
         clear_slot(a, 3);
         assert_eq!(a.in_flight(7), 2);
         a.end(7, 3);
-        assert_eq!(a.in_flight(7), 2, "an end after the clear does not underflow");
+        assert_eq!(
+            a.in_flight(7),
+            2,
+            "an end after the clear does not underflow"
+        );
     }
 }

@@ -192,7 +192,7 @@ pub fn table(o: &mut String, upstreams: &[UpstreamReport]) {
     }
     let _ = writeln!(
         o,
-        "{:<12} {:<24} {:>9} {:>7} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>8} {:>5} {:>5} {:>8} {:<7} {:>6} {:>6} {:>9} {:>9}  {}",
+        "{:<12} {:<24} {:>9} {:>7} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>8} {:>5} {:>5} {:>8} {:<7} {:>6} {:>6} {:>9} {:>9}  last_down",
         "upstream",
         "server",
         "requests",
@@ -211,8 +211,7 @@ pub fn table(o: &mut String, upstreams: &[UpstreamReport]) {
         "weight",
         "now",
         "in_flight",
-        "fails_row",
-        "last_down"
+        "fails_row"
     );
     for u in upstreams {
         let v = &u.values;
@@ -279,11 +278,36 @@ fn health_prometheus(o: &mut String, upstreams: &[UpstreamReport], labels: &[Str
     }
     type Gauge = fn(&ServerHealth) -> u64;
     let gauges: [(&str, &str, &str, Gauge); 5] = [
-        ("forkd_upstream_weight", "gauge", "The upstream server's configured weight.", |h| u64::from(h.weight)),
-        ("forkd_upstream_weight_now", "gauge", "The weight balanced with now (slow_start ramps it).", |h| u64::from(h.weight_now)),
-        ("forkd_upstream_in_flight", "gauge", "Requests under way to the upstream server, all workers.", |h| h.in_flight),
-        ("forkd_upstream_consecutive_failures", "gauge", "Failed attempts since the upstream server's last response.", |h| u64::from(h.consecutive_failures)),
-        ("forkd_upstream_marked_down_total", "counter", "Times the upstream server was marked down.", |h| h.marked_down),
+        (
+            "forkd_upstream_weight",
+            "gauge",
+            "The upstream server's configured weight.",
+            |h| u64::from(h.weight),
+        ),
+        (
+            "forkd_upstream_weight_now",
+            "gauge",
+            "The weight balanced with now (slow_start ramps it).",
+            |h| u64::from(h.weight_now),
+        ),
+        (
+            "forkd_upstream_in_flight",
+            "gauge",
+            "Requests under way to the upstream server, all workers.",
+            |h| h.in_flight,
+        ),
+        (
+            "forkd_upstream_consecutive_failures",
+            "gauge",
+            "Failed attempts since the upstream server's last response.",
+            |h| u64::from(h.consecutive_failures),
+        ),
+        (
+            "forkd_upstream_marked_down_total",
+            "counter",
+            "Times the upstream server was marked down.",
+            |h| h.marked_down,
+        ),
     ];
     for (name, kind, help, get) in gauges {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");

@@ -272,9 +272,7 @@ fn next_server(p: &mut Proxied, key: usize, peer: IpAddr, svc: &mut Services) ->
     let server = match choice {
         Choice::Server(s) => s,
         Choice::NoneLeft => return Step::Respond(502),
-        Choice::AllDown { retry_after_secs } => {
-            return Step::Unavailable { retry_after_secs }
-        }
+        Choice::AllDown { retry_after_secs } => return Step::Unavailable { retry_after_secs },
     };
     let id = svc.upstreams.pools.server_id(p.upstream, server);
     p.server = Some((server, id));

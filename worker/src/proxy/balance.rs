@@ -163,7 +163,12 @@ impl Balancer {
 
     /// A usable candidate other than `except`, drawn with probability proportional
     /// to its weight (`total`: the weights it draws among).
-    fn draw(&mut self, candidates: &[Candidate], total: u64, except: Option<usize>) -> Option<usize> {
+    fn draw(
+        &mut self,
+        candidates: &[Candidate],
+        total: u64,
+        except: Option<usize>,
+    ) -> Option<usize> {
         if total == 0 {
             return None;
         }
@@ -259,7 +264,10 @@ mod tests {
             .collect();
         Balancer::new(
             &balance,
-            labels.iter().map(String::as_str).zip(weights.iter().copied()),
+            labels
+                .iter()
+                .map(String::as_str)
+                .zip(weights.iter().copied()),
             42,
         )
     }
@@ -347,20 +355,26 @@ mod tests {
         let after: Vec<usize> = keys().map(|k| b.on_ring(&down, k).unwrap()).collect();
         let moved = before.iter().zip(&after).filter(|(a, b)| a != b).count();
         assert!(moved <= 2500, "{moved} of 10000 keys moved");
-        assert!(before
-            .iter()
-            .zip(&after)
-            .all(|(a, b)| a == b || *a == 2));
+        assert!(before.iter().zip(&after).all(|(a, b)| a == b || *a == 2));
 
         // Server 2 removed from the configuration: the same.
-        let labels = ["10.0.0.1:9000", "10.0.0.2:9000", "10.0.0.4:9000", "10.0.0.5:9000"];
+        let labels = [
+            "10.0.0.1:9000",
+            "10.0.0.2:9000",
+            "10.0.0.4:9000",
+            "10.0.0.5:9000",
+        ];
         let smaller = Balancer::new(&hash, labels.iter().map(|l| (*l, 1)), 1);
         let four = [up(1, 0); 4];
         let renumbered: Vec<usize> = keys()
             .map(|k| smaller.on_ring(&four, k).unwrap())
             .map(|s| if s >= 2 { s + 1 } else { s })
             .collect();
-        let moved = before.iter().zip(&renumbered).filter(|(a, b)| a != b).count();
+        let moved = before
+            .iter()
+            .zip(&renumbered)
+            .filter(|(a, b)| a != b)
+            .count();
         assert!(moved <= 2500, "{moved} of 10000 keys moved");
         assert_eq!(renumbered, after);
     }

@@ -308,6 +308,63 @@ mod tests {
     }
 
     #[test]
+    fn a_server_back_up_ramps_its_share_over_slow_start() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (_t, r) = region("slow-start");
+        let area = &r.layout().upstream_state;
+        let mut u = upstream(&[false, false], Balance::RoundRobin);
+        for s in &mut u.servers {
+            s.weight = 10;
+        }
+        u.slow_start = Duration::from_secs(10);
+        for cell in 0..2 {
+            area.server(cell).weight.store(10, Relaxed);
+            area.server(cell).slow_start_ms.store(10_000, Relaxed);
+        }
+        let mut b = balancer(&u);
+        let mut scratch = Scratch::default();
+        // Server 1 was down and came back 2.5 s ago: weight 2 of 10 for now.
+        area.server(1).mark_down(DownReason::Timeout, 1_000, 2_000);
+        area.server(1).mark_up(7_500);
+        let mut n = [0; 2];
+        for _ in 0..120 {
+            match choose(
+                &mut b,
+                &u,
+                Some,
+                area,
+                &NoActiveChecks,
+                0,
+                0,
+                10_000,
+                &mut scratch,
+            ) {
+                Choice::Server(s) => n[s] += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(n, [100, 20]);
+        // Once slow_start has passed: even.
+        let mut n = [0; 2];
+        for _ in 0..120 {
+            if let Choice::Server(s) = choose(
+                &mut b,
+                &u,
+                Some,
+                area,
+                &NoActiveChecks,
+                0,
+                0,
+                17_500,
+                &mut scratch,
+            ) {
+                n[s] += 1;
+            }
+        }
+        assert_eq!(n, [60, 60]);
+    }
+
+    #[test]
     fn least_conn_sees_other_workers_in_flight() {
         let (_t, r) = region("global");
         let area = &r.layout().upstream_state;

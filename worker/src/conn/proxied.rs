@@ -271,7 +271,11 @@ fn next_server(p: &mut Proxied, key: usize, peer: IpAddr, svc: &mut Services) ->
     );
     let server = match choice {
         Choice::Server(s) => s,
-        Choice::NoneLeft => return Step::Respond(502),
+        // The servers left are down: the last attempt's failure is the answer.
+        Choice::NoneLeft => {
+            let failure = p.session.last_failure();
+            return Step::Respond(failure.map_or(502, crate::proxy::retry::status_for));
+        }
         Choice::AllDown { retry_after_secs } => return Step::Unavailable { retry_after_secs },
     };
     let id = svc.upstreams.pools.server_id(p.upstream, server);

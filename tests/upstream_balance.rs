@@ -323,3 +323,62 @@ fn weights_are_honoured_and_a_hashed_key_keeps_its_server() {
     }
     assert!(used.len() >= 2, "16 users all on one server: {used:?}");
 }
+
+/// A worker killed with a request in flight leaks nothing into the global count: the
+/// master folds its row, which zeroes its in-flight words, so `LeastConn` is not
+/// steered away from that server for ever.
+#[test]
+fn a_crashed_worker_s_requests_in_flight_are_not_counted_for_ever() {
+    let slow = Backend::start(Duration::from_secs(4));
+    let fast = Backend::start(Duration::ZERO);
+    let d = TestDaemon::builder()
+        .workers(2)
+        .expect_alerts()
+        .top(&format!(
+            "upstreams: {{ \"app\": (servers: [{}, {}], balance: LeastConn, max_fails: 0) }},",
+            plain(&slow),
+            plain(&fast)
+        ))
+        .routes(
+            r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/", handler: Proxy(upstream: "app")),"#,
+        )
+        .start();
+    let label = slow.addr().to_string();
+    // Both servers idle: round robin among the tied ones sends one of two requests
+    // to the slow server; keep two under way so one of them is there.
+    let port = d.port;
+    let clients: Vec<_> = (0..2)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let _ = get_close(port, SMALL_PATH);
+            })
+        })
+        .collect();
+    let mut row = serde_json::Value::Null;
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            row = server_row(&d, &label);
+            row["in_flight"].as_u64() >= Some(1)
+        }),
+        "never in flight: {row:#}"
+    );
+    let old = d.workers();
+    for w in &old {
+        signal(*w, "KILL");
+    }
+    assert!(
+        d.wait_replaced(&old, 2, Duration::from_secs(20)),
+        "not respawned"
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            row = server_row(&d, &label);
+            row["in_flight"] == 0
+        }),
+        "a dead worker's request is still counted: {row:#}"
+    );
+    for c in clients {
+        c.join().unwrap();
+    }
+}

@@ -24,7 +24,9 @@ use crate::stats::CellId;
 use crate::timers::Micros;
 use crate::upstream_health::{self, fail_policy, Choice};
 use crate::upstreams::Proxied;
-use forkd_shared::shm::upstream_state::{DownReason, NoActiveChecks};
+use forkd_shared::shm::upstream_state::{
+    usability, ActiveChecks, DownReason, NoActiveChecks, Usability,
+};
 use mio::net::TcpStream;
 use std::io::{self, Write};
 use std::net::IpAddr;
@@ -184,10 +186,16 @@ fn act(
         step = match step {
             Step::Pending => return None,
             Step::NeedFreshConnection { server } => {
-                // The stale pooled connection race says nothing of the server.
+                // The stale pooled connection race says nothing of the server; but
+                // if it was marked down meanwhile (it died: other requests found
+                // out), the free retry goes to another server instead.
                 log_failure(p, svc, true, false);
                 forget_token(p, svc);
-                connect(p, c.key, server, svc)
+                if usable_now(p, server, svc) {
+                    connect(p, c.key, server, svc)
+                } else {
+                    next_server(p, c.key, c.peer, svc)
+                }
             }
             Step::NeedNextServer => {
                 log_failure(p, svc, true, true);
@@ -288,6 +296,17 @@ fn next_server(p: &mut Proxied, key: usize, peer: IpAddr, svc: &mut Services) ->
         return p.session.pump();
     }
     connect(p, key, server, svc)
+}
+
+/// Whether `server` of the exchange's upstream may take a request now (not marked
+/// down for every worker); a server the region does not count always may.
+fn usable_now(p: &Proxied, server: usize, svc: &Services) -> bool {
+    let Some(cell) = svc.stats.upstream_cell(p.upstream, server) else {
+        return true;
+    };
+    let now_ms = svc.stats.monotonic_ms(svc.clock.now);
+    let state = svc.stats.upstream_state().server(cell.index());
+    usability(state.passive(now_ms), NoActiveChecks.verdict(cell.index())) == Usability::Usable
 }
 
 /// Starts an attempt on `server` over a new connection.

@@ -398,6 +398,7 @@ impl Supervisor {
         for left_out in forkd_shared::shm::upstream::publish_labels(self.region.layout(), &labels) {
             forkd_shared::warn!("{left_out}");
         }
+        forkd_shared::shm::upstream_state::publish_settings(self.region.layout(), config);
         forkd_shared::shm::snapshot::publish(
             &self.region.layout().snapshot,
             std::process::id() as i32,

@@ -41,6 +41,7 @@ pub mod services;
 pub mod setup;
 pub mod stats;
 pub mod timers;
+pub mod upstream_health;
 pub mod upstreams;
 
 use forkd_shared::exit;

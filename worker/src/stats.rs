@@ -14,6 +14,7 @@ use forkd_shared::shm::counters::{self, Counter};
 use forkd_shared::shm::layout::{WorkerSlot, WorkerState};
 use forkd_shared::shm::upstream::{self, UpstreamCell};
 use forkd_shared::shm::upstream_counters;
+use forkd_shared::shm::upstream_state::UpstreamStateArea;
 use forkd_shared::shm::Region;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::{Relaxed, Release};
@@ -41,8 +42,33 @@ impl CellId {
     }
 }
 
+/// One request under way to an upstream server, counted in the region's in-flight
+/// word of this worker's slot for as long as it lives (dropping it ends it, however
+/// the exchange ended: done, failed, or its client gone).
+pub struct InFlight {
+    region: Rc<Region>,
+    cell: u16,
+    slot: u16,
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "InFlight(cell {}, slot {})", self.cell, self.slot)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.region
+            .layout()
+            .upstream_state
+            .end(usize::from(self.cell), usize::from(self.slot));
+    }
+}
+
 impl Stats {
     pub fn new(region: Rc<Region>, index: usize) -> Stats {
+        region.layout().upstream_state.note_slot(index);
         Stats {
             region,
             index,
@@ -72,6 +98,28 @@ impl Stats {
     #[inline]
     pub fn upstream_cell(&self, upstream: usize, server: usize) -> Option<CellId> {
         *self.cells.get(upstream)?.get(server)?
+    }
+
+    /// The region's shared upstream state (in flight, passive health).
+    #[inline]
+    pub fn upstream_state(&self) -> &UpstreamStateArea {
+        &self.region.layout().upstream_state
+    }
+
+    /// A request to `cell` starts; it is in flight until the guard is dropped.
+    pub fn begin_in_flight(&self, cell: CellId) -> InFlight {
+        self.upstream_state().begin(cell.index(), self.index);
+        InFlight {
+            region: Rc::clone(&self.region),
+            cell: cell.0,
+            slot: self.index as u16,
+        }
+    }
+
+    /// `at` as CLOCK_MONOTONIC milliseconds, the clock of the region's times.
+    #[inline]
+    pub fn monotonic_ms(&self, at: Instant) -> u64 {
+        self.origin.1 + at.saturating_duration_since(self.origin.0).as_millis() as u64
     }
 
     #[inline]
@@ -164,7 +212,7 @@ impl Stats {
     /// Once per loop turn: the heartbeat a reader ages to find a stuck worker.
     #[inline]
     pub fn heartbeat(&self, now: Instant) {
-        let ms = self.origin.1 + now.saturating_duration_since(self.origin.0).as_millis() as u64;
+        let ms = self.monotonic_ms(now);
         self.slot().heartbeat_ms.store(ms, Relaxed);
     }
 
@@ -328,6 +376,99 @@ mod tests {
             s.upstream_gauges(app0, 3, 1);
         }
         (tmp, region, workers)
+    }
+
+    #[test]
+    fn in_flight_and_passive_health_are_shown_by_every_reader() {
+        use forkd_shared::shm::upstream_state::{publish_settings, DownReason, FailPolicy};
+        let (_tmp, region, w) = populated("health");
+        publish_settings(region.layout(), &config());
+        let app0 = w[0].upstream_cell(0, 0).unwrap();
+        let auth = w[0].upstream_cell(1, 0).unwrap();
+        // One request under way from each worker, and a second from worker 1.
+        let a = w[0].begin_in_flight(app0);
+        let b = w[1].begin_in_flight(app0);
+        let c = w[1].begin_in_flight(app0);
+        let policy = FailPolicy {
+            max_fails: 1,
+            fail_timeout_ms: 10_000,
+        };
+        let now = forkd_shared::shm::monotonic_ms();
+        assert!(w[0].upstream_state().server(auth.index()).record_failure(
+            DownReason::ConnectRefused,
+            now,
+            policy,
+            true
+        ));
+
+        let report = region.report().unwrap();
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        let find = |s: &str| {
+            json["upstreams"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| x["server"] == s)
+                .cloned()
+                .unwrap()
+        };
+        let row = find("127.0.0.1:9000");
+        assert_eq!(
+            (
+                &row["state"],
+                &row["in_flight"],
+                &row["weight"],
+                &row["weight_now"]
+            ),
+            (&"up".into(), &3.into(), &1.into(), &1.into()),
+            "{row:#}"
+        );
+        let down = find("unix:/run/auth.sock");
+        assert_eq!(down["state"], "down", "{down:#}");
+        assert_eq!(down["last_down_reason"], "connect refused");
+        assert_eq!(
+            (&down["consecutive_failures"], &down["marked_down"]),
+            (&1.into(), &1.into())
+        );
+
+        let table = report.to_table(None, 0.0);
+        let line = table
+            .lines()
+            .find(|l| l.contains("unix:/run/auth.sock"))
+            .unwrap();
+        assert!(
+            line.contains(" down ") && line.ends_with("connect refused"),
+            "{line}"
+        );
+
+        let text = report.to_prometheus();
+        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+            .expect("parses");
+        let value = |metric: &str, server: &str| {
+            scrape
+                .samples
+                .iter()
+                .find(|s| s.metric == metric && s.labels.get("server") == Some(server))
+                .map(|s| match s.value {
+                    prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Counter(v) => v,
+                    _ => f64::NAN,
+                })
+                .unwrap_or_else(|| panic!("{metric} {server}: {text}"))
+        };
+        assert_eq!(value("forkd_upstream_in_flight", "127.0.0.1:9000"), 3.0);
+        assert_eq!(value("forkd_upstream_up", "unix:/run/auth.sock"), 0.0);
+        assert_eq!(value("forkd_upstream_up", "127.0.0.1:9000"), 1.0);
+        assert!(text.contains(
+            "forkd_upstream_last_down_reason{upstream=\"auth\",server=\"unix:/run/auth.sock\",reason=\"connect refused\"} 1"
+        ), "{text}");
+
+        // A request that ends ends its count; a worker that dies with two under way
+        // leaks neither once its row is folded.
+        drop(a);
+        assert_eq!(w[0].upstream_state().in_flight(app0.index()), 2);
+        std::mem::forget((b, c));
+        fold_slot(region.layout(), w[1].index);
+        assert_eq!(w[0].upstream_state().in_flight(app0.index()), 0);
     }
 
     #[test]

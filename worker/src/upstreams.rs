@@ -12,6 +12,7 @@
 //!
 //! Knows nothing of client connections beyond their slab keys.
 
+use crate::proxy::balance::Balancer;
 use crate::proxy::connect::UpstreamSocket;
 use crate::proxy::exchange::State;
 use crate::proxy::pool::{Pools, ServerId};
@@ -56,6 +57,28 @@ pub struct Upstreams {
     pub ids: RequestIds,
     /// Connections to close, collected by the pool operations (reused allocation).
     closing: Vec<Pooled>,
+    /// Per upstream (`Config::upstreams` order): its balancer.
+    pub balancers: Vec<Balancer>,
+    pub scratch: crate::upstream_health::Scratch,
+}
+
+/// Each upstream's balancer for a configuration (round-robin scores start over).
+fn balancers(upstreams: &[Upstream]) -> Vec<Balancer> {
+    let seed = u64::from(std::process::id()) << 32
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos().into());
+    upstreams
+        .iter()
+        .enumerate()
+        .map(|(i, u)| {
+            Balancer::new(
+                &u.balance,
+                u.servers.iter().map(|s| (s.label.as_str(), s.weight)),
+                seed.wrapping_add(i as u64),
+            )
+        })
+        .collect()
 }
 
 impl Upstreams {
@@ -66,6 +89,8 @@ impl Upstreams {
             pools: Pools::new(upstreams),
             ids: RequestIds::for_this_process(),
             closing: Vec::new(),
+            balancers: balancers(upstreams),
+            scratch: Default::default(),
         }
     }
 
@@ -187,6 +212,7 @@ impl Upstreams {
     pub fn reconfigure(&mut self, upstreams: &[Upstream]) {
         self.pools.reconfigure(upstreams, &mut self.closing);
         self.close_collected();
+        self.balancers = balancers(upstreams);
     }
 
     fn close_collected(&mut self) {
@@ -248,6 +274,10 @@ pub struct Proxied {
     pub upgraded: Option<(UpstreamSocket, Vec<u8>)>,
     /// Its place under the upstream group's adaptive limit, given back when dropped.
     pub overload: Option<crate::overload::admission::Ticket>,
+    /// The current attempt, counted in flight in the region while it lasts.
+    pub in_flight: Option<crate::stats::InFlight>,
+    /// The request's key for a `Hash` upstream, once computed.
+    pub hash_key: Option<u64>,
     /// The `X-Request-Id` sent upstream.
     request_id: [u8; 32],
     request_id_len: u8,
@@ -292,6 +322,8 @@ impl Proxied {
             http10,
             upgraded: None,
             overload: None,
+            in_flight: None,
+            hash_key: None,
             request_id: id,
             request_id_len: len as u8,
         }

@@ -25,6 +25,7 @@ pub use raw::{AcceptMode, LogLevel};
 /// Resolves a server name: host and port to every address, or why not.
 pub type Resolver<'a> = dyn Fn(&str, u16) -> Result<Vec<std::net::SocketAddr>, String> + 'a;
 
+pub use raw::{Balance, HashKey, HeaderName};
 pub use upstream::{
     resolve_name, HealthCheck, Upstream, UpstreamAddress, UpstreamServer, MAX_RESOLVED,
 };

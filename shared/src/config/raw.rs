@@ -231,7 +231,7 @@ pub struct RawCompress {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
-    pub servers: Vec<UpstreamAddr>,
+    pub servers: Vec<RawUpstreamServer>,
     /// Idle connections kept per worker and server (most recently used first); 0 = none.
     #[serde(default = "default_upstream_keepalive")]
     pub keepalive: usize,
@@ -266,6 +266,22 @@ pub struct RawUpstream {
     /// The adaptive concurrency limit (`None`: no limit).
     #[serde(default)]
     pub overload: Option<super::overload::Overload>,
+    // -- balancing and passive health (issue #12, part A) --
+    /// How a server is chosen for a request.
+    #[serde(default)]
+    pub balance: Balance,
+    /// Failures (all workers together) within `fail_timeout` that mark a server down;
+    /// 0: never marked down by failures.
+    #[serde(default = "default_upstream_max_fails")]
+    pub max_fails: u32,
+    /// The window `max_fails` counts in, and how long a server stays down before one
+    /// request tries it again.
+    #[serde(default = "default_upstream_fail_timeout")]
+    pub fail_timeout: ConfDuration,
+    /// A server that comes back ramps its weight up from 1 over this; 0: at once.
+    #[serde(default = "default_upstream_slow_start")]
+    pub slow_start: ConfDuration,
+    // -- end of balancing and passive health --
 }
 
 /// `health_check: Some((path: "/healthz", interval: "2s", timeout: "1s", rise: 2,
@@ -290,6 +306,133 @@ pub struct RawHealthCheck {
     /// The statuses that pass, inclusive.
     #[serde(default = "default_check_expect_status")]
     pub expect_status: (u16, u16),
+}
+
+/// One entry of an upstream's `servers`: a plain address (`"10.0.0.1:9000"`, weight
+/// 1), or `(addr: "10.0.0.1:9000", weight: 3, backup: true)`.
+///
+/// Either form, like `#[serde(untagged)]`, but by hand: an untagged enum reports only
+/// "did not match any variant", while this keeps ron's position and the real message
+/// (a bad address, an unknown key, a zero weight).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawUpstreamServer {
+    pub addr: UpstreamAddr,
+    pub weight: ServerWeight,
+    pub backup: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServerFields {
+    addr: UpstreamAddr,
+    #[serde(default)]
+    weight: ServerWeight,
+    #[serde(default)]
+    backup: bool,
+}
+
+impl<'de> Deserialize<'de> for RawUpstreamServer {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ServerVisitor;
+        impl<'de> de::Visitor<'de> for ServerVisitor {
+            type Value = RawUpstreamServer;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(
+                    "an address (\"127.0.0.1:9000\") or (addr: \"127.0.0.1:9000\", weight: 3, backup: true)",
+                )
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<RawUpstreamServer, E> {
+                Ok(RawUpstreamServer {
+                    addr: UpstreamAddr::parse(text).map_err(E::custom)?,
+                    weight: ServerWeight::default(),
+                    backup: false,
+                })
+            }
+            fn visit_map<A: de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<RawUpstreamServer, A::Error> {
+                let f = ServerFields::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(RawUpstreamServer {
+                    addr: f.addr,
+                    weight: f.weight,
+                    backup: f.backup,
+                })
+            }
+        }
+        deserializer.deserialize_any(ServerVisitor)
+    }
+}
+
+/// A server's `weight`: 1 to [`ServerWeight::MAX`], checked where it is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerWeight(pub u32);
+
+impl ServerWeight {
+    pub const MAX: u32 = 1000;
+}
+
+impl Default for ServerWeight {
+    fn default() -> Self {
+        ServerWeight(1)
+    }
+}
+
+impl<'de> Deserialize<'de> for ServerWeight {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let w = u64::deserialize(deserializer)?;
+        if w == 0 || w > u64::from(ServerWeight::MAX) {
+            return Err(de::Error::custom(format!(
+                "weight {w} is out of range: 1 to {}",
+                ServerWeight::MAX
+            )));
+        }
+        Ok(ServerWeight(w as u32))
+    }
+}
+
+/// `balance`: how an upstream picks a server.
+#[derive(Debug, Default, Deserialize, Clone, PartialEq, Eq)]
+pub enum Balance {
+    /// Smooth weighted round robin (nginx's).
+    #[default]
+    RoundRobin,
+    /// The fewest requests in flight, all workers together (weighted).
+    LeastConn,
+    /// The less loaded of two servers drawn at random (weighted), on the same global
+    /// in-flight counts.
+    TwoChoices,
+    /// Consistent hashing of a request key: a key keeps its server while the set of
+    /// usable servers stays, and moves off only a removed server.
+    Hash(HashKey),
+}
+
+/// What `Balance::Hash` hashes.
+#[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
+pub enum HashKey {
+    /// The client address (after `real_ip_header`, if trusted).
+    ClientIp,
+    /// A request header field's value (absent: hashed as empty).
+    Header(HeaderName),
+    /// The request path, without the query.
+    Path,
+}
+
+/// A header field name, checked (RFC 9110 token) where it is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderName(pub String);
+
+impl<'de> Deserialize<'de> for HeaderName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        if name.is_empty() || !name.bytes().all(token) {
+            return Err(de::Error::custom(format!(
+                "`{name}` is not a header field name"
+            )));
+        }
+        Ok(HeaderName(name))
+    }
 }
 
 /// `upstreams: { "name": (...), ... }` in file order; a name defined twice is an error
@@ -574,6 +717,15 @@ fn default_check_expect_status() -> (u16, u16) {
 }
 fn default_tunnel_idle_timeout() -> ConfDuration {
     ConfDuration(std::time::Duration::from_secs(3600))
+}
+fn default_upstream_max_fails() -> u32 {
+    1
+}
+fn default_upstream_fail_timeout() -> ConfDuration {
+    ConfDuration(std::time::Duration::from_secs(10))
+}
+fn default_upstream_slow_start() -> ConfDuration {
+    ConfDuration(std::time::Duration::ZERO)
 }
 fn default_min_rate() -> ConfRate {
     ConfRate(1024)

@@ -8,7 +8,7 @@
 //! Locating errors: serde keeps no positions, so an error about an upstream is placed
 //! at its key (`"app": (`) or at the first matching text after it.
 
-use super::raw::{RawHealthCheck, RawUpstream, UpstreamAddr};
+use super::raw::{Balance, RawHealthCheck, RawUpstream, UpstreamAddr};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -37,6 +37,14 @@ pub struct Upstream {
     pub tunnel_idle_timeout: Duration,
     /// The adaptive concurrency limit, if any.
     pub overload: Option<super::overload::Overload>,
+    // -- balancing and passive health (issue #12, part A) --
+    pub balance: Balance,
+    /// 0: failures never mark a server down.
+    pub max_fails: u32,
+    /// More than zero.
+    pub fail_timeout: Duration,
+    pub slow_start: Duration,
+    // -- end of balancing and passive health --
 }
 
 /// A validated `health_check` block.
@@ -68,6 +76,10 @@ pub struct UpstreamServer {
     /// Every address the name resolved to when the configuration was loaded (`addr`
     /// is the first); for an address written as such, just that one.
     pub resolved: Vec<SocketAddr>,
+    /// 1 to `raw::ServerWeight::MAX`.
+    pub weight: u32,
+    /// Used only while no other server is usable.
+    pub backup: bool,
 }
 
 /// Where an upstream server listens.
@@ -98,6 +110,10 @@ pub(super) enum UpstreamProblem {
     Check(&'static str, String),
     /// `overload`'s `min_limit` above its `max_limit`.
     OverloadBounds { min: u32, max: u32 },
+    /// Every server is a `backup`.
+    OnlyBackups,
+    /// `fail_timeout: "0s"` with `max_fails` above 0.
+    ZeroFailTimeout,
 }
 
 /// Validates one upstream; returns it, or every problem found.
@@ -113,20 +129,31 @@ pub(super) fn validate_upstream(
     if raw.keepalive_requests == 0 {
         problems.push(UpstreamProblem::ZeroKeepaliveRequests);
     }
+    if !raw.servers.is_empty() && raw.servers.iter().all(|s| s.backup) {
+        problems.push(UpstreamProblem::OnlyBackups);
+    }
+    if raw.max_fails > 0 && raw.fail_timeout.0.is_zero() {
+        problems.push(UpstreamProblem::ZeroFailTimeout);
+    }
     let mut servers = Vec::with_capacity(raw.servers.len());
-    for addr in raw.servers {
-        match addr {
+    for entry in raw.servers {
+        let (weight, backup) = (entry.weight.0, entry.backup);
+        match entry.addr {
             UpstreamAddr::Ip(a) => servers.push(UpstreamServer {
                 addr: UpstreamAddress::Tcp(a),
                 label: a.to_string(),
                 name: None,
                 resolved: vec![a],
+                weight,
+                backup,
             }),
             UpstreamAddr::Unix(p) => servers.push(UpstreamServer {
                 label: format!("unix:{}", p.display()),
                 addr: UpstreamAddress::Unix(p),
                 name: None,
                 resolved: Vec::new(),
+                weight,
+                backup,
             }),
             UpstreamAddr::Name(host, port) => {
                 let label = format!("{host}:{port}");
@@ -136,6 +163,8 @@ pub(super) fn validate_upstream(
                         label,
                         name: Some((host, port)),
                         resolved,
+                        weight,
+                        backup,
                     }),
                     Err(why) => problems.push(UpstreamProblem::Unresolved(label, why)),
                 }
@@ -183,6 +212,10 @@ pub(super) fn validate_upstream(
         resolve_every: raw.resolve_every.0,
         tunnel_idle_timeout: raw.tunnel_idle_timeout.0,
         overload: raw.overload,
+        balance: raw.balance,
+        max_fails: raw.max_fails,
+        fail_timeout: raw.fail_timeout.0,
+        slow_start: raw.slow_start.0,
     })
 }
 
@@ -253,4 +286,116 @@ fn validate_check(raw: RawHealthCheck) -> Result<HealthCheck, Vec<UpstreamProble
         fall: raw.fall,
         expect_status: raw.expect_status,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Balance, Config, HashKey, HeaderName};
+    use std::path::Path;
+
+    fn parse(upstream: &str) -> Result<Config, String> {
+        let text = format!(
+            "(\n    upstreams: {{\n        \"app\": (\n{upstream}\n        ),\n    }},\n    servers: [(listen: [\"127.0.0.1:8080\"], routes: [(prefix: \"/\", handler: Proxy(upstream: \"app\"))])],\n)"
+        );
+        Config::parse(Path::new("/etc/forkd/forkd.ron"), &text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn servers_are_plain_addresses_or_entries_with_weight_and_backup() {
+        let c = parse(
+            r#"            servers: [
+                "127.0.0.1:9000",
+                (addr: "127.0.0.1:9001", weight: 3),
+                (addr: "127.0.0.1:9100", backup: true),
+            ],
+            balance: Hash(Header("X-User")),
+            max_fails: 3, fail_timeout: "5s", slow_start: "10s","#,
+        )
+        .unwrap();
+        let u = &c.upstreams[0];
+        let got: Vec<(&str, u32, bool)> = u
+            .servers
+            .iter()
+            .map(|s| (s.label.as_str(), s.weight, s.backup))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("127.0.0.1:9000", 1, false),
+                ("127.0.0.1:9001", 3, false),
+                ("127.0.0.1:9100", 1, true)
+            ]
+        );
+        assert_eq!(
+            u.balance,
+            Balance::Hash(HashKey::Header(HeaderName("X-User".into())))
+        );
+        assert_eq!((u.max_fails, u.fail_timeout.as_secs()), (3, 5));
+        assert_eq!(u.slow_start.as_secs(), 10);
+    }
+
+    #[test]
+    fn balancing_defaults_are_nginx_s() {
+        let c = parse(r#"            servers: ["127.0.0.1:9000"],"#).unwrap();
+        let u = &c.upstreams[0];
+        assert_eq!(u.balance, Balance::RoundRobin);
+        assert_eq!((u.max_fails, u.fail_timeout.as_secs()), (1, 10));
+        assert!(u.slow_start.is_zero());
+        for b in ["LeastConn", "TwoChoices", "Hash(ClientIp)", "Hash(Path)"] {
+            let c = parse(&format!(
+                "            servers: [\"127.0.0.1:9000\"], balance: {b},"
+            ))
+            .unwrap_or_else(|e| panic!("{b}: {e}"));
+            assert_ne!(c.upstreams[0].balance, Balance::RoundRobin, "{b}");
+        }
+    }
+
+    #[test]
+    fn bad_entries_are_located_where_written() {
+        // (what is written, the line:col it must be reported at, words of the message)
+        let cases = [
+            (
+                r#"            servers: [(addr: "127.0.0.1:9000", weight: 0)],"#,
+                "forkd.ron:4:",
+                "weight 0 is out of range",
+            ),
+            (
+                r#"            servers: [(addr: "127.0.0.1:9000", wieght: 2)],"#,
+                "forkd.ron:4:",
+                "wieght",
+            ),
+            (
+                r#"            servers: [(addr: "nope nope", weight: 2)],"#,
+                "forkd.ron:4:",
+                "nope nope",
+            ),
+            (
+                r#"            servers: ["127.0.0.1:9000"], balance: Hash(Header("X User")),"#,
+                "forkd.ron:4:",
+                "not a header field name",
+            ),
+            (
+                r#"            servers: ["127.0.0.1:9000"], balance: Random,"#,
+                "forkd.ron:4:",
+                "Random",
+            ),
+            (
+                r#"            servers: [(addr: "127.0.0.1:9000", backup: true)],"#,
+                "forkd.ron:4:13: upstreams.\"app\".servers",
+                "every server is a backup",
+            ),
+            (
+                "            servers: [\"127.0.0.1:9000\"],\n            fail_timeout: \"0s\",",
+                "forkd.ron:5:13: upstreams.\"app\".fail_timeout",
+                "must be more than 0",
+            ),
+        ];
+        for (text, at, words) in cases {
+            let err = parse(text).unwrap_err();
+            assert!(err.contains(at), "{text}: {err}");
+            assert!(err.contains(words), "{text}: {err}");
+        }
+        parse("            servers: [\"127.0.0.1:9000\"],\n            max_fails: 0, fail_timeout: \"0s\",")
+            .expect("max_fails: 0 needs no window");
+    }
 }

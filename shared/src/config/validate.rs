@@ -286,6 +286,16 @@ pub(super) fn validate(
                             field(&name, "overload.min_limit"),
                             format!("min_limit {min} is above max_limit {max}"),
                         ),
+                        UpstreamProblem::OnlyBackups => check.error_at(
+                            find_after(text, key, "servers"),
+                            field(&name, "servers"),
+                            "every server is a backup: at least one must not be".into(),
+                        ),
+                        UpstreamProblem::ZeroFailTimeout => check.error_at(
+                            find_after(text, key, "fail_timeout"),
+                            field(&name, "fail_timeout"),
+                            "must be more than 0 while max_fails is above 0".into(),
+                        ),
                     }
                 }
                 // Keeps later indices right, so routes to it are not reported as unknown.
@@ -303,6 +313,10 @@ pub(super) fn validate(
                     resolve_every: std::time::Duration::ZERO,
                     tunnel_idle_timeout: std::time::Duration::ZERO,
                     overload: None,
+                    balance: raw::Balance::RoundRobin,
+                    max_fails: 0,
+                    fail_timeout: std::time::Duration::ZERO,
+                    slow_start: std::time::Duration::ZERO,
                 });
             }
         }

@@ -17,8 +17,10 @@
 //!  ├── upstreams      appended area (`upstream`): per upstream server, per worker
 //!  ├── health         appended area (`health`): the checks' lease, per upstream
 //!  │                  server its verdict and its resolved addresses
-//!  └── overload       appended area (`overload`): per upstream group (limit, in
-//!                     flight over all workers), per worker row (latency samples)
+//!  ├── overload       appended area (`overload`): per upstream group (limit, in
+//!  │                  flight over all workers), per worker row (latency samples)
+//!  └── upstream_state appended area (`upstream_state`): per upstream server, shared
+//!                     by the workers (in flight, passive health)
 //! ```
 //!
 //! Growing: an area is appended at the end, never inserted, so every offset of an
@@ -366,13 +368,20 @@ pub struct Layout {
     /// Appended after the upstream area: the active checks' lease and results, and
     /// the addresses of servers given by name (`health`).
     pub health: super::health::HealthArea,
-    /// Appended after the upstream area: the adaptive concurrency limits.
+    /// Appended after the health area: the adaptive concurrency limits.
     pub overload: super::overload::OverloadArea,
+    /// Appended after the overload area: per upstream server, what every worker sees
+    /// the same (in flight, passive health; see `upstream_state`).
+    pub upstream_state: super::upstream_state::UpstreamStateArea,
 }
 
 /// Bytes of a version-2 region of a build before the upstream area: where that area
 /// starts.
 pub const LEGACY_SIZE: usize = std::mem::offset_of!(Layout, upstreams);
+
+/// Where the upstream area ends (the next appended area starts): a region at least
+/// this long has the upstream area.
+pub const UPSTREAM_AREA_END: usize = std::mem::offset_of!(Layout, health);
 
 #[cfg(test)]
 mod tests {

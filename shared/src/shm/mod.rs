@@ -18,6 +18,8 @@
 //! - `upstream_values`: upstream cells read out of the region, their JSON and text.
 //! - `health`: the appended health area: the active checks' lease, per server its
 //!   verdict and resolved addresses.
+//! - `upstream_state`: the appended area every worker shares per upstream server:
+//!   in flight, passive health, weights (balancing with a global view).
 
 pub mod counters;
 pub mod fold;
@@ -33,6 +35,7 @@ pub mod snapshot;
 mod testing;
 pub mod upstream;
 pub mod upstream_counters;
+pub mod upstream_state;
 pub mod upstream_values;
 pub mod values;
 

@@ -7,6 +7,7 @@ use super::counters::{Counter, CounterDef};
 use super::layout::Layout;
 use super::upstream::{time_bucket_high, LabelState, UpstreamCell, TIME_BUCKETS};
 use super::upstream_counters::{self as uc, UPSTREAM_COUNTERS, UPSTREAM_COUNTER_CELLS};
+use super::upstream_state::{read_health, ServerHealth};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -103,6 +104,9 @@ pub struct UpstreamReport {
     /// has written results for this server.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub health: Option<super::health::HealthReport>,
+    /// State, weight now, in flight, failures (None: a region without the state area).
+    #[serde(flatten)]
+    pub state: Option<ServerHealth>,
 }
 
 /// Every labelled cell that is configured or holds counts, in cell order.
@@ -110,9 +114,13 @@ pub struct UpstreamReport {
 /// (`header.region_size`; see `mapping::RegionReader::open`).
 pub fn read(layout: &Layout) -> Vec<UpstreamReport> {
     let size = layout.header.region_size.load(Acquire) as usize;
-    if size < std::mem::size_of::<Layout>() {
+    if size < super::layout::UPSTREAM_AREA_END {
         return Vec::new();
     }
+    // The state area only once the region covers it (a reader of an older build's
+    // region during an upgrade).
+    let shared = (size >= std::mem::size_of::<Layout>()).then_some(&layout.upstream_state);
+    let now_ms = super::monotonic_ms();
     let area = &layout.upstreams;
     let mut out = Vec::new();
     for (cell, label) in area.header.labels.iter().enumerate() {
@@ -140,6 +148,7 @@ pub fn read(layout: &Layout) -> Vec<UpstreamReport> {
             configured,
             values,
             health,
+            state: shared.map(|a| read_health(a, cell, now_ms)),
         });
     }
     out
@@ -192,7 +201,7 @@ pub fn table(o: &mut String, upstreams: &[UpstreamReport]) {
     }
     let _ = writeln!(
         o,
-        "{:<12} {:<24} {:>9} {:>7} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>8} {:>5} {:>5} {:>8}",
+        "{:<12} {:<24} {:>9} {:>7} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>8} {:>5} {:>5} {:>8} {:<7} {:>6} {:>6} {:>9} {:>9}  last_down",
         "upstream",
         "server",
         "requests",
@@ -206,7 +215,12 @@ pub fn table(o: &mut String, upstreams: &[UpstreamReport]) {
         "reused",
         "open",
         "idle",
-        "p99<="
+        "p99<=",
+        "state",
+        "weight",
+        "now",
+        "in_flight",
+        "fails_row"
     );
     for u in upstreams {
         let v = &u.values;
@@ -215,9 +229,11 @@ pub fn table(o: &mut String, upstreams: &[UpstreamReport]) {
         } else {
             format!("{} (removed)", u.server)
         };
+        let h = u.state.as_ref();
+        let dash = || "-".to_string();
         let _ = writeln!(
             o,
-            "{:<12} {:<24} {:>9} {:>7} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>8} {:>5} {:>5} {:>8}",
+            "{:<12} {:<24} {:>9} {:>7} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>8} {:>5} {:>5} {:>8} {:<7} {:>6} {:>6} {:>9} {:>9}  {}",
             u.upstream,
             server,
             v[uc::REQUESTS],
@@ -237,7 +253,13 @@ pub fn table(o: &mut String, upstreams: &[UpstreamReport]) {
                 Some(us) if us < 1000 => format!("{us}µs"),
                 Some(us) if us < 1_000_000 => format!("{}ms", us / 1000),
                 Some(us) => format!("{}s", us / 1_000_000),
-            }
+            },
+            h.map_or("-", |h| h.state),
+            h.map_or_else(dash, |h| h.weight.to_string()),
+            h.map_or_else(dash, |h| h.weight_now.to_string()),
+            h.map_or_else(dash, |h| h.in_flight.to_string()),
+            h.map_or_else(dash, |h| h.consecutive_failures.to_string()),
+            h.map_or("", |h| h.last_down_reason)
         );
     }
 }
@@ -375,6 +397,76 @@ fn health_prometheus(o: &mut String, upstreams: &[UpstreamReport], labels: &[Str
     }
 }
 
+/// The balancing and passive-health families: `forkd_upstream_up` (1 usable, 0 marked down) with a
+/// `state` label, weights, in flight, consecutive failures, times marked down, and
+/// `forkd_upstream_last_down_reason` (1, labelled with the reason) for servers that
+/// were ever marked down.
+fn state_prometheus(o: &mut String, upstreams: &[UpstreamReport], labels: &[String]) {
+    let with: Vec<(&ServerHealth, &String)> = upstreams
+        .iter()
+        .zip(labels)
+        .filter_map(|(u, l)| u.state.as_ref().map(|h| (h, l)))
+        .collect();
+    if with.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "# HELP forkd_upstream_up Whether the upstream server may take requests (0: marked down).\n# TYPE forkd_upstream_up gauge"
+    );
+    for (h, l) in &with {
+        let up = u8::from(h.state != "down");
+        let _ = writeln!(o, "forkd_upstream_up{{{l},state=\"{}\"}} {up}", h.state);
+    }
+    type Gauge = fn(&ServerHealth) -> u64;
+    let gauges: [(&str, &str, &str, Gauge); 5] = [
+        (
+            "forkd_upstream_weight",
+            "gauge",
+            "The upstream server's configured weight.",
+            |h| u64::from(h.weight),
+        ),
+        (
+            "forkd_upstream_weight_now",
+            "gauge",
+            "The weight balanced with now (slow_start ramps it).",
+            |h| u64::from(h.weight_now),
+        ),
+        (
+            "forkd_upstream_in_flight",
+            "gauge",
+            "Requests under way to the upstream server, all workers.",
+            |h| h.in_flight,
+        ),
+        (
+            "forkd_upstream_consecutive_failures",
+            "gauge",
+            "Failed attempts since the upstream server's last response.",
+            |h| u64::from(h.consecutive_failures),
+        ),
+        (
+            "forkd_upstream_marked_down_total",
+            "counter",
+            "Times the upstream server was marked down.",
+            |h| h.marked_down,
+        ),
+    ];
+    for (name, kind, help, get) in gauges {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (h, l) in &with {
+            let _ = writeln!(o, "{name}{{{l}}} {}", get(h));
+        }
+    }
+    let name = "forkd_upstream_last_down_reason";
+    let _ = writeln!(
+        o,
+        "# HELP {name} Why the upstream server was last marked down (the reason label).\n# TYPE {name} gauge"
+    );
+    for (h, l) in with.iter().filter(|(h, _)| !h.last_down_reason.is_empty()) {
+        let _ = writeln!(o, "{name}{{{l},reason=\"{}\"}} 1", h.last_down_reason);
+    }
+}
+
 /// A Prometheus label value, escaped (`\`, `"` and newlines).
 fn label(v: &str) -> String {
     v.replace('\\', "\\\\")
@@ -441,6 +533,7 @@ pub fn prometheus(o: &mut String, upstreams: &[UpstreamReport], seconds: fn(f64)
             let _ = writeln!(o, "{name}{{{l}}} {}", get(&u.values));
         }
     }
+    state_prometheus(o, upstreams, &labels);
     let name = "forkd_upstream_response_time_seconds";
     let _ = writeln!(
         o,

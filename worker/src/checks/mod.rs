@@ -25,6 +25,7 @@ pub mod runner;
 use crate::stats::Stats;
 use forkd_shared::config::{Config, UpstreamAddress};
 use forkd_shared::shm::health::{self, HealthArea};
+use forkd_shared::shm::upstream_state::{ActiveChecks, ActiveVerdict};
 use runner::{Plan, Planned, Shared};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -189,6 +190,15 @@ impl Checks {
             .fold(0, |mask, s| mask | 1 << s)
     }
 
+    /// The checks' verdicts on the servers of `upstream`, by region cell, for the
+    /// balancer (`upstream_health::choose`), which weighs them with passive health.
+    pub fn verdicts(&self, upstream: usize) -> Verdicts<'_> {
+        Verdicts {
+            checks: self,
+            upstream,
+        }
+    }
+
     /// Reads the published address set of a server given by name if it changed
     /// since the last look; returns the new set then (once per change), for the
     /// caller to retire pooled connections to addresses no longer in it.
@@ -232,6 +242,27 @@ impl Checks {
                 UpstreamAddress::Tcp(a)
             }
             _ => configured.clone(),
+        }
+    }
+}
+
+/// The active verdicts of one upstream's servers ([`Checks::verdicts`]).
+pub struct Verdicts<'a> {
+    checks: &'a Checks,
+    upstream: usize,
+}
+
+impl ActiveChecks for Verdicts<'_> {
+    fn verdict(&self, cell: usize) -> ActiveVerdict {
+        let c = self.checks;
+        if !c.checked.get(self.upstream).copied().unwrap_or(false) {
+            return ActiveVerdict::NotChecked;
+        }
+        let slots = c.slots.get(self.upstream).map_or(&[][..], Vec::as_slice);
+        match slots.iter().flatten().find(|slot| slot.cell == cell) {
+            Some(slot) if usable(c.area, slot.cell, slot.key) => ActiveVerdict::Passing,
+            Some(_) => ActiveVerdict::Failing,
+            None => ActiveVerdict::NotChecked,
         }
     }
 }

@@ -662,7 +662,7 @@ pub fn error_page_for(
     started: Micros,
     req: Option<&Request>,
 ) {
-    error_page_persisting(
+    error_page_with(
         out,
         svc,
         status,
@@ -671,13 +671,15 @@ pub fn error_page_for(
         started,
         req,
         Persistence::Close,
+        &[],
     );
 }
 
-/// [`error_page_for`] on a connection that stays open after it (`persistence`): a
-/// 502 or 504 of forkd's own after a request that was read whole.
+/// [`error_page_for`] with the connection's `persistence` after it (kept open after
+/// a 502 or 504 of forkd's own when the request was read whole) and `extra` header
+/// fields (a 503's `Retry-After`).
 #[allow(clippy::too_many_arguments)]
-pub fn error_page_persisting(
+pub fn error_page_with(
     out: &mut OutQueue,
     svc: &mut Services,
     status: Status,
@@ -686,6 +688,7 @@ pub fn error_page_persisting(
     started: Micros,
     req: Option<&Request>,
     persistence: Persistence,
+    extra: &[(&str, &[u8])],
 ) {
     let date = *svc.clock.http_date_array();
     ensure_out(out);
@@ -699,7 +702,7 @@ pub fn error_page_persisting(
         status,
         &date,
         persistence,
-        &[],
+        extra,
         &site,
         head_only,
     );

@@ -20,8 +20,11 @@ use crate::proxy::response_head::ClientBody;
 use crate::proxy::retry::Failure;
 use crate::proxy::session::Step;
 use crate::services::Services;
+use crate::stats::CellId;
 use crate::timers::Micros;
+use crate::upstream_health::{self, fail_policy, Choice};
 use crate::upstreams::Proxied;
+use forkd_shared::shm::upstream_state::{usability, ActiveChecks, DownReason, Usability};
 use mio::net::TcpStream;
 use std::io::{self, IoSlice, Write};
 use std::net::IpAddr;
@@ -110,12 +113,12 @@ pub fn advance(
                 };
                 forget_token(p, svc);
                 busy.discard_input();
-                return fail(p, c, busy, svc, status, false);
+                return fail(p, c, busy, svc, status, false, &[]);
             }
         }
     }
     if p.server.is_none() && !p.upstream_done {
-        let step = next_server(p, c.key, svc);
+        let step = next_server(p, c.key, c.peer, svc);
         if let Some(done) = act(p, c, busy, svc, step) {
             return done;
         }
@@ -207,30 +210,53 @@ fn act(
         step = match step {
             Step::Pending => return None,
             Step::NeedFreshConnection { server } => {
-                log_failure(p, svc, true);
+                // The stale pooled connection race says nothing of the server; but
+                // if it was marked down meanwhile (it died: other requests found
+                // out), the free retry goes to another server instead.
+                log_failure(p, svc, true, false);
                 forget_token(p, svc);
-                connect(p, c.key, server, svc)
+                if usable_now(p, server, svc) {
+                    connect(p, c.key, server, svc)
+                } else {
+                    next_server(p, c.key, c.peer, svc)
+                }
             }
             Step::NeedNextServer => {
-                log_failure(p, svc, true);
+                log_failure(p, svc, true, true);
                 forget_token(p, svc);
-                next_server(p, c.key, svc)
+                next_server(p, c.key, c.peer, svc)
             }
             Step::Respond(status) => {
-                log_failure(p, svc, false);
+                log_failure(p, svc, false, true);
                 forget_token(p, svc);
                 p.overload = None; // the upstream side ended: out of the group's count
-                                   // What follows a request read whole is the client's next request.
+                p.in_flight = None;
+                // What follows a request read whole is the client's next request.
                 let keep = p.client_keep_alive && p.session.client_body_read();
                 if !keep {
                     busy.discard_input();
                 }
-                return Some(fail(p, c, busy, svc, Status(status), keep));
+                return Some(fail(p, c, busy, svc, Status(status), keep, &[]));
             }
-            Step::CloseClient => {
-                log_failure(p, svc, false);
+            Step::Unavailable { retry_after_secs } => {
                 forget_token(p, svc);
                 p.overload = None;
+                p.in_flight = None;
+                let keep = p.client_keep_alive && p.session.client_body_read();
+                if !keep {
+                    busy.discard_input();
+                }
+                let mut digits = Vec::with_capacity(20);
+                crate::http::response::push_decimal(&mut digits, retry_after_secs);
+                let extra: [(&str, &[u8]); 1] = [("Retry-After", &digits)];
+                let status = Status::SERVICE_UNAVAILABLE;
+                return Some(fail(p, c, busy, svc, status, keep, &extra));
+            }
+            Step::CloseClient => {
+                log_failure(p, svc, false, true);
+                forget_token(p, svc);
+                p.overload = None;
+                p.in_flight = None;
                 observe(p, svc);
                 // The client sees a truncated response; it is logged as what it was.
                 account(p, c, svc);
@@ -246,6 +272,7 @@ fn act(
             }
             Step::Done { pool } => {
                 p.upstream_done = true;
+                p.in_flight = None;
                 observe(p, svc);
                 p.overload = None;
                 match (pool, p.token.take(), p.server) {
@@ -265,18 +292,41 @@ fn act(
     }
 }
 
-/// Starts an attempt on the next untried server of the upstream (a pooled
-/// connection if it has one); every server tried: 502.
-fn next_server(p: &mut Proxied, key: usize, svc: &mut Services) -> Step {
-    if p.upstream >= svc.config.upstreams.len() {
+/// Starts an attempt on the server `upstream_health::choose` picks among those this
+/// request has not tried (a pooled connection if it has one); none left: 502; every
+/// server down: 503.
+fn next_server(p: &mut Proxied, key: usize, peer: IpAddr, svc: &mut Services) -> Step {
+    p.in_flight = None;
+    let Some(upstream) = svc.config.upstreams.get(p.upstream) else {
         return Step::Respond(502); // removed by a reload
-    }
+    };
     let tried = p.session.exchange().tried();
-    // Servers Down by their active checks get no client request.
-    let down = svc.checks.down_mask(p.upstream);
-    let Some(server) = svc.upstreams.pools.next_server(p.upstream, tried | down) else {
-        // Nothing tried and every server Down: none is up, rather than a failure.
-        return Step::Respond(if tried == 0 && down != 0 { 503 } else { 502 });
+    let hash_key = *p.hash_key.get_or_insert_with(|| {
+        upstream_health::request_key(&upstream.balance, p.session.request_head(), peer)
+    });
+    let Some(balancer) = svc.upstreams.balancers.get_mut(p.upstream) else {
+        return Step::Respond(502);
+    };
+    let stats = &svc.stats;
+    let choice = upstream_health::choose(
+        balancer,
+        upstream,
+        |s| stats.upstream_cell(p.upstream, s).map(CellId::index),
+        stats.upstream_state(),
+        &svc.checks.verdicts(p.upstream),
+        tried,
+        hash_key,
+        stats.monotonic_ms(svc.clock.now),
+        &mut svc.upstreams.scratch,
+    );
+    let server = match choice {
+        Choice::Server(s) => s,
+        // The servers left are down: the last attempt's failure is the answer.
+        Choice::NoneLeft => {
+            let failure = p.session.last_failure();
+            return Step::Respond(failure.map_or(502, crate::proxy::retry::status_for));
+        }
+        Choice::AllDown { retry_after_secs } => return Step::Unavailable { retry_after_secs },
     };
     let id = svc.upstreams.pools.server_id(p.upstream, server);
     p.server = Some((server, id));
@@ -289,6 +339,18 @@ fn next_server(p: &mut Proxied, key: usize, svc: &mut Services) -> Step {
         return p.session.pump();
     }
     connect(p, key, server, svc)
+}
+
+/// Whether `server` of the exchange's upstream may take a request now (not marked
+/// down for every worker); a server the region does not count always may.
+fn usable_now(p: &Proxied, server: usize, svc: &Services) -> bool {
+    let Some(cell) = svc.stats.upstream_cell(p.upstream, server) else {
+        return true;
+    };
+    let now_ms = svc.stats.monotonic_ms(svc.clock.now);
+    let state = svc.stats.upstream_state().server(cell.index());
+    let active = svc.checks.verdicts(p.upstream).verdict(cell.index());
+    usability(state.passive(now_ms), active) == Usability::Usable
 }
 
 /// Starts an attempt on `server` over a new connection.
@@ -306,6 +368,7 @@ fn connect(p: &mut Proxied, key: usize, server: usize, svc: &mut Services) -> St
     let addr = svc.checks.address(p.upstream, server, configured);
     let id = svc.upstreams.pools.server_id(p.upstream, server);
     p.server = Some((server, id));
+    p.in_flight = None;
     match svc.upstreams.connect(&addr, key) {
         Ok((socket, token)) => {
             begin_attempt(p, svc, token);
@@ -330,6 +393,7 @@ fn follow_addresses(upstream: usize, server: usize, svc: &mut Services) {
 }
 
 fn begin_attempt(p: &mut Proxied, svc: &Services, token: usize) {
+    p.in_flight = cell(p, svc).map(|c| svc.stats.begin_in_flight(c));
     p.token = Some(token);
     p.failure_logged = false;
     p.state_tag = None;
@@ -381,13 +445,20 @@ fn observe(p: &mut Proxied, svc: &Services) {
             if let Some(c) = cell(p, svc) {
                 svc.stats
                     .upstream_response(c, head.status, p.time_to_head_us());
+                let now_ms = svc.stats.monotonic_ms(svc.clock.now);
+                svc.stats
+                    .upstream_state()
+                    .server(c.index())
+                    .record_success(now_ms);
             }
         }
     }
 }
 
-/// Logs the current attempt's failure once, with the upstream and server.
-fn log_failure(p: &mut Proxied, svc: &Services, retried: bool) {
+/// Logs the current attempt's failure once, with the upstream and server; `counts`:
+/// it counts towards the server's `max_fails` (all but the stale pooled connection
+/// race), which may mark it down for every worker.
+fn log_failure(p: &mut Proxied, svc: &Services, retried: bool, counts: bool) {
     if p.failure_logged {
         return;
     }
@@ -395,6 +466,25 @@ fn log_failure(p: &mut Proxied, svc: &Services, retried: bool) {
         return;
     };
     p.failure_logged = true;
+    let upstream = svc.config.upstreams.get(p.upstream);
+    if let (Some(c), Some(u), true) = (cell(p, svc), upstream, counts) {
+        let now_ms = svc.stats.monotonic_ms(svc.clock.now);
+        let state = svc.stats.upstream_state().server(c.index());
+        let may_mark = u.servers.len() > 1;
+        if state.record_failure(down_reason(failure), now_ms, fail_policy(u), may_mark) {
+            let label = p
+                .server
+                .and_then(|(s, _)| u.servers.get(s))
+                .map_or("?", |s| s.label.as_str());
+            forkd_shared::warn!(
+                "upstream {} {label}: marked down for {:?} after {} failure(s) within {:?} ({failure})",
+                u.name,
+                u.fail_timeout,
+                u.max_fails,
+                u.fail_timeout
+            );
+        }
+    }
     if let Some(c) = cell(p, svc) {
         match failure {
             Failure::ConnectRefused | Failure::ConnectTimeout => {
@@ -456,8 +546,19 @@ pub fn abandon(p: &mut Proxied, peer: IpAddr, svc: &mut Services) -> Progress {
     Progress::Close
 }
 
-/// Queues the error page for `status` (counted and logged like any error page);
-/// `keep`: the connection stays open after it.
+/// How a failure is named as the reason a server was marked down.
+fn down_reason(failure: Failure) -> DownReason {
+    match failure {
+        Failure::ConnectRefused => DownReason::ConnectRefused,
+        Failure::ConnectTimeout => DownReason::ConnectTimeout,
+        Failure::Reset => DownReason::Reset,
+        Failure::Timeout => DownReason::Timeout,
+        Failure::BadResponse | Failure::BadBody => DownReason::BadResponse,
+    }
+}
+
+/// Queues the error page for `status` with `extra` fields (counted and logged like
+/// any error page); `keep`: the connection stays open after it.
 fn fail(
     p: &mut Proxied,
     c: &Client,
@@ -465,6 +566,7 @@ fn fail(
     svc: &mut Services,
     status: Status,
     keep: bool,
+    extra: &[(&str, &[u8])],
 ) -> Progress {
     let head = p.session.request_head();
     let parsed = request::parse(head, head.len());
@@ -481,7 +583,7 @@ fn fail(
         (true, true) => Persistence::KeepAlive10,
         (true, false) => Persistence::KeepAlive11,
     };
-    dispatch::error_page_persisting(
+    dispatch::error_page_with(
         &mut busy.out,
         svc,
         status,
@@ -490,6 +592,7 @@ fn fail(
         started,
         req.as_ref(),
         persistence,
+        extra,
     );
     Progress::Failed { keep }
 }

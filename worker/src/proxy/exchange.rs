@@ -78,7 +78,7 @@ pub enum Action {
     /// Open a new connection to `server` (of this exchange's upstream) and start again
     /// from the replay copy of the head. The failed connection is closed.
     Connect { server: usize },
-    /// Pick the next untried server with `Pools::next_server(upstream, tried())` and
+    /// Pick the next untried server (`upstream_health::choose` with `tried()`) and
     /// connect to it; none left: answer 502.
     ConnectNext,
     /// Answer the client with this status (502, 504); close the upstream connection.
@@ -191,7 +191,7 @@ impl Exchange {
         }
     }
 
-    /// Servers tried so far (bit i = server i), for `Pools::next_server`.
+    /// Servers tried so far (bit i = server i), for `upstream_health::choose`.
     pub fn tried(&self) -> u64 {
         self.tried
     }
@@ -470,13 +470,21 @@ mod tests {
 
     #[test]
     fn a_read_timeout_before_the_head_is_504_and_bad_heads_502() {
-        let mut x = Exchange::new("GET", 2, 1);
-        x.start(0, false);
-        run(
-            &mut x,
-            &[Event::Connected, Event::HeadWritten, Event::RequestBodyDone],
-        );
-        assert_eq!(x.on(Event::Failed(Failure::Timeout)), Action::Respond(504));
+        // With another server, a GET moves on to it; a POST, or a GET with nowhere
+        // else to go, is answered 504.
+        for (method, servers, want) in [
+            ("GET", 2, Action::ConnectNext),
+            ("POST", 2, Action::Respond(504)),
+            ("GET", 1, Action::Respond(504)),
+        ] {
+            let mut x = Exchange::new(method, servers, 1);
+            x.start(0, false);
+            run(
+                &mut x,
+                &[Event::Connected, Event::HeadWritten, Event::RequestBodyDone],
+            );
+            assert_eq!(x.on(Event::Failed(Failure::Timeout)), want, "{method}");
+        }
         let mut y = Exchange::new("GET", 2, 1);
         y.start(0, true);
         run(
@@ -509,6 +517,10 @@ mod tests {
             resolve_every: Duration::from_secs(30),
             tunnel_idle_timeout: Duration::from_secs(3600),
             overload: None,
+            balance: forkd_shared::config::Balance::RoundRobin,
+            max_fails: 1,
+            fail_timeout: Duration::from_secs(10),
+            slow_start: Duration::ZERO,
         };
         let t = |after: u64, fires_as, rearm_on_progress| {
             Some(Timeout {

@@ -11,6 +11,9 @@
 //! - [`body`]: streaming body decoding (yields the data) and re-encoding, with a
 //!   bounded buffer between the two sides.
 //! - [`connect`]: upstream sockets (TCP or Unix), non-blocking, a `mio` source.
+//! - [`balance`]: which server takes a request (round robin, least in flight, two
+//!   choices, consistent hashing) from each server's usability, weight and in-flight
+//!   count.
 //! - [`pool`]: per-worker, per-server idle connection pools (LIFO), generic over the
 //!   connection type; no knowledge of clients.
 //! - [`retry`]: which failures are retried where, and which status a failure becomes.
@@ -23,6 +26,7 @@
 //! - [`upgrade`]: `Upgrade` requests (WebSocket): the fields forwarded both ways
 //!   around a 101; the tunnel itself is `conn/tunnel.rs`.
 
+pub mod balance;
 pub mod body;
 pub mod connect;
 pub mod exchange;

@@ -161,8 +161,7 @@ pub struct ServerId {
 /// than that just does not pool its connection.
 const REMAPS_KEPT: usize = 8;
 
-/// Every pool of a worker: one per upstream server, plus a round-robin position per
-/// upstream.
+/// Every pool of a worker: one per upstream server.
 #[derive(Debug)]
 pub struct Pools<C> {
     generation: u32,
@@ -171,8 +170,6 @@ pub struct Pools<C> {
     pools: Vec<Pool<C>>,
     /// First pool index of each upstream (`Config::upstreams` order), and one past the last.
     offsets: Vec<usize>,
-    /// Next server to try, per upstream.
-    cursor: Vec<usize>,
     /// For the last reloads: (generation, old index -> new index).
     remaps: VecDeque<(u32, Vec<Option<u32>>)>,
 }
@@ -184,7 +181,6 @@ impl<C> Pools<C> {
             keys: Vec::new(),
             pools: Vec::new(),
             offsets: Vec::new(),
-            cursor: Vec::new(),
             remaps: VecDeque::new(),
         };
         pools.layout(upstreams, |_| None);
@@ -208,7 +204,6 @@ impl<C> Pools<C> {
             }
         }
         self.offsets.push(index);
-        self.cursor.resize(upstreams.len(), 0);
     }
 
     /// The pool of server `server` of upstream `upstream` (indices into the current
@@ -242,20 +237,6 @@ impl<C> Pools<C> {
         self.pools.get_mut(id.index as usize)
     }
 
-    /// The next server of `upstream` to try, round robin, skipping those whose bit is
-    /// set in `tried` (bit i = server i). None when every server was tried.
-    pub fn next_server(&mut self, upstream: usize, tried: u64) -> Option<usize> {
-        let count = self.offsets[upstream + 1] - self.offsets[upstream];
-        for step in 0..count {
-            let server = (self.cursor[upstream] + step) % count;
-            if server >= 64 || tried & (1 << server) == 0 {
-                self.cursor[upstream] = (server + 1) % count;
-                return Some(server);
-            }
-        }
-        None
-    }
-
     /// Adopts a reloaded configuration: pools of servers that stay keep their
     /// connections (with the new limits); those of removed servers are drained to
     /// `close`. In-flight exchanges' ids stay usable through [`Pools::current`].
@@ -286,7 +267,6 @@ impl<C> Pools<C> {
                 reverse[*new as usize] = Some(old);
             }
         }
-        self.cursor.clear();
         self.layout(upstreams, |i| {
             reverse[i].and_then(|old| old_pools[old].take())
         });
@@ -427,6 +407,8 @@ mod tests {
                     label: format!("127.0.0.1:{p}"),
                     name: None,
                     resolved: vec![([127, 0, 0, 1], *p).into()],
+                    weight: 1,
+                    backup: false,
                 })
                 .collect(),
             keepalive,
@@ -440,18 +422,11 @@ mod tests {
             resolve_every: Duration::from_secs(30),
             tunnel_idle_timeout: Duration::from_secs(3600),
             overload: None,
+            balance: forkd_shared::config::Balance::RoundRobin,
+            max_fails: 1,
+            fail_timeout: Duration::from_secs(10),
+            slow_start: Duration::ZERO,
         }
-    }
-
-    #[test]
-    fn servers_are_picked_round_robin_skipping_tried_ones() {
-        let mut pools: Pools<u32> = Pools::new(&[upstream("a", &[1, 2, 3], 4)]);
-        assert_eq!(pools.next_server(0, 0), Some(0));
-        assert_eq!(pools.next_server(0, 0), Some(1));
-        assert_eq!(pools.next_server(0, 0), Some(2));
-        assert_eq!(pools.next_server(0, 0b001), Some(1));
-        assert_eq!(pools.next_server(0, 0b100), Some(0));
-        assert_eq!(pools.next_server(0, 0b111), None);
     }
 
     #[test]

@@ -11,6 +11,10 @@
 //!   This one retry is allowed once per exchange on top of `retries` (so `retries: 0`
 //!   still never fails a request on a stale connection), and never loops: the retry
 //!   uses a fresh connection, which cannot be stale.
+//! - An idempotent request whose attempt failed before any response byte (reset,
+//!   closed, timed out) moves on to another server not tried yet, if all it sent can
+//!   be sent again: the server died under it, and the request may run twice. A
+//!   non-idempotent one never does once a byte of it left (it may have had effects).
 //! - Every other retry counts against `retries`, the attempts beyond the first.
 //! - Status: refused, reset, or a bad or premature response before the head: 502;
 //!   a connect or read timeout before the head: 504; any failure after the head was
@@ -134,6 +138,14 @@ pub fn decide(
         {
             Decision::RetryFresh
         }
+        Failure::Reset | Failure::Timeout
+            if idempotent
+                && attempt.replayable
+                && servers_left
+                && budget.counted < budget.retries =>
+        {
+            Decision::NextServer
+        }
         _ => Decision::Respond(status),
     }
 }
@@ -188,7 +200,7 @@ mod tests {
             ..BUDGET
         };
         assert_eq!(
-            decide(Failure::Reset, REUSED, true, used, true),
+            decide(Failure::Reset, REUSED, true, used, false),
             Decision::Respond(502)
         );
         let none = Budget {
@@ -223,18 +235,58 @@ mod tests {
     }
 
     #[test]
-    fn a_fresh_connection_failure_is_not_retried() {
+    fn an_idempotent_request_without_an_answer_moves_to_another_server() {
+        for f in [Failure::Reset, Failure::Timeout] {
+            assert_eq!(decide(f, FRESH, true, BUDGET, true), Decision::NextServer);
+            // No other server, or the budget spent: the failure's status.
+            assert_eq!(
+                decide(f, FRESH, true, BUDGET, false),
+                Decision::Respond(status_for(f))
+            );
+            let spent = Budget {
+                counted: 1,
+                ..BUDGET
+            };
+            assert_eq!(
+                decide(f, FRESH, true, spent, true),
+                Decision::Respond(status_for(f))
+            );
+            // A body that left the replay copy cannot be sent again.
+            let gone = AttemptState {
+                replayable: false,
+                ..FRESH
+            };
+            assert_eq!(
+                decide(f, gone, true, BUDGET, true),
+                Decision::Respond(status_for(f))
+            );
+        }
+        let stale_used = Budget {
+            stale_used: true,
+            ..BUDGET
+        };
         assert_eq!(
-            decide(Failure::Reset, FRESH, true, BUDGET, true),
-            Decision::Respond(502)
-        );
-        assert_eq!(
-            decide(Failure::Timeout, FRESH, true, BUDGET, true),
-            Decision::Respond(504)
+            decide(Failure::Reset, REUSED, true, stale_used, true),
+            Decision::NextServer,
+            "the fresh retry failed too: another server"
         );
         assert_eq!(
             decide(Failure::Timeout, REUSED, true, BUDGET, true),
-            Decision::Respond(504)
+            Decision::NextServer
+        );
+    }
+
+    #[test]
+    fn a_non_idempotent_request_that_left_never_moves_on() {
+        for f in [Failure::Reset, Failure::Timeout] {
+            assert_eq!(
+                decide(f, FRESH, false, BUDGET, true),
+                Decision::Respond(status_for(f))
+            );
+        }
+        assert_eq!(
+            decide(Failure::BadResponse, FRESH, true, BUDGET, true),
+            Decision::Respond(502)
         );
     }
 

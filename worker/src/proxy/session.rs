@@ -47,11 +47,14 @@ pub enum Step {
     Pending,
     /// Get a new connection to `server` (not from the pool) and [`Session::attach`] it.
     NeedFreshConnection { server: usize },
-    /// Pick the next untried server (`Pools::next_server(upstream, tried())`), get a
+    /// Pick the next untried server (`upstream_health::choose` with `tried()`), get a
     /// connection to it and attach it; none left: answer 502.
     NeedNextServer,
     /// Answer the client with this status; nothing of the response was sent.
     Respond(u16),
+    /// No server may take the request (all marked down): 503 with `Retry-After`.
+    /// Made by the connection code's choice of server, never by the session.
+    Unavailable { retry_after_secs: u64 },
     /// Part of the response was sent: close the client connection.
     CloseClient,
     /// The upstream side is finished; `pool` is the upstream connection and its

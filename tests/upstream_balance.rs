@@ -210,8 +210,10 @@ fn backup_takes_over_when_every_primary_is_down_then_503_with_retry_after() {
     // no server is usable and the answer is 503, from the error page.
     let first = d.get(SMALL_PATH);
     assert!(first.status == 502 || first.status == 503, "{}", first.head);
+    // (A keep-alive client's connection would stay open after this 503, as after
+    // forkd's own 502 and 504; this one asks to close, so the page is read whole.)
     let mut s = d.connect();
-    s.write_all(b"GET /load.txt HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    s.write_all(b"GET /load.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .unwrap();
     let raw = read_to_close(&mut s);
     let text = String::from_utf8_lossy(&raw).into_owned();

@@ -342,6 +342,9 @@ impl Supervisor {
         for kept in &plan.kept {
             forkd_shared::warn!("{kept}");
         }
+        for warning in &config.warnings {
+            forkd_shared::warn!("{warning}");
+        }
         config.pid_file = self.config.pid_file.clone();
         config.shm_file = self.config.shm_file.clone();
         // Log files the workers re-open as their user must be theirs first.

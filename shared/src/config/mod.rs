@@ -15,6 +15,7 @@ pub mod limits;
 mod locate;
 pub mod raw;
 pub mod site;
+pub mod tls;
 pub mod units;
 mod upstream;
 mod validate;
@@ -63,6 +64,9 @@ pub struct Config {
     pub upstreams: Vec<Upstream>,
     /// Every distinct listen address with the largest backlog any server asked for.
     pub listeners: Vec<Listener>,
+    /// Problems that do not stop it from running (a certificate expiring soon), as
+    /// `FILE:LINE:COL: warning: ...` lines.
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +100,9 @@ pub struct Server {
     pub listen: Vec<SocketAddr>,
     /// Host names, lower-cased, without port.
     pub names: Vec<String>,
+    /// HTTPS: every address in `listen` speaks TLS (an address is all TLS or all
+    /// plain), and SNI picks among its servers' certificates.
+    pub tls: Option<tls::Tls>,
     pub access_log: Option<LogTarget>,
     /// How `access_log` lines are written.
     pub access_log_format: AccessLogFormat,

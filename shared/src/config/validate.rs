@@ -13,6 +13,7 @@ use super::{Config, ErrorPage, Handler, Listener, LogTarget, Route, Server, Upst
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 /// Half the region's worker slots: a reload runs two generations side by side.
 const MAX_WORKERS: usize = crate::shm::layout::MAX_SLOTS / 2;
@@ -284,6 +285,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
     }
 
     let mut servers = Vec::with_capacity(raw.servers.len());
+    let mut warnings: Vec<String> = Vec::new();
     let mut listeners: Vec<Listener> = Vec::new();
     // (address, name) -> index of the server that claimed it first
     let mut claimed: HashMap<(std::net::SocketAddr, String), usize> = HashMap::new();
@@ -372,6 +374,63 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
         }
 
         // Before the routes: literals are located in the order they are written.
+        let tls = s.tls.as_ref().map(|raw| {
+            let mut certificates = Vec::with_capacity(raw.certificates.len());
+            if raw.certificates.is_empty() {
+                check.error(
+                    "certificates",
+                    0,
+                    field("tls.certificates"),
+                    "at least one (cert, key) is needed".into(),
+                );
+            }
+            if raw.versions.is_empty() {
+                check.error(
+                    "versions",
+                    0,
+                    field("tls.versions"),
+                    "at least one version is needed (Tls12, Tls13)".into(),
+                );
+            }
+            for (ci, c) in raw.certificates.iter().enumerate() {
+                let (literal, nth) = occurrence(&c.cert);
+                let (key_literal, key_nth) = occurrence(&c.key);
+                let at = locate(text, &literal, nth).unwrap_or((1, 1));
+                let entry = format!("{}[{ci}]", field("tls.certificates"));
+                match super::tls::load_certificate(&base, c) {
+                    Ok(cert) => {
+                        if let Some(w) = super::tls::expiry_warning(&cert, SystemTime::now()) {
+                            warnings.push(format!(
+                                "{}:{}:{}: warning: {entry}: {w}",
+                                file.display(),
+                                at.0,
+                                at.1
+                            ));
+                        }
+                        certificates.push(cert);
+                    }
+                    Err(problem) => {
+                        let (needle, n) = match &problem {
+                            super::tls::CertProblem::Read { path, .. }
+                            | super::tls::CertProblem::NoneFound { path, .. }
+                            | super::tls::CertProblem::Pem { path, .. }
+                            | super::tls::CertProblem::BadKey { path, .. }
+                                if path.ends_with(&c.key) && !path.ends_with(&c.cert) =>
+                            {
+                                (&key_literal, key_nth)
+                            }
+                            _ => (&literal, nth),
+                        };
+                        check.error(needle, n, entry, problem.to_string());
+                    }
+                }
+            }
+            super::tls::Tls {
+                certificates,
+                versions: raw.versions.clone(),
+                session_tickets: raw.session_tickets,
+            }
+        });
         let mut error_pages = Vec::new();
         for (status, page) in &s.error_pages {
             let (literal, nth) = occurrence(page);
@@ -589,6 +648,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
         servers.push(Server {
             listen: s.listen.iter().map(|l| l.0).collect(),
             names,
+            tls,
             access_log: s.access_log.as_ref().map(|t| resolve_log(&base, t)),
             access_log_format: s.access_log_format,
             keepalive_timeout: s.keepalive_timeout.0,
@@ -607,6 +667,20 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
             routes,
             error_pages,
         });
+    }
+
+    for l in &listeners {
+        let on: Vec<&Server> = servers.iter().filter(|s| s.listen.contains(&l.addr)).collect();
+        let tls = on.iter().filter(|s| s.tls.is_some()).count();
+        if tls > 0 && tls < on.len() {
+            let addr = l.addr.to_string();
+            check.error(
+                &format!("\"{addr}\""),
+                0,
+                "servers.listen".into(),
+                format!("{addr} is served with `tls` by some servers and without by others: an address is all HTTPS or all plain HTTP"),
+            );
+        }
     }
 
     if !check.errors.is_empty() {
@@ -636,6 +710,7 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
         servers,
         upstreams,
         listeners,
+        warnings,
     })
 }
 

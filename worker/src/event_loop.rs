@@ -114,6 +114,10 @@ impl EventLoop {
                 source,
             })?;
         let routing = routing(&config);
+        let tickets = std::sync::Arc::new(crate::tls::tickets::Tickets::new(
+            crate::tls::tickets::LIFETIME_SECS,
+        ));
+        let tls = crate::tls::Acceptors::new(&config, &routing, &tickets).map_err(InitError::Tls)?;
         let listeners = init
             .listeners
             .into_iter()
@@ -155,6 +159,8 @@ impl EventLoop {
                 not_ready: false,
                 draining: false,
                 limit_log: Default::default(),
+                tls,
+                tickets,
             },
             run: Run::Serving,
             expired: Vec::new(),
@@ -528,9 +534,21 @@ impl EventLoop {
                 forkd_shared::error!("opening the new error log failed, keeping the old one: {e}");
             }
         }
+        let new_routing = routing(&config);
+        // Renewed certificates: connections accepted from now on get the new
+        // configuration; handshakes under way keep the old one (their `Arc`).
+        let tls = match crate::tls::Acceptors::new(&config, &new_routing, &self.svc.tickets) {
+            Ok(tls) => tls,
+            Err(e) => {
+                forkd_shared::error!("cannot adopt configuration generation {published}: {e}");
+                self.declined = published;
+                return;
+            }
+        };
         let max_header = max_header_bytes(&config);
         self.svc.pool.resize(max_header);
-        self.svc.routing = routing(&config);
+        self.svc.routing = new_routing;
+        self.svc.tls = tls;
         self.svc.cache = FileCache::default();
         self.svc.upstreams.reconfigure(&config.upstreams);
         self.svc.stats.map_upstreams(&config);
@@ -592,7 +610,10 @@ impl EventLoop {
             let entry = self.conns.vacant_entry();
             let key = entry.key();
             let server = self.svc.default_server(index);
-            let mut conn = Conn::new(stream, peer.ip(), index, server, self.svc.clock.now_us);
+            let Some(transport) = self.svc.tls.accept(index, stream) else {
+                continue;
+            };
+            let mut conn = Conn::new(transport, peer.ip(), index, server, self.svc.clock.now_us);
             let proxied = self
                 .svc
                 .config

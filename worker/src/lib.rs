@@ -13,6 +13,7 @@
 //!   client behind trusted proxies.
 //! - `handlers`: what routes do (static files, health probes).
 //! - `proxy`: the reverse proxy's sans-io parts (heads, bodies, pools, retries).
+//! - `tls`: HTTPS: the transport under a connection, SNI, shared session tickets.
 //! - [`busy`], [`file_cache`], [`out`], [`timers`], [`clock`], [`access_log`]:
 //!   the per-worker machinery those use.
 #![forbid(unsafe_code)]
@@ -35,6 +36,7 @@ pub mod services;
 pub mod setup;
 pub mod stats;
 pub mod timers;
+pub mod tls;
 pub mod upstreams;
 
 use forkd_shared::exit;

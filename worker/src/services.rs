@@ -76,6 +76,10 @@ pub struct Services {
     pub draining: bool,
     /// When limits may log next (see `limits::admit`).
     pub limit_log: crate::limits::admit::LimitLog,
+    /// The TLS configuration of each listener (rebuilt when a configuration is adopted).
+    pub tls: crate::tls::Acceptors,
+    /// The session ticketer every TLS listener shares (keys from the region).
+    pub tickets: std::sync::Arc<crate::tls::tickets::Tickets>,
 }
 
 impl Services {

@@ -36,10 +36,11 @@ use crate::services::Services;
 use crate::timers::{Deadline, Micros};
 use forkd_shared::config::Server;
 use forkd_shared::shm::counters;
+use crate::tls::Transport;
 use mio::net::TcpStream;
 use nix::sys::socket::sockopt;
-use std::io::{self, Read};
-use std::net::{IpAddr, Shutdown};
+use std::io;
+use std::net::IpAddr;
 use std::time::Duration;
 
 /// How long a closing connection's input is drained so the client reads the response
@@ -132,7 +133,8 @@ pub enum Verdict {
 }
 
 pub struct Conn {
-    stream: TcpStream,
+    /// The socket, plain or under TLS.
+    stream: Transport,
     /// The listener it came through: selects the servers it may be routed to.
     listener: u16,
     /// The server the latest request's `Host` selected (the listener's default server
@@ -167,7 +169,7 @@ pub struct Conn {
 impl Conn {
     /// A connection accepted on `listener`, whose default server is `server`.
     pub fn new(
-        stream: TcpStream,
+        stream: Transport,
         peer: IpAddr,
         listener: usize,
         server: usize,
@@ -194,7 +196,7 @@ impl Conn {
     }
 
     pub fn stream(&mut self) -> &mut TcpStream {
-        &mut self.stream
+        self.stream.tcp()
     }
 
     /// Idle: between requests, with nothing buffered either way.
@@ -222,7 +224,8 @@ impl Conn {
 
     /// Output is waiting for the socket to take it.
     pub fn wants_write(&self) -> bool {
-        self.busy.as_ref().is_some_and(|b| {
+        self.stream.pending()
+            || self.busy.as_ref().is_some_and(|b| {
             !b.out.is_empty()
                 || b.proxy
                     .as_ref()
@@ -377,7 +380,7 @@ impl Conn {
                         }
                         After::Close => return Verdict::Close,
                         After::Linger => {
-                            let _ = self.stream.shutdown(Shutdown::Write);
+                            let _ = self.stream.shutdown_write();
                             self.phase = Phase::Linger;
                             self.idle_since = svc.clock.now_us;
                         }
@@ -475,6 +478,11 @@ impl Conn {
                                 self.bits.set(Bits::NODELAY, true);
                                 let _ = self.stream.set_nodelay(true);
                             }
+                        }
+                        // Under TLS the response's last records may still be waiting.
+                        Progress::Finished { keep: false } if self.stream.pending() => {
+                            self.phase = Phase::ReadHead;
+                            self.start_writing(After::Close, svc);
                         }
                         Progress::Finished { keep: false } | Progress::Close => {
                             return Verdict::Close
@@ -649,7 +657,10 @@ impl Conn {
         }
         let space = busy.inbuf.len() - busy.in_end;
         loop {
-            match self.stream.read(&mut busy.inbuf[busy.in_end..]) {
+            match self
+                .stream
+                .read_counted(&mut busy.inbuf[busy.in_end..], &svc.stats)
+            {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => {
                     if busy.in_start == busy.in_end && starts_head {
@@ -662,7 +673,7 @@ impl Conn {
                     self.progress = now;
                     svc.stats.bytes_in(n as u64);
                     // A short read drained the socket: the next edge will tell us of more.
-                    self.readable = n == space;
+                    self.readable = self.stream.may_have_more(n, space);
                     return Ok(true);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -678,7 +689,7 @@ impl Conn {
     /// Writes queued output, at most `budget` bytes (less what it wrote).
     fn flush(&mut self, svc: &Services, budget: &mut u64) -> io::Result<Flush> {
         let Some(busy) = self.busy.as_deref_mut() else {
-            return Ok(Flush::Done);
+            return self.push_pending();
         };
         let mut sent = 0;
         let result = busy.out.flush(&mut self.stream, &mut sent, *budget);
@@ -690,7 +701,18 @@ impl Conn {
             self.progress = svc.clock.now_us;
             svc.stats.bytes_out(sent);
         }
-        result
+        match result {
+            Ok(Flush::Done) => self.push_pending(),
+            other => other,
+        }
+    }
+
+    /// TLS records the socket has not taken yet are part of the output.
+    fn push_pending(&mut self) -> io::Result<Flush> {
+        match self.stream.push()? {
+            true => Ok(Flush::Done),
+            false => Ok(Flush::Blocked),
+        }
     }
 
     /// Gives the buffers back to the pool when they hold nothing, so an idle

@@ -22,7 +22,7 @@ use crate::proxy::session::Step;
 use crate::services::Services;
 use crate::timers::Micros;
 use crate::upstreams::Proxied;
-use mio::net::TcpStream;
+use crate::tls::Transport;
 use std::io::{self, Write};
 use std::net::IpAddr;
 
@@ -48,7 +48,7 @@ pub enum Progress {
 /// The client connection's side of [`advance`].
 pub struct Client<'a> {
     pub key: usize,
-    pub stream: &'a mut TcpStream,
+    pub stream: &'a mut Transport,
     pub peer: IpAddr,
     /// The connection's last progress (reads and writes), for its timeouts.
     pub progress: &'a mut Micros,

@@ -610,10 +610,10 @@ impl EventLoop {
             let entry = self.conns.vacant_entry();
             let key = entry.key();
             let server = self.svc.default_server(index);
-            let Some(transport) = self.svc.tls.accept(index, stream) else {
+            let Some(tls) = self.svc.tls.accept(index) else {
                 continue;
             };
-            let mut conn = Conn::new(transport, peer.ip(), index, server, self.svc.clock.now_us);
+            let mut conn = Conn::new(stream, tls, peer.ip(), index, server, self.svc.clock.now_us);
             let proxied = self
                 .svc
                 .config

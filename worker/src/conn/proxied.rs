@@ -48,7 +48,7 @@ pub enum Progress {
 /// The client connection's side of [`advance`].
 pub struct Client<'a> {
     pub key: usize,
-    pub stream: &'a mut Transport,
+    pub stream: Transport<'a>,
     pub peer: IpAddr,
     /// The connection's last progress (reads and writes), for its timeouts.
     pub progress: &'a mut Micros,
@@ -65,7 +65,7 @@ pub fn advance(
     // `100 Continue` (queued below) goes out before any response byte.
     if !busy.out.is_empty() {
         let mut sent = 0;
-        let result = busy.out.flush(c.stream, &mut sent, *budget);
+        let result = busy.out.flush(&mut c.stream, &mut sent, *budget);
         *budget = budget.saturating_sub(sent);
         if sent > 0 {
             *c.progress = svc.clock.now_us;

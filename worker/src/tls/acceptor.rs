@@ -1,12 +1,11 @@
 //! The TLS side of each listener: a rustls `ServerConfig` when its servers have
 //! `tls`, with an SNI resolver over their certificates.
 
-use super::stream::Transport;
+use super::stream::Tls;
 use super::tickets::Tickets;
 use crate::services::Routing;
 use forkd_shared::config::tls::TlsVersion;
 use forkd_shared::config::Config;
-use mio::net::TcpStream;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
@@ -53,19 +52,19 @@ impl Acceptors {
         self.by_listener.iter().any(Option::is_some)
     }
 
-    /// The transport of a connection accepted on `listener`; `None`: close it (a
+    /// The TLS session of a connection accepted on `listener`; `None`: close it (a
     /// TLS session could not be started, which only a configuration rustls refuses
     /// causes: nothing is served in plain text on an HTTPS address).
-    pub fn accept(&self, listener: usize, tcp: TcpStream) -> Option<Transport> {
+    pub fn accept(&self, listener: usize) -> Option<Tls> {
         match self.by_listener.get(listener).and_then(Option::as_ref) {
             Some(config) => match rustls::ServerConnection::new(config.clone()) {
-                Ok(conn) => Some(Transport::tls(tcp, conn)),
+                Ok(conn) => Some(Tls::server(conn)),
                 Err(e) => {
                     forkd_shared::error!("starting a TLS session failed: {e}");
                     None
                 }
             },
-            None => Some(Transport::plain(tcp)),
+            None => Some(Tls::none()),
         }
     }
 }

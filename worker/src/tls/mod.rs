@@ -15,4 +15,4 @@ pub mod stream;
 pub mod tickets;
 
 pub use acceptor::Acceptors;
-pub use stream::Transport;
+pub use stream::{Tls, Transport};

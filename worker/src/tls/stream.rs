@@ -18,9 +18,15 @@ use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::os::fd::{AsFd, BorrowedFd};
 
-pub struct Transport {
-    tcp: TcpStream,
-    tls: Option<Box<Session>>,
+/// A connection's TLS session, if its address speaks TLS: one word, so a `Conn`
+/// stays small (the socket is the connection's own field; [`Transport`] joins them).
+#[derive(Default)]
+pub struct Tls(Option<Box<Session>>);
+
+/// The socket and the session of one connection, borrowed together to read or write.
+pub struct Transport<'a> {
+    tcp: &'a mut TcpStream,
+    tls: &'a mut Tls,
 }
 
 struct Session {
@@ -34,38 +40,27 @@ enum State {
     Established,
 }
 
-impl Transport {
-    pub fn plain(tcp: TcpStream) -> Transport {
-        Transport { tcp, tls: None }
+impl Tls {
+    /// No TLS: a plain HTTP address.
+    pub fn none() -> Tls {
+        Tls(None)
     }
 
-    pub fn tls(tcp: TcpStream, conn: ServerConnection) -> Transport {
-        Transport {
-            tcp,
-            tls: Some(Box::new(Session {
-                conn,
-                state: State::Handshaking,
-            })),
-        }
-    }
-
-    /// The socket, for registering with the poll and socket options.
-    pub fn tcp(&mut self) -> &mut TcpStream {
-        &mut self.tcp
-    }
-
-    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
-        self.tcp.set_nodelay(on)
+    pub fn server(conn: ServerConnection) -> Tls {
+        Tls(Some(Box::new(Session {
+            conn,
+            state: State::Handshaking,
+        })))
     }
 
     /// Whether the connection speaks TLS.
     pub fn is_tls(&self) -> bool {
-        self.tls.is_some()
+        self.0.is_some()
     }
 
     /// TLS records are waiting for the socket to take them.
     pub fn pending(&self) -> bool {
-        self.tls.as_ref().is_some_and(|s| s.conn.wants_write())
+        self.0.as_ref().is_some_and(|s| s.conn.wants_write())
     }
 
     /// Whether a read that returned `n` of `space` bytes may have left input unread:
@@ -73,12 +68,18 @@ impl Transport {
     /// a record's plaintext is shorter than what was read), until a read finds the
     /// socket empty.
     pub fn may_have_more(&self, n: usize, space: usize) -> bool {
-        self.tls.is_some() || n == space
+        self.0.is_some() || n == space
+    }
+}
+
+impl<'a> Transport<'a> {
+    pub fn new(tcp: &'a mut TcpStream, tls: &'a mut Tls) -> Transport<'a> {
+        Transport { tcp, tls }
     }
 
     /// Sends pending TLS records: `Ok(true)` when none are left.
     pub fn push(&mut self) -> io::Result<bool> {
-        let Some(s) = self.tls.as_deref_mut() else {
+        let Some(s) = self.tls.0.as_deref_mut() else {
             return Ok(true);
         };
         while s.conn.wants_write() {
@@ -96,7 +97,7 @@ impl Transport {
     /// Reads plaintext into `buf` (the handshake, counted in `stats`, runs inside).
     /// `Ok(0)` is the end of the stream.
     pub fn read_counted(&mut self, buf: &mut [u8], stats: &Stats) -> io::Result<usize> {
-        let Some(s) = self.tls.as_deref_mut() else {
+        let Some(s) = self.tls.0.as_deref_mut() else {
             return self.tcp.read(buf);
         };
         loop {
@@ -137,7 +138,7 @@ impl Transport {
 
     /// Shuts the sending side down: with TLS, after a `close_notify`.
     pub fn shutdown_write(&mut self) -> io::Result<()> {
-        if let Some(s) = self.tls.as_deref_mut() {
+        if let Some(s) = self.tls.0.as_deref_mut() {
             if s.state == State::Established {
                 s.conn.send_close_notify();
             }
@@ -147,16 +148,16 @@ impl Transport {
     }
 }
 
-impl Write for Transport {
+impl Write for Transport<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if self.tls.is_none() {
+        if !self.tls.is_tls() {
             return self.tcp.write(buf);
         }
         // Records made earlier go first: rustls' buffer stays one socket-full.
         if !self.push()? {
             return Err(io::ErrorKind::WouldBlock.into());
         }
-        let s = self.tls.as_deref_mut().expect("checked");
+        let s = self.tls.0.as_deref_mut().expect("checked");
         let n = s.conn.writer().write(buf)?;
         if n == 0 && !buf.is_empty() {
             return Err(io::ErrorKind::WouldBlock.into());
@@ -173,16 +174,16 @@ impl Write for Transport {
     }
 }
 
-impl AsFd for Transport {
+impl AsFd for Transport<'_> {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.tcp.as_fd()
     }
 }
 
-impl Sink for Transport {
+impl Sink for Transport<'_> {
     /// Under TLS a file's bytes go through rustls (read, then encrypted).
     fn can_sendfile(&self) -> bool {
-        self.tls.is_none()
+        !self.tls.is_tls()
     }
 }
 

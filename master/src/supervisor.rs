@@ -116,6 +116,7 @@ impl Supervisor {
             return Err(message);
         }
         sup.text = start.text;
+        sup.rotate_ticket_keys();
         // Before any worker serves: a stats reader never sees a serving worker
         // without its listeners.
         sup.publish_system_stats();
@@ -134,6 +135,7 @@ impl Supervisor {
                 self.on_child_ended(pid, how);
             }
             self.publish_system_stats();
+            self.rotate_ticket_keys();
             forkd_shared::shm::master::recover_fold(self.region.layout());
             let now = Instant::now();
             self.check_starting();
@@ -218,6 +220,18 @@ impl Supervisor {
             until = until.min(now + Duration::from_millis(10));
         }
         until.saturating_duration_since(now)
+    }
+
+    /// Makes the TLS ticket key, or rotates it when its period is over (workers read
+    /// the keys from the region; a master of a binary upgrade finds them there).
+    fn rotate_ticket_keys(&mut self) {
+        let area = &self.region.layout().tls_keys;
+        let now = forkd_shared::shm::now_ms();
+        match forkd_shared::shm::tls_keys::rotate_if_due(area, now, forkd_shared::shm::tls_keys::ROTATION) {
+            Ok(true) => forkd_shared::info!("TLS session-ticket key rotated"),
+            Ok(false) => {}
+            Err(e) => forkd_shared::error!("reading /dev/urandom for a TLS ticket key failed: {e}"),
+        }
     }
 
     /// Kernel counters the workers cannot see: listen overflows, accept-queue depths.

@@ -186,6 +186,7 @@ impl EventLoop {
     pub fn run(&mut self) -> i32 {
         forkd_shared::debug!("worker serving");
         self.generation = self.svc.stats.slot().generation.load(Relaxed);
+        self.install_ticket_keys();
         self.svc.stats.serving();
         self.sample_stats();
         let code = self.serve();
@@ -206,6 +207,7 @@ impl EventLoop {
                 }
             }
             if self.svc.clock.tick() {
+                self.install_ticket_keys();
                 self.svc.logs.flush();
                 self.sample_stats();
                 self.sample_upstreams();
@@ -286,6 +288,24 @@ impl EventLoop {
             if !self.accepting && !matches!(self.run, Run::Draining { .. }) {
                 self.maybe_resume_accepting();
             }
+        }
+    }
+
+    /// Takes the session-ticket keys the master keeps in the region (once a second:
+    /// a rotation is seen within a second, and the previous key stays good a period).
+    fn install_ticket_keys(&self) {
+        if !self.svc.tls.any() {
+            return;
+        }
+        let area = &self.svc.stats.region().layout().tls_keys;
+        if let Some(keys) = forkd_shared::shm::tls_keys::read(area) {
+            let key = |k: Option<forkd_shared::shm::tls_keys::Key>| {
+                k.map(|k| crate::tls::tickets::TicketKey {
+                    id: k.id,
+                    secret: k.secret,
+                })
+            };
+            self.svc.tickets.install(key(keys.current), key(keys.previous));
         }
     }
 

@@ -14,7 +14,8 @@
 //!  │                  written only by that worker (the master resets it)
 //!  ├── limits         per-client limit entries, shared by the workers (see `limits`:
 //!  │                  the one area with many writers, updated by compare-and-swap)
-//!  └── upstreams      appended area (`upstream`): per upstream server, per worker
+//!  ├── upstreams      appended area (`upstream`): per upstream server, per worker
+//!  └── tls_keys       appended area (`tls_keys`): session-ticket keys, master-written
 //! ```
 //!
 //! Growing: an area is appended at the end, never inserted, so every offset of an
@@ -357,6 +358,8 @@ pub struct Layout {
     pub limits: super::limits::LimitsArea,
     /// Appended after the first builds of version 2 (see "Growing" above).
     pub upstreams: super::upstream::UpstreamArea,
+    /// Appended after the upstream area: TLS session-ticket keys (`tls_keys`).
+    pub tls_keys: super::tls_keys::TlsKeysArea,
 }
 
 /// Bytes of a version-2 region of a build before the upstream area: where that area

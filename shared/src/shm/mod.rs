@@ -14,6 +14,7 @@
 //! - `upstream_counters`: the table of per-upstream-server counters, declared once.
 //! - `upstream`: the appended upstream area: per-server cells, their labels.
 //! - `upstream_values`: upstream cells read out of the region, their JSON and text.
+//! - `tls_keys`: the appended area of TLS session-ticket keys (master writes, workers read).
 
 pub mod counters;
 pub mod fold;
@@ -23,6 +24,7 @@ pub mod mapping;
 pub mod master;
 pub mod report;
 pub mod snapshot;
+pub mod tls_keys;
 #[cfg(test)]
 mod testing;
 pub mod upstream;

@@ -227,7 +227,11 @@ impl Supervisor {
     fn rotate_ticket_keys(&mut self) {
         let area = &self.region.layout().tls_keys;
         let now = forkd_shared::shm::now_ms();
-        match forkd_shared::shm::tls_keys::rotate_if_due(area, now, forkd_shared::shm::tls_keys::ROTATION) {
+        match forkd_shared::shm::tls_keys::rotate_if_due(
+            area,
+            now,
+            forkd_shared::shm::tls_keys::ROTATION,
+        ) {
             Ok(true) => forkd_shared::info!("TLS session-ticket key rotated"),
             Ok(false) => {}
             Err(e) => forkd_shared::error!("reading /dev/urandom for a TLS ticket key failed: {e}"),

@@ -117,7 +117,8 @@ impl EventLoop {
         let tickets = std::sync::Arc::new(crate::tls::tickets::Tickets::new(
             crate::tls::tickets::LIFETIME_SECS,
         ));
-        let tls = crate::tls::Acceptors::new(&config, &routing, &tickets).map_err(InitError::Tls)?;
+        let tls =
+            crate::tls::Acceptors::new(&config, &routing, &tickets).map_err(InitError::Tls)?;
         let listeners = init
             .listeners
             .into_iter()
@@ -305,7 +306,9 @@ impl EventLoop {
                     secret: k.secret,
                 })
             };
-            self.svc.tickets.install(key(keys.current), key(keys.previous));
+            self.svc
+                .tickets
+                .install(key(keys.current), key(keys.previous));
         }
     }
 

@@ -238,7 +238,12 @@ impl OutQueue {
 
 /// Reads up to `max` bytes of `file` at `offset` and writes them to `sock`: what the
 /// socket took (a short write leaves the rest to be read again next time).
-fn copy_range<S: Sink>(sock: &mut S, file: &CachedFile, offset: u64, max: u64) -> io::Result<usize> {
+fn copy_range<S: Sink>(
+    sock: &mut S,
+    file: &CachedFile,
+    offset: u64,
+    max: u64,
+) -> io::Result<usize> {
     use std::os::unix::fs::FileExt;
     let mut chunk = [0u8; COPY_CHUNK];
     let want = (max as usize).min(COPY_CHUNK);

@@ -84,7 +84,10 @@ pub struct Certificate {
 #[derive(Debug)]
 pub enum CertProblem {
     /// A file could not be read.
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// The file holds no PEM certificate (or no PEM private key).
     NoneFound { path: PathBuf, what: &'static str },
     /// The PEM text is malformed.
@@ -213,6 +216,18 @@ pub fn load_certificate(base: &Path, raw: &RawCertificate) -> Result<Certificate
         not_after: UNIX_EPOCH + Duration::from_secs(leaf.not_after.max(0) as u64),
         subject: leaf.subject_text.clone(),
     })
+}
+
+/// Whether a server name (`example.com`, or `*.example.com` for exactly one more
+/// label) matches `host` (a TLS SNI name or an HTTP `Host`), ignoring case.
+pub fn name_matches(pattern: &str, host: &[u8]) -> bool {
+    match pattern.as_bytes().strip_prefix(b"*.") {
+        Some(suffix) => host
+            .iter()
+            .position(|&b| b == b'.')
+            .is_some_and(|dot| dot > 0 && host[dot + 1..].eq_ignore_ascii_case(suffix)),
+        None => pattern.as_bytes().eq_ignore_ascii_case(host),
+    }
 }
 
 /// A warning about `cert`'s expiry at `now`, if it is due.
@@ -407,7 +422,10 @@ mod tests {
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, name);
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
         let (y, m, d) = date_of(now / 86400 + days);
         params.not_after = rcgen::date_time_ymd(y, m, d);
         (params.signed_by(&key, &ca.0, &ca.1).unwrap(), key)
@@ -465,12 +483,30 @@ mod tests {
         write(&d, "other.pem", &other_key.serialize_pem());
         write(&d, "empty.pem", "nothing here\n");
         let err = |c: &str, k: &str| load_certificate(&d.0, &entry(c, k)).unwrap_err();
-        assert!(matches!(err("reversed.pem", "key.pem"), CertProblem::ChainOrder { index: 0, .. }));
-        assert!(matches!(err("leaf.pem", "other.pem"), CertProblem::KeyMismatch { .. }));
-        assert!(matches!(err("missing.pem", "key.pem"), CertProblem::Read { .. }));
-        assert!(matches!(err("leaf.pem", "missing.pem"), CertProblem::Read { .. }));
-        assert!(matches!(err("empty.pem", "key.pem"), CertProblem::NoneFound { .. }));
-        assert!(matches!(err("leaf.pem", "empty.pem"), CertProblem::NoneFound { .. }));
+        assert!(matches!(
+            err("reversed.pem", "key.pem"),
+            CertProblem::ChainOrder { index: 0, .. }
+        ));
+        assert!(matches!(
+            err("leaf.pem", "other.pem"),
+            CertProblem::KeyMismatch { .. }
+        ));
+        assert!(matches!(
+            err("missing.pem", "key.pem"),
+            CertProblem::Read { .. }
+        ));
+        assert!(matches!(
+            err("leaf.pem", "missing.pem"),
+            CertProblem::Read { .. }
+        ));
+        assert!(matches!(
+            err("empty.pem", "key.pem"),
+            CertProblem::NoneFound { .. }
+        ));
+        assert!(matches!(
+            err("leaf.pem", "empty.pem"),
+            CertProblem::NoneFound { .. }
+        ));
     }
 
     #[test]

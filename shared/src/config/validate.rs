@@ -670,7 +670,10 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
     }
 
     for l in &listeners {
-        let on: Vec<&Server> = servers.iter().filter(|s| s.listen.contains(&l.addr)).collect();
+        let on: Vec<&Server> = servers
+            .iter()
+            .filter(|s| s.listen.contains(&l.addr))
+            .collect();
         let tls = on.iter().filter(|s| s.tls.is_some()).count();
         if tls > 0 && tls < on.len() {
             let addr = l.addr.to_string();

@@ -24,9 +24,9 @@ pub mod mapping;
 pub mod master;
 pub mod report;
 pub mod snapshot;
-pub mod tls_keys;
 #[cfg(test)]
 mod testing;
+pub mod tls_keys;
 pub mod upstream;
 pub mod upstream_counters;
 pub mod upstream_values;

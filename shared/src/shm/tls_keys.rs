@@ -56,7 +56,10 @@ fn load(words: &[AtomicU64; 4]) -> [u8; 32] {
 
 fn store(words: &[AtomicU64; 4], secret: &[u8; 32]) {
     for (chunk, w) in secret.chunks_exact(8).zip(words) {
-        w.store(u64::from_le_bytes(chunk.try_into().expect("8 bytes")), Relaxed);
+        w.store(
+            u64::from_le_bytes(chunk.try_into().expect("8 bytes")),
+            Relaxed,
+        );
     }
 }
 
@@ -125,7 +128,8 @@ pub fn rotate_if_due(area: &TlsKeysArea, now_ms: u64, period: Duration) -> std::
         }
         area.previous_id.store(current, Relaxed);
         store(&area.current, &secret);
-        area.current_id.store(current.wrapping_add(1).max(1), Relaxed);
+        area.current_id
+            .store(current.wrapping_add(1).max(1), Relaxed);
         area.rotated_ms.store(now_ms.max(1), Relaxed);
     }
     area.seq.store(seq + 2, Release);

@@ -26,6 +26,7 @@ use crate::proxy::upstream_request::{self, Forwarding, Framing, Scheme};
 use crate::services::Services;
 use crate::timers::Micros;
 use crate::upstreams::Proxied;
+use forkd_shared::config::tls::name_matches;
 use forkd_shared::config::{Handler, Server};
 use std::borrow::Cow;
 use std::net::IpAddr;
@@ -71,7 +72,8 @@ pub struct Exchange<'c> {
     pub rotate: bool,
 }
 
-/// Picks the server for `host` among those on the connection's listener.
+/// Picks the server for `host` among those on the connection's listener: a name
+/// written out first, then a `*.example.com` one (as SNI picks certificates).
 fn select_server(svc: &Services, listener: usize, host: Option<&[u8]>) -> usize {
     let routing = &svc.routing[listener];
     if let Some(host) = host {
@@ -80,6 +82,15 @@ fn select_server(svc: &Services, listener: usize, host: Option<&[u8]>) -> usize 
                 .names
                 .iter()
                 .any(|n| n.as_bytes().eq_ignore_ascii_case(host))
+            {
+                return s;
+            }
+        }
+        for &s in &routing.servers {
+            if svc.config.servers[s]
+                .names
+                .iter()
+                .any(|n| n.starts_with("*.") && name_matches(n, host))
             {
                 return s;
             }

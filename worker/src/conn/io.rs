@@ -34,9 +34,9 @@ use crate::out::Flush;
 use crate::proxy_protocol::{self, Parsed};
 use crate::services::Services;
 use crate::timers::{Deadline, Micros};
+use crate::tls::{Tls, Transport};
 use forkd_shared::config::Server;
 use forkd_shared::shm::counters;
-use crate::tls::{Tls, Transport};
 use mio::net::TcpStream;
 use nix::sys::socket::sockopt;
 use std::io;
@@ -229,11 +229,11 @@ impl Conn {
     pub fn wants_write(&self) -> bool {
         self.tls.pending()
             || self.busy.as_ref().is_some_and(|b| {
-            !b.out.is_empty()
-                || b.proxy
-                    .as_ref()
-                    .is_some_and(|p| !p.session.client_output().is_empty())
-        })
+                !b.out.is_empty()
+                    || b.proxy
+                        .as_ref()
+                        .is_some_and(|p| !p.session.client_output().is_empty())
+            })
     }
 
     /// The client address (see `peer`).
@@ -381,9 +381,13 @@ impl Conn {
                                 let _ = self.stream.set_nodelay(true);
                             }
                         }
-                        After::Close => return Verdict::Close,
+                        After::Close => {
+                            Transport::new(&mut self.stream, &mut self.tls).close_notify();
+                            return Verdict::Close;
+                        }
                         After::Linger => {
-                            let _ = Transport::new(&mut self.stream, &mut self.tls).shutdown_write();
+                            let _ =
+                                Transport::new(&mut self.stream, &mut self.tls).shutdown_write();
                             self.phase = Phase::Linger;
                             self.idle_since = svc.clock.now_us;
                         }
@@ -660,7 +664,8 @@ impl Conn {
         }
         let space = busy.inbuf.len() - busy.in_end;
         loop {
-            match Transport::new(&mut self.stream, &mut self.tls).read_counted(&mut busy.inbuf[busy.in_end..], &svc.stats)
+            match Transport::new(&mut self.stream, &mut self.tls)
+                .read_counted(&mut busy.inbuf[busy.in_end..], &svc.stats)
             {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => {

@@ -21,8 +21,8 @@ use crate::proxy::retry::Failure;
 use crate::proxy::session::Step;
 use crate::services::Services;
 use crate::timers::Micros;
-use crate::upstreams::Proxied;
 use crate::tls::Transport;
+use crate::upstreams::Proxied;
 use std::io::{self, Write};
 use std::net::IpAddr;
 

@@ -4,7 +4,7 @@
 use super::stream::Tls;
 use super::tickets::Tickets;
 use crate::services::Routing;
-use forkd_shared::config::tls::TlsVersion;
+use forkd_shared::config::tls::{name_matches, TlsVersion};
 use forkd_shared::config::Config;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -39,10 +39,12 @@ impl Acceptors {
     ) -> Result<Acceptors, BuildError> {
         let mut by_listener = Vec::with_capacity(routing.len());
         for (l, r) in config.listeners.iter().zip(routing) {
-            by_listener.push(server_config(config, r, tickets).map_err(|source| BuildError {
-                addr: l.addr,
-                source,
-            })?);
+            by_listener.push(
+                server_config(config, r, tickets).map_err(|source| BuildError {
+                    addr: l.addr,
+                    source,
+                })?,
+            );
         }
         Ok(Acceptors { by_listener })
     }
@@ -135,15 +137,6 @@ struct Resolver {
     default: usize,
 }
 
-fn name_matches(pattern: &str, name: &str) -> bool {
-    match pattern.strip_prefix("*.") {
-        Some(suffix) => name
-            .split_once('.')
-            .is_some_and(|(label, rest)| !label.is_empty() && rest.eq_ignore_ascii_case(suffix)),
-        None => pattern.eq_ignore_ascii_case(name),
-    }
-}
-
 impl Resolver {
     fn entry(&self, sni: Option<&str>) -> &Entry {
         sni.and_then(|name| {
@@ -154,7 +147,7 @@ impl Resolver {
             exact.or_else(|| {
                 self.entries
                     .iter()
-                    .find(|e| e.names.iter().any(|n| name_matches(n, name)))
+                    .find(|e| e.names.iter().any(|n| name_matches(n, name.as_bytes())))
             })
         })
         .unwrap_or(&self.entries[self.default])
@@ -176,7 +169,9 @@ impl ResolvesServerCert for Resolver {
 
 #[cfg(test)]
 mod tests {
-    use super::name_matches;
+    fn name_matches(pattern: &str, name: &str) -> bool {
+        super::name_matches(pattern, name.as_bytes())
+    }
 
     #[test]
     fn a_wildcard_matches_one_label() {

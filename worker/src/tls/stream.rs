@@ -136,6 +136,17 @@ impl<'a> Transport<'a> {
         }
     }
 
+    /// Before closing: with TLS, a `close_notify`, so the client knows the response
+    /// was not cut short (best effort: a full socket drops it).
+    pub fn close_notify(&mut self) {
+        if let Some(s) = self.tls.0.as_deref_mut() {
+            if s.state == State::Established {
+                s.conn.send_close_notify();
+                let _ = self.push();
+            }
+        }
+    }
+
     /// Shuts the sending side down: with TLS, after a `close_notify`.
     pub fn shutdown_write(&mut self) -> io::Result<()> {
         if let Some(s) = self.tls.0.as_deref_mut() {

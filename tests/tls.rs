@@ -596,3 +596,162 @@ fn the_proxy_answers_over_tls_with_plain_http_to_the_upstream() {
     }
     d.assert_log_clean();
 }
+
+/// Client threads doing GETs over TLS until stopped: full handshakes and resumed
+/// ones; every failure kept with its reason.
+struct TlsLoad {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicU64>,
+    failures: Arc<Mutex<Vec<String>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl TlsLoad {
+    fn start(port: u16, ca: &TestCa) -> TlsLoad {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicU64::new(0));
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let clients = [ca.client_without_resumption(), ca.client(), ca.client()];
+        let threads = clients
+            .into_iter()
+            .map(|client| {
+                let (stop, ok, failures) = (stop.clone(), ok.clone(), failures.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        match tls_get(port, "a.test", &client, "/") {
+                            Ok((_, r)) if r.status == 200 => {
+                                ok.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok((_, r)) => failures
+                                .lock()
+                                .unwrap()
+                                .push(format!("status {}", r.status)),
+                            Err(e) => failures.lock().unwrap().push(e),
+                        }
+                    }
+                })
+            })
+            .collect();
+        TlsLoad {
+            stop,
+            ok,
+            failures,
+            threads,
+        }
+    }
+
+    fn ok(&self) -> u64 {
+        self.ok.load(Ordering::Relaxed)
+    }
+
+    fn wait_for(&self, more: u64) {
+        let until = self.ok() + more;
+        assert!(
+            wait_until(SETTLE, || self.ok() >= until),
+            "the TLS load made no progress: {} ok, failures {:?}",
+            self.ok(),
+            self.failures.lock().unwrap()
+        );
+    }
+
+    /// Stops the threads and asserts no request failed.
+    fn assert_clean(self, what: &str) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+        let failures = self.failures.lock().unwrap();
+        assert!(
+            failures.is_empty(),
+            "{what}: {} of {} requests failed: {:?}",
+            failures.len(),
+            self.ok.load(Ordering::Relaxed) + failures.len() as u64,
+            &failures[..failures.len().min(5)]
+        );
+    }
+}
+
+#[test]
+fn an_upgrade_under_tls_load_fails_nothing_and_tickets_issued_before_still_resume() {
+    let mut h = Https::simple(TestDaemon::builder().workers(2).own_binary(), "Shared");
+    // A ticket from the old master's workers, kept for after the upgrade.
+    let keeper = h.ca.client();
+    let (first, _) = tls_get(h.tls_port, "a.test", &keeper, "/").unwrap();
+    assert!(!first.resumed);
+    let load = TlsLoad::start(h.tls_port, &h.ca);
+    load.wait_for(20);
+    let old = h.d.master().unwrap();
+    let old_workers = children_of(old);
+    let config = h.d.config.clone();
+    let r = h.d.ctl_with(&config, &["-s", "upgrade"]);
+    assert_eq!(r.code, 0, "forkd -s upgrade: {r:?}\n{}", h.d.error_log());
+    let new = h.d.master().unwrap();
+    assert_ne!(new, old);
+    h.d.adopt_master(new);
+    assert!(wait_until(SETTLE, || {
+        h.d.reap_first();
+        !alive(old) && old_workers.iter().all(|&w| !alive(w))
+    }));
+    h.d.wait_serving(new);
+    load.wait_for(20);
+    load.assert_clean("-s upgrade under TLS load");
+    let (after, r) = tls_get(h.tls_port, "a.test", &keeper, "/").unwrap();
+    assert_eq!(r.status, 200);
+    assert!(
+        after.resumed,
+        "a ticket issued before the upgrade was not accepted by the new master's workers"
+    );
+    h.d.stop_master();
+    h.d.assert_log_clean();
+}
+
+#[test]
+fn a_client_that_never_finishes_its_handshake_is_closed_after_header_timeout() {
+    let h = Https::start(
+        TestDaemon::builder(),
+        "Shared",
+        &tls_server(&["a.test"], "a", r#"header_timeout: "1s","#, STATIC),
+        |ca, dir| ca.issue(&["a.test"], 90).write(dir, "a"),
+    );
+    // Half a ClientHello record header, then nothing.
+    let mut c = Conn::connect(h.tls_port).unwrap();
+    c.send(&[0x16, 0x03, 0x01]).unwrap();
+    c.s.set_read_timeout(Some(SETTLE)).unwrap();
+    let mut got = Vec::new();
+    let end = std::io::Read::read_to_end(&mut c.s, &mut got);
+    assert!(
+        end.is_ok()
+            || end
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "a stalled handshake was not closed: {end:?}"
+    );
+    assert!(got.is_empty(), "{got:?}");
+    let (_, r) = tls_get(h.tls_port, "a.test", &h.ca.client(), "/").unwrap();
+    assert_eq!(r.status, 200);
+    h.d.assert_log_clean();
+}
+
+#[test]
+fn a_graceful_stop_finishes_a_tls_response_under_way() {
+    let big = noise(8 << 20, 3);
+    let mut h = Https::simple(TestDaemon::builder().file("big.bin", &big), "Shared");
+    let mut c = TlsConn::connect(h.tls_port, "a.test", &h.ca.client()).unwrap();
+    c.send(b"GET /big.bin HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .unwrap();
+    // Read a little, so the response is under way when the stop comes.
+    let mut head = [0u8; 1024];
+    let n = std::io::Read::read(&mut c.s, &mut head).unwrap();
+    assert!(n > 0);
+    h.d.signal("QUIT");
+    let mut rest = head[..n].to_vec();
+    let _ = std::io::Read::read_to_end(&mut c.s, &mut rest);
+    let end = rest.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    assert!(
+        rest[end..] == big[..],
+        "the response in flight at QUIT came back {} bytes of {}",
+        rest.len() - end,
+        big.len()
+    );
+    assert!(h.d.wait_exit(SETTLE).is_some_and(|s| s.success()));
+}

@@ -264,8 +264,10 @@ mod der {
         pub not_after: i64,
     }
 
-    /// One TLV: (tag, contents, the whole encoding, the rest).
-    fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8], &[u8])> {
+    /// One TLV: its tag, its contents, the whole encoding, and what follows it.
+    struct Tlv<'a>(u8, &'a [u8], &'a [u8], &'a [u8]);
+
+    fn tlv(input: &[u8]) -> Option<Tlv<'_>> {
         let (&tag, rest) = input.split_first()?;
         let (&first, rest) = rest.split_first()?;
         let (len, rest) = if first < 0x80 {
@@ -284,41 +286,41 @@ mod der {
             return None;
         }
         let header = input.len() - rest.len();
-        Some((tag, &rest[..len], &input[..header + len], &rest[len..]))
+        Some(Tlv(tag, &rest[..len], &input[..header + len], &rest[len..]))
     }
 
     const SEQUENCE: u8 = 0x30;
 
     pub fn parse(cert: &[u8]) -> Option<Parsed> {
-        let (tag, certificate, _, _) = tlv(cert)?;
+        let Tlv(tag, certificate, _, _) = tlv(cert)?;
         if tag != SEQUENCE {
             return None;
         }
-        let (tag, tbs, _, _) = tlv(certificate)?;
+        let Tlv(tag, tbs, _, _) = tlv(certificate)?;
         if tag != SEQUENCE {
             return None;
         }
         let mut rest = tbs;
-        let (tag, _, _, after) = tlv(rest)?;
+        let Tlv(tag, _, _, after) = tlv(rest)?;
         if tag == 0xa0 {
             rest = after; // [0] version
         }
-        let (_, _, _, rest) = tlv(rest)?; // serialNumber
-        let (_, _, _, rest) = tlv(rest)?; // signature
-        let (tag, _, issuer, rest) = tlv(rest)?;
+        let Tlv(_, _, _, rest) = tlv(rest)?; // serialNumber
+        let Tlv(_, _, _, rest) = tlv(rest)?; // signature
+        let Tlv(tag, _, issuer, rest) = tlv(rest)?;
         if tag != SEQUENCE {
             return None;
         }
-        let (tag, validity, _, rest) = tlv(rest)?;
+        let Tlv(tag, validity, _, rest) = tlv(rest)?;
         if tag != SEQUENCE {
             return None;
         }
-        let (tag, subject_body, subject, _) = tlv(rest)?;
+        let Tlv(tag, subject_body, subject, _) = tlv(rest)?;
         if tag != SEQUENCE {
             return None;
         }
-        let (_, _, _, validity) = tlv(validity)?; // notBefore
-        let (tag, not_after, _, _) = tlv(validity)?;
+        let Tlv(_, _, _, validity) = tlv(validity)?; // notBefore
+        let Tlv(tag, not_after, _, _) = tlv(validity)?;
         Some(Parsed {
             issuer: issuer.to_vec(),
             subject: subject.to_vec(),
@@ -330,12 +332,12 @@ mod der {
     /// The common name (OID 2.5.4.3) of a Name, or `(no common name)`.
     fn name_text(mut name: &[u8]) -> String {
         const CN: &[u8] = &[0x55, 0x04, 0x03];
-        while let Some((_, set, _, rest)) = tlv(name) {
+        while let Some(Tlv(_, set, _, rest)) = tlv(name) {
             name = rest;
-            if let Some((_, attr, _, _)) = tlv(set) {
-                if let Some((0x06, oid, _, value)) = tlv(attr) {
+            if let Some(Tlv(_, attr, _, _)) = tlv(set) {
+                if let Some(Tlv(0x06, oid, _, value)) = tlv(attr) {
                     if oid == CN {
-                        if let Some((_, text, _, _)) = tlv(value) {
+                        if let Some(Tlv(_, text, _, _)) = tlv(value) {
                             return format!("CN={}", String::from_utf8_lossy(text));
                         }
                     }

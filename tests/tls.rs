@@ -48,6 +48,7 @@ fn config_text(workers: usize, accept: &str, plain: u16, tls: u16, tls_servers: 
             names: ["localhost"],
             routes: [
                 (prefix: "/healthz", handler: Liveness),
+                (prefix: "/metrics", handler: Metrics),
                 (prefix: "/", handler: Static(root: "www", index: ["index.html"])),
             ],
         ),
@@ -754,4 +755,49 @@ fn a_graceful_stop_finishes_a_tls_response_under_way() {
         big.len()
     );
     assert!(h.d.wait_exit(SETTLE).is_some_and(|s| s.success()));
+}
+
+#[test]
+fn certificate_expiry_is_shown_by_forkd_stats_json_and_metrics() {
+    let days = 45;
+    let h = Https::start(
+        TestDaemon::builder().file("x", b""),
+        "Shared",
+        &tls_server(&["a.test"], "a", "", STATIC),
+        move |ca, dir| ca.issue(&["a.test"], days).write(dir, "a"),
+    );
+    let json = shm_json(&h.d.shm());
+    let certs = json["tls_certificates"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(certs.len(), 1, "{json}");
+    assert_eq!(certs[0]["server"], "a.test");
+    assert!(certs[0]["file"].as_str().unwrap().ends_with("/a.pem"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let not_after = certs[0]["not_after_s"].as_u64().unwrap();
+    let left = (not_after - now) / 86400;
+    assert!(
+        left == days as u64 || left + 1 == days as u64,
+        "{left} days left"
+    );
+    let (code, table, err) = h.d.ctl(&["stats"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        table.contains("TLS certificates:") && table.contains("a.test") && table.contains(" days)"),
+        "{table}"
+    );
+    // The Metrics route (on the plain server).
+    let r = get_close(h.d.port, "/metrics").unwrap();
+    assert_eq!(r.status, 200);
+    let text = r.body_str();
+    let line = format!(
+        "forkd_tls_certificate_expiry_timestamp_seconds{{server=\"a.test\",file=\"{}\"}} {not_after}",
+        certs[0]["file"].as_str().unwrap()
+    );
+    assert!(text.contains(&line), "no {line} in:\n{text}");
+    assert!(text.contains("forkd_tls_handshakes_total{"), "{text}");
 }

@@ -409,6 +409,11 @@ impl Supervisor {
         let generation = header.config_generation.load(Relaxed).max(self.generation) + 1;
         let path = config.file.display().to_string();
         // Upstream servers' cells first: workers look them up when they adopt it.
+        if let Some(left_out) =
+            forkd_shared::shm::tls_certs::publish(&self.region.layout().tls_certs, config)
+        {
+            forkd_shared::warn!("{left_out}");
+        }
         let labels = forkd_shared::shm::upstream::config_labels(config);
         for left_out in forkd_shared::shm::upstream::publish_labels(self.region.layout(), &labels) {
             forkd_shared::warn!("{left_out}");

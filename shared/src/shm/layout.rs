@@ -15,7 +15,8 @@
 //!  ├── limits         per-client limit entries, shared by the workers (see `limits`:
 //!  │                  the one area with many writers, updated by compare-and-swap)
 //!  ├── upstreams      appended area (`upstream`): per upstream server, per worker
-//!  └── tls_keys       appended area (`tls_keys`): session-ticket keys, master-written
+//!  ├── tls_keys       appended area (`tls_keys`): session-ticket keys, master-written
+//!  └── tls_certs      appended area (`tls_certs`): certificates in force, their expiry
 //! ```
 //!
 //! Growing: an area is appended at the end, never inserted, so every offset of an
@@ -360,6 +361,8 @@ pub struct Layout {
     pub upstreams: super::upstream::UpstreamArea,
     /// Appended after the upstream area: TLS session-ticket keys (`tls_keys`).
     pub tls_keys: super::tls_keys::TlsKeysArea,
+    /// The certificates in force and their expiry (`tls_certs`).
+    pub tls_certs: super::tls_certs::TlsCertsArea,
 }
 
 /// Bytes of a version-2 region of a build before the upstream area: where that area

@@ -15,6 +15,7 @@
 //! - `upstream`: the appended upstream area: per-server cells, their labels.
 //! - `upstream_values`: upstream cells read out of the region, their JSON and text.
 //! - `tls_keys`: the appended area of TLS session-ticket keys (master writes, workers read).
+//! - `tls_certs`: the appended area of the certificates in force and their expiry.
 
 pub mod counters;
 pub mod fold;
@@ -26,6 +27,7 @@ pub mod report;
 pub mod snapshot;
 #[cfg(test)]
 mod testing;
+pub mod tls_certs;
 pub mod tls_keys;
 pub mod upstream;
 pub mod upstream_counters;

@@ -70,6 +70,8 @@ pub struct Report {
     /// Every upstream server configured (and any removed one still holding counts),
     /// totals over the workers.
     pub upstreams: Vec<UpstreamReport>,
+    /// The TLS certificates in force and their expiry.
+    pub tls_certificates: Vec<super::tls_certs::CertReport>,
 }
 
 /// How long a reader waits for a fold to end before it gives up on the reading. A fold
@@ -216,6 +218,7 @@ fn read_once(layout: &Layout) -> Report {
         retired,
         totals,
         upstreams: super::upstream_values::read(layout),
+        tls_certificates: super::tls_certs::read(layout),
     }
 }
 
@@ -233,6 +236,7 @@ struct Json<'a> {
     retired: &'a CounterValues,
     totals: &'a CounterValues,
     upstreams: &'a [UpstreamReport],
+    tls_certificates: &'a [super::tls_certs::CertReport],
 }
 
 #[derive(Serialize)]
@@ -286,6 +290,7 @@ impl Report {
             retired: &self.retired,
             totals: &self.totals,
             upstreams: &self.upstreams,
+            tls_certificates: &self.tls_certificates,
         };
         // Serialising plain structs, maps of string keys and numbers cannot fail.
         let mut out = serde_json::to_string(&doc).expect("stats serialise to JSON");
@@ -416,6 +421,7 @@ impl Report {
             t[BYTES_OUT]
         );
         super::upstream_values::table(&mut o, &self.upstreams);
+        super::tls_certs::table(&mut o, &self.tls_certificates);
         o
     }
 
@@ -574,6 +580,7 @@ impl Report {
             );
         }
         super::upstream_values::prometheus(&mut o, &self.upstreams, seconds);
+        super::tls_certs::prometheus(&mut o, &self.tls_certificates);
         o
     }
 }
@@ -678,6 +685,7 @@ mod tests {
             retired: CounterValues::default(),
             totals: CounterValues::default(),
             upstreams: Vec::new(),
+            tls_certificates: Vec::new(),
         };
         let table = report.to_table(None, 0.0);
         assert!(!table.contains("      100 "), "{table}");

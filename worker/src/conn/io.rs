@@ -177,6 +177,12 @@ impl Conn {
         server: usize,
         now: Micros,
     ) -> Conn {
+        let mut bits = Bits(0);
+        // A handshake is flights of small writes each waiting on the other side: as
+        // nginx does for TLS, no Nagle delay from the first one.
+        if tls.is_tls() && stream.set_nodelay(true).is_ok() {
+            bits.set(Bits::NODELAY, true);
+        }
         Conn {
             stream,
             tls,
@@ -188,7 +194,7 @@ impl Conn {
             registered: false,
             queued: false,
             requests: 0,
-            bits: Bits(0),
+            bits,
             peer,
             deadline: Deadline::default(),
             idle_since: now,

@@ -801,3 +801,73 @@ fn certificate_expiry_is_shown_by_forkd_stats_json_and_metrics() {
     assert!(text.contains(&line), "no {line} in:\n{text}");
     assert!(text.contains("forkd_tls_handshakes_total{"), "{text}");
 }
+
+#[test]
+fn with_an_ecdsa_and_an_rsa_chain_each_client_gets_one_it_can_verify() {
+    if !which("openssl") {
+        eprintln!("openssl missing: no RSA certificate to test with (ring cannot make RSA keys)");
+        return;
+    }
+    let servers = r#"(
+            listen: ["127.0.0.1:{tls}"],
+            names: ["a.test"],
+            tls: Some((certificates: [(cert: "a.pem", key: "a.key"), (cert: "rsa.pem", key: "rsa.key")])),
+            routes: [(prefix: "/", handler: Return(status: 200, body: "ok\n"))],
+        ),"#;
+    let h = Https::start(TestDaemon::builder(), "Shared", servers, |ca, dir| {
+        ca.issue(&["a.test"], 90).write(dir, "a");
+        let made = Command::new("openssl")
+            .args([
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            made.status.success(),
+            "{}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+        let key = String::from_utf8(made.stdout).unwrap();
+        ca.issue_for_key(&["a.test"], 30, &key).write(dir, "rsa");
+    });
+    let rsa_pem = std::fs::read(h.d.path("rsa.pem")).unwrap();
+    let rsa_der: Vec<u8> = {
+        use rustls::pki_types::pem::PemObject;
+        // The chain's first certificate: the leaf.
+        rustls::pki_types::CertificateDer::pem_slice_iter(&rsa_pem)
+            .next()
+            .unwrap()
+            .unwrap()
+            .as_ref()
+            .to_vec()
+    };
+    // A TLS 1.2 client offering only ECDHE-RSA suites gets the RSA chain ...
+    let mut rsa_only = rustls::crypto::ring::default_provider();
+    rsa_only.cipher_suites =
+        vec![rustls::crypto::ring::cipher_suite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256];
+    let client =
+        h.ca.client_trusting(&[&rustls::version::TLS12], true, rsa_only, &[]);
+    let (hs, r) = tls_get(h.tls_port, "a.test", &client, "/").unwrap();
+    assert_eq!(r.status, 200);
+    assert!(
+        hs.leaf == rsa_der,
+        "an RSA-only client did not get the RSA certificate"
+    );
+    // ... and any other the first entry, ECDSA.
+    let client = h.ca.client_trusting(
+        &[&rustls::version::TLS13],
+        true,
+        rustls::crypto::ring::default_provider(),
+        &[],
+    );
+    let (hs, _) = tls_get(h.tls_port, "a.test", &client, "/").unwrap();
+    assert!(
+        hs.leaf != rsa_der,
+        "a client that takes ECDSA got the RSA certificate"
+    );
+    h.d.assert_log_clean();
+}

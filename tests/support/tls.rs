@@ -89,7 +89,16 @@ impl TestCa {
         days: i64,
         alg: &'static rcgen::SignatureAlgorithm,
     ) -> Issued {
-        let key = rcgen::KeyPair::generate_for(alg).unwrap();
+        self.issue_for(names, days, rcgen::KeyPair::generate_for(alg).unwrap())
+    }
+
+    /// A leaf for a key made elsewhere (RSA: ring cannot make RSA keys; `openssl
+    /// genpkey` can), PKCS#8 PEM.
+    pub fn issue_for_key(&self, names: &[&str], days: i64, key_pem: &str) -> Issued {
+        self.issue_for(names, days, rcgen::KeyPair::from_pem(key_pem).unwrap())
+    }
+
+    fn issue_for(&self, names: &[&str], days: i64, key: rcgen::KeyPair) -> Issued {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let mut params = rcgen::CertificateParams::new(names.clone()).unwrap();
         params
@@ -126,11 +135,26 @@ impl TestCa {
         versions: &[&'static rustls::SupportedProtocolVersion],
         sni: bool,
     ) -> Arc<ClientConfig> {
+        self.client_trusting(versions, sni, rustls::crypto::ring::default_provider(), &[])
+    }
+
+    /// A client with its own crypto provider (cipher suites), trusting this CA and
+    /// the certificates `extra_roots` (DER).
+    pub fn client_trusting(
+        &self,
+        versions: &[&'static rustls::SupportedProtocolVersion],
+        sni: bool,
+        provider: rustls::crypto::CryptoProvider,
+        extra_roots: &[Vec<u8>],
+    ) -> Arc<ClientConfig> {
         let mut roots = rustls::RootCertStore::empty();
         roots
             .add(CertificateDer::from(self.cert.der().to_vec()))
             .unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        for der in extra_roots {
+            roots.add(CertificateDer::from(der.clone())).unwrap();
+        }
+        let provider = Arc::new(provider);
         let mut config = ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(versions)
             .unwrap()

@@ -871,3 +871,32 @@ fn with_an_ecdsa_and_an_rsa_chain_each_client_gets_one_it_can_verify() {
     );
     h.d.assert_log_clean();
 }
+
+#[test]
+fn without_tickets_tls12_sessions_resume_by_id_across_a_reload() {
+    let servers = tls_server(&["a.test"], "a", "", STATIC)
+        .replace("session_tickets: true", "session_tickets: false");
+    let h = Https::start(TestDaemon::builder(), "Shared", &servers, |ca, dir| {
+        ca.issue(&["a.test"], 90).write(dir, "a")
+    });
+    let workers = h.d.workers();
+    let client = h.ca.client_with(&[&rustls::version::TLS12], true);
+    let (first, _) = tls_get(h.tls_port, "a.test", &client, "/").unwrap();
+    assert!(!first.resumed);
+    let (again, _) = tls_get(h.tls_port, "a.test", &client, "/").unwrap();
+    assert!(again.resumed, "no session-id resumption without tickets");
+    let (code, out, err) = h.d.ctl(&["-s", "reload"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        h.d.workers(),
+        workers,
+        "the reload was not adopted in place"
+    );
+    let (after, r) = tls_get(h.tls_port, "a.test", &client, "/").unwrap();
+    assert_eq!(r.status, 200);
+    assert!(
+        after.resumed,
+        "the worker forgot its TLS 1.2 sessions on reload"
+    );
+    h.d.assert_log_clean();
+}

@@ -114,11 +114,9 @@ impl EventLoop {
                 source,
             })?;
         let routing = routing(&config);
-        let tickets = std::sync::Arc::new(crate::tls::tickets::Tickets::new(
-            crate::tls::tickets::LIFETIME_SECS,
-        ));
+        let resumption = crate::tls::acceptor::Resumption::new();
         let tls =
-            crate::tls::Acceptors::new(&config, &routing, &tickets).map_err(InitError::Tls)?;
+            crate::tls::Acceptors::new(&config, &routing, &resumption).map_err(InitError::Tls)?;
         let listeners = init
             .listeners
             .into_iter()
@@ -161,7 +159,7 @@ impl EventLoop {
                 draining: false,
                 limit_log: Default::default(),
                 tls,
-                tickets,
+                resumption,
             },
             run: Run::Serving,
             expired: Vec::new(),
@@ -307,6 +305,7 @@ impl EventLoop {
                 })
             };
             self.svc
+                .resumption
                 .tickets
                 .install(key(keys.current), key(keys.previous));
         }
@@ -560,7 +559,7 @@ impl EventLoop {
         let new_routing = routing(&config);
         // Renewed certificates: connections accepted from now on get the new
         // configuration; handshakes under way keep the old one (their `Arc`).
-        let tls = match crate::tls::Acceptors::new(&config, &new_routing, &self.svc.tickets) {
+        let tls = match crate::tls::Acceptors::new(&config, &new_routing, &self.svc.resumption) {
             Ok(tls) => tls,
             Err(e) => {
                 forkd_shared::error!("cannot adopt configuration generation {published}: {e}");

@@ -78,8 +78,9 @@ pub struct Services {
     pub limit_log: crate::limits::admit::LimitLog,
     /// The TLS configuration of each listener (rebuilt when a configuration is adopted).
     pub tls: crate::tls::Acceptors,
-    /// The session ticketer every TLS listener shares (keys from the region).
-    pub tickets: std::sync::Arc<crate::tls::tickets::Tickets>,
+    /// The session ticketer (keys from the region) and session cache every TLS
+    /// listener shares, kept across configurations.
+    pub resumption: crate::tls::acceptor::Resumption,
 }
 
 impl Services {

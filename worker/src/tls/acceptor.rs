@@ -35,16 +35,16 @@ impl Acceptors {
     pub fn new(
         config: &Config,
         routing: &[Routing],
-        tickets: &Arc<Tickets>,
+        resumption: &Resumption,
     ) -> Result<Acceptors, BuildError> {
         let mut by_listener = Vec::with_capacity(routing.len());
         for (l, r) in config.listeners.iter().zip(routing) {
-            by_listener.push(
-                server_config(config, r, tickets).map_err(|source| BuildError {
+            by_listener.push(server_config(config, r, resumption).map_err(|source| {
+                BuildError {
                     addr: l.addr,
                     source,
-                })?,
-            );
+                }
+            })?);
         }
         Ok(Acceptors { by_listener })
     }
@@ -71,10 +71,32 @@ impl Acceptors {
     }
 }
 
+/// What outlives a configuration: the ticketer (keys from the region) and the
+/// worker's TLS 1.2 session cache, shared by every listener's `ServerConfig`.
+pub struct Resumption {
+    pub tickets: Arc<Tickets>,
+    pub sessions: Arc<dyn rustls::server::StoresServerSessions>,
+}
+
+impl Resumption {
+    pub fn new() -> Resumption {
+        Resumption {
+            tickets: Arc::new(Tickets::new(super::tickets::LIFETIME_SECS)),
+            sessions: rustls::server::ServerSessionMemoryCache::new(super::tickets::SESSION_CACHE),
+        }
+    }
+}
+
+impl Default for Resumption {
+    fn default() -> Self {
+        Resumption::new()
+    }
+}
+
 fn server_config(
     config: &Config,
     routing: &Routing,
-    tickets: &Arc<Tickets>,
+    resumption: &Resumption,
 ) -> Result<Option<Arc<ServerConfig>>, rustls::Error> {
     let mut entries = Vec::new();
     let mut default = 0;
@@ -111,8 +133,9 @@ fn server_config(
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(Resolver { entries, default }));
     sc.alpn_protocols = vec![b"http/1.1".to_vec()];
+    sc.session_storage = resumption.sessions.clone();
     if session_tickets {
-        sc.ticketer = tickets.clone();
+        sc.ticketer = resumption.tickets.clone();
     } else {
         sc.send_tls13_tickets = 0;
     }

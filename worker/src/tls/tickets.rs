@@ -61,6 +61,10 @@ impl std::fmt::Debug for Tickets {
     }
 }
 
+/// TLS 1.2 sessions resumed by id (clients without tickets) that a worker keeps: one
+/// cache for the worker's lifetime, so a reload does not forget them.
+pub const SESSION_CACHE: usize = 4096;
+
 /// What tickets announce as their lifetime: one rotation period (a ticket's key is
 /// still accepted for a period after it stops sealing new ones).
 pub const LIFETIME_SECS: u32 = 12 * 3600;

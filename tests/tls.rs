@@ -223,6 +223,18 @@ fn sni_picks_the_certificate_of_the_named_server_and_the_default_otherwise() {
         err.contains("certificate") || err.contains("NotValidForName"),
         "{err}"
     );
+    // The client said why with an alert: counted as a failed handshake, not logged.
+    assert!(
+        wait_until(SETTLE, || h.total("tls_alerts_received") == 1
+            && h.total("tls_handshakes_failed") == 1),
+        "{}",
+        h.totals()
+    );
+    assert!(
+        !h.d.error_log().contains("unknown.test"),
+        "{}",
+        h.d.error_log()
+    );
     h.d.assert_log_clean();
 }
 

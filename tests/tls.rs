@@ -912,3 +912,82 @@ fn without_tickets_tls12_sessions_resume_by_id_across_a_reload() {
     );
     h.d.assert_log_clean();
 }
+
+/// Keys readable by root only (certbot's `privkey.pem` is 0600 root), workers running
+/// as `nobody`: reloads still work, and a renewal is served.
+#[test]
+fn with_root_only_keys_and_a_user_reloads_work_and_a_renewal_is_served() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("not root: skipped");
+        return;
+    }
+    let ca = TestCa::new();
+    let mut d = TestDaemon::builder().workers(2).prepare();
+    let tls_port = d.reserve_port();
+    let dir = d.dir.path().to_path_buf();
+    let write_pair = |issued: &Issued| {
+        issued.write(&dir, "a");
+        for f in ["a.pem", "a.key"] {
+            std::fs::set_permissions(
+                dir.join(f),
+                std::os::unix::fs::PermissionsExt::from_mode(0o600),
+            )
+            .unwrap();
+        }
+    };
+    write_pair(&ca.issue(&["a.test"], 90));
+    let plain_port = d.port;
+    let text = |body: &str| {
+        config_text(
+            2,
+            "Shared",
+            plain_port,
+            tls_port,
+            &tls_server(
+                &["a.test"],
+                "a",
+                "",
+                &format!(r#"(prefix: "/", handler: Return(status: 200, body: "{body}"))"#),
+            ),
+        )
+        .replace(
+            "    drain_timeout:",
+            "    user: Some(\"nobody\"),\n    drain_timeout:",
+        )
+    };
+    std::fs::write(&d.config, text("one")).unwrap();
+    let cmd = d.command();
+    let pid = d.spawn(cmd);
+    d.wait_serving(pid);
+    let client = ca.client_without_resumption();
+    let (_, r) = tls_get(tls_port, "a.test", &client, "/").unwrap();
+    assert_eq!(r.body_str(), "one");
+    // A reload that changes a route, certificates untouched: in place.
+    let workers = d.workers();
+    write_config(&d.config, &text("two"));
+    let (code, out, err) = d.ctl(&["-s", "reload"]);
+    assert_eq!(
+        code,
+        0,
+        "reload with root-only keys: {out}{err}\n{}",
+        d.error_log()
+    );
+    let (_, r) = tls_get(tls_port, "a.test", &client, "/").unwrap();
+    assert_eq!(r.body_str(), "two");
+    assert_eq!(d.workers(), workers, "a route change started new workers");
+    // A renewal the workers cannot read: the master starts workers that have it.
+    let renewed = ca.issue(&["a.test"], 180);
+    write_pair(&renewed);
+    let (code, out, err) = d.ctl(&["-s", "reload"]);
+    assert_eq!(
+        code,
+        0,
+        "renewal with root-only keys: {out}{err}\n{}",
+        d.error_log()
+    );
+    let served = wait_until(SETTLE, || {
+        tls_get(tls_port, "a.test", &client, "/").is_ok_and(|(hs, _)| hs.leaf == renewed.leaf)
+    });
+    assert!(served, "the renewed certificate is not served");
+    d.assert_log_clean();
+}

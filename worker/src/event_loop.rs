@@ -504,7 +504,8 @@ impl EventLoop {
             self.declined = published;
             return;
         }
-        let config = match Config::parse(std::path::Path::new(&snapshot.path), &snapshot.text) {
+        let path = std::path::Path::new(&snapshot.path);
+        let config = match Config::parse_after(path, &snapshot.text, Some(&self.svc.config)) {
             Ok(mut c) => {
                 c.resolve_like(&self.svc.config);
                 c

@@ -247,9 +247,24 @@ impl Config {
             Some("user changed")
         } else if self.group != new.group {
             Some("group changed")
+        } else if self.user.is_some() && self.certificates().ne(new.certificates()) {
+            // Workers that gave up root may not read the new keys: new workers,
+            // forked from the master that read them, serve the new certificates.
+            Some("TLS certificates changed and the workers run as `user`")
         } else {
             None
         }
+    }
+
+    /// Every certificate in force, by file and chain, in server order.
+    fn certificates(
+        &self,
+    ) -> impl Iterator<Item = (&Path, &[rustls::pki_types::CertificateDer<'static>])> {
+        self.servers
+            .iter()
+            .filter_map(|s| s.tls.as_ref())
+            .flat_map(|t| &t.certificates)
+            .map(|c| (c.cert_path.as_path(), c.key.cert.as_slice()))
     }
 
     /// Takes the master's resolution of `Auto` settings: `workers: Auto` and
@@ -268,6 +283,19 @@ impl Config {
 
     /// Parses and validates `text` as if read from `file`.
     pub fn parse(file: &Path, text: &str) -> Result<Config, ConfigErrors> {
+        Config::parse_after(file, text, None)
+    }
+
+    /// Like [`Config::parse`], for a process running `running`: a certificate file it
+    /// may not read (a worker that gave up root; keys are often root's alone) is taken
+    /// from `running` when the same files are named there. The master reads the
+    /// files itself, and a changed certificate starts workers that have it
+    /// ([`Config::needs_new_workers`]), so only unchanged ones are taken this way.
+    pub fn parse_after(
+        file: &Path,
+        text: &str,
+        running: Option<&Config>,
+    ) -> Result<Config, ConfigErrors> {
         let raw: raw::RawConfig = ron::Options::default().from_str(text).map_err(|e| {
             ConfigErrors(vec![ConfigError {
                 file: file.to_path_buf(),
@@ -276,7 +304,7 @@ impl Config {
                 kind: ConfigErrorKind::Syntax(e.code),
             }])
         })?;
-        validate::validate(file, text, raw)
+        validate::validate(file, text, raw, running)
     }
 }
 

@@ -93,6 +93,22 @@ fn resolve_log(base: &Path, target: &RawLogTarget) -> LogTarget {
     }
 }
 
+/// The certificate `running` loaded from the same two files, if any.
+fn running_certificate(
+    running: &Config,
+    base: &Path,
+    raw: &super::tls::RawCertificate,
+) -> Option<super::tls::Certificate> {
+    let (cert, key) = (base.join(&raw.cert), base.join(&raw.key));
+    running
+        .servers
+        .iter()
+        .filter_map(|s| s.tls.as_ref())
+        .flat_map(|t| &t.certificates)
+        .find(|c| c.cert_path == cert && c.key_path == key)
+        .cloned()
+}
+
 /// The CPUs this process may run on, in ascending order.
 fn allowed_cpus() -> Vec<usize> {
     use nix::sched::{sched_getaffinity, CpuSet};
@@ -156,7 +172,12 @@ fn page_type(path: &Path) -> &'static str {
     }
 }
 
-pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
+pub(super) fn validate(
+    file: &Path,
+    text: &str,
+    raw: RawConfig,
+    running: Option<&Config>,
+) -> Result<Config, ConfigErrors> {
     let base = file.parent().unwrap_or(Path::new("/")).to_path_buf();
     let mut check = Checker {
         file,
@@ -397,7 +418,17 @@ pub(super) fn validate(file: &Path, text: &str, raw: RawConfig) -> Result<Config
                 let (key_literal, key_nth) = occurrence(&c.key);
                 let at = locate(text, &literal, nth).unwrap_or((1, 1));
                 let entry = format!("{}[{ci}]", field("tls.certificates"));
-                match super::tls::load_certificate(&base, c) {
+                let loaded = super::tls::load_certificate(&base, c).or_else(|problem| {
+                    match (&problem, running) {
+                        (super::tls::CertProblem::Read { source, .. }, Some(running))
+                            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+                        {
+                            running_certificate(running, &base, c).ok_or(problem)
+                        }
+                        _ => Err(problem),
+                    }
+                });
+                match loaded {
                     Ok(cert) => {
                         if let Some(w) = super::tls::expiry_warning(&cert, SystemTime::now()) {
                             warnings.push(format!(

@@ -991,3 +991,40 @@ fn with_root_only_keys_and_a_user_reloads_work_and_a_renewal_is_served() {
     assert!(served, "the renewed certificate is not served");
     d.assert_log_clean();
 }
+
+#[test]
+fn versions_limit_what_is_offered_and_an_address_is_all_tls_or_all_plain() {
+    let servers = tls_server(&["a.test"], "a", "", STATIC).replace("[Tls12, Tls13]", "[Tls13]");
+    let h = Https::start(TestDaemon::builder(), "Shared", &servers, |ca, dir| {
+        ca.issue(&["a.test"], 90).write(dir, "a")
+    });
+    let tls12 = h.ca.client_with(&[&rustls::version::TLS12], true);
+    let err = tls_get(h.tls_port, "a.test", &tls12, "/").unwrap_err();
+    assert!(
+        err.contains("handshake"),
+        "a TLS 1.2 client on a Tls13-only server: {err}"
+    );
+    let (hs, _) = tls_get(h.tls_port, "a.test", &h.ca.client(), "/").unwrap();
+    assert_eq!(hs.version, Some(rustls::ProtocolVersion::TLSv1_3));
+    assert!(
+        wait_until(SETTLE, || h.total("tls_handshakes_failed") == 1),
+        "{}",
+        h.totals()
+    );
+    h.d.assert_log_clean();
+    // A plain server on the TLS address: refused by -t.
+    let mixed = tls_server(&["a.test"], "a", "", STATIC)
+        + r#"(listen: ["127.0.0.1:{tls}"], names: ["b.test"], routes: [(prefix: "/", handler: Liveness)]),"#;
+    let config = h.d.dir.path().join("mixed.ron");
+    std::fs::write(
+        &config,
+        config_text(1, "Shared", h.d.port, h.tls_port, &mixed),
+    )
+    .unwrap();
+    let (code, out, err) = run_forkd(&config, &["-t"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.contains("mixed.ron:") && err.contains("all HTTPS or all plain HTTP"),
+        "{err}"
+    );
+}

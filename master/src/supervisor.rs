@@ -232,7 +232,12 @@ impl Supervisor {
             now,
             forkd_shared::shm::tls_keys::ROTATION,
         ) {
-            Ok(true) => forkd_shared::info!("TLS session-ticket key rotated"),
+            Ok(true) => match forkd_shared::shm::tls_keys::read(area).and_then(|k| k.previous) {
+                Some(_) => forkd_shared::info!(
+                    "TLS session-ticket key rotated (the previous one is accepted for a period)"
+                ),
+                None => forkd_shared::info!("TLS session-ticket key made"),
+            },
             Ok(false) => {}
             Err(e) => forkd_shared::error!("reading /dev/urandom for a TLS ticket key failed: {e}"),
         }

@@ -86,6 +86,9 @@ fn run() -> i32 {
     };
     match action {
         cli::Action::Test => {
+            for warning in &config.warnings {
+                eprintln!("{warning}");
+            }
             println!(
                 "forkd: configuration file {} test is successful",
                 config.file.display()

@@ -77,7 +77,8 @@ fn startable(new: &Config) -> Result<(), String> {
 /// What a running worker does on adopting `text` in place, short of adopting it:
 /// parse and validate it, and open the access logs if they changed.
 fn adoptable(current: &Config, new: &Config, text: &str) -> Result<(), String> {
-    let mut config = Config::parse(&new.file, text).map_err(|e| e.to_string())?;
+    let mut config =
+        Config::parse_after(&new.file, text, Some(current)).map_err(|e| e.to_string())?;
     config.resolve_like(current);
     if let Some(why) = current.needs_new_workers(&config) {
         return Err(format!("it needs new workers ({why})"));

@@ -26,6 +26,9 @@ pub fn run(config: Config, text: String) -> i32 {
         forkd_shared::alert!("preparing the log files for the workers failed: {e}");
         return fail(&mut upgrade, format!("preparing the log files failed: {e}"));
     }
+    for warning in &config.warnings {
+        forkd_shared::warn!("{warning}");
+    }
     let mut inherited = match inherited {
         Ok(i) => i,
         Err(e) => {

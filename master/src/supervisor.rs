@@ -116,6 +116,7 @@ impl Supervisor {
             return Err(message);
         }
         sup.text = start.text;
+        sup.rotate_ticket_keys();
         // Before any worker serves: a stats reader never sees a serving worker
         // without its listeners.
         sup.publish_system_stats();
@@ -140,6 +141,7 @@ impl Supervisor {
                 self.on_child_ended(pid, how);
             }
             self.publish_system_stats();
+            self.rotate_ticket_keys();
             forkd_shared::shm::master::recover_fold(self.region.layout());
             let now = Instant::now();
             self.check_starting();
@@ -224,6 +226,27 @@ impl Supervisor {
             until = until.min(now + Duration::from_millis(10));
         }
         until.saturating_duration_since(now)
+    }
+
+    /// Makes the TLS ticket key, or rotates it when its period is over (workers read
+    /// the keys from the region; a master of a binary upgrade finds them there).
+    fn rotate_ticket_keys(&mut self) {
+        let area = &self.region.layout().tls_keys;
+        let now = forkd_shared::shm::now_ms();
+        match forkd_shared::shm::tls_keys::rotate_if_due(
+            area,
+            now,
+            forkd_shared::shm::tls_keys::ROTATION,
+        ) {
+            Ok(true) => match forkd_shared::shm::tls_keys::read(area).and_then(|k| k.previous) {
+                Some(_) => forkd_shared::info!(
+                    "TLS session-ticket key rotated (the previous one is accepted for a period)"
+                ),
+                None => forkd_shared::info!("TLS session-ticket key made"),
+            },
+            Ok(false) => {}
+            Err(e) => forkd_shared::error!("reading /dev/urandom for a TLS ticket key failed: {e}"),
+        }
     }
 
     /// Kernel counters the workers cannot see: listen overflows, accept-queue depths.
@@ -348,6 +371,9 @@ impl Supervisor {
         for kept in &plan.kept {
             forkd_shared::warn!("{kept}");
         }
+        for warning in &config.warnings {
+            forkd_shared::warn!("{warning}");
+        }
         config.pid_file = self.config.pid_file.clone();
         config.shm_file = self.config.shm_file.clone();
         // Log files the workers re-open as their user must be theirs first.
@@ -394,6 +420,11 @@ impl Supervisor {
         let generation = header.config_generation.load(Relaxed).max(self.generation) + 1;
         let path = config.file.display().to_string();
         // Upstream servers' cells first: workers look them up when they adopt it.
+        if let Some(left_out) =
+            forkd_shared::shm::tls_certs::publish(&self.region.layout().tls_certs, config)
+        {
+            forkd_shared::warn!("{left_out}");
+        }
         let labels = forkd_shared::shm::upstream::config_labels(config);
         for left_out in forkd_shared::shm::upstream::publish_labels(self.region.layout(), &labels) {
             forkd_shared::warn!("{left_out}");

@@ -115,6 +115,9 @@ impl EventLoop {
                 source,
             })?;
         let routing = routing(&config);
+        let resumption = crate::tls::acceptor::Resumption::new();
+        let tls =
+            crate::tls::Acceptors::new(&config, &routing, &resumption).map_err(InitError::Tls)?;
         let listeners = init
             .listeners
             .into_iter()
@@ -165,6 +168,8 @@ impl EventLoop {
                 not_ready: false,
                 draining: false,
                 limit_log: Default::default(),
+                tls,
+                resumption,
             },
             run: Run::Serving,
             expired: Vec::new(),
@@ -192,6 +197,7 @@ impl EventLoop {
         self.generation = self.svc.stats.slot().generation.load(Relaxed);
         // Here rather than in `new`: the threads start after privileges are dropped.
         self.svc.checks.adopt(&self.svc.config, &self.svc.stats);
+        self.install_ticket_keys();
         self.svc.stats.serving();
         self.sample_stats();
         let code = self.serve();
@@ -213,6 +219,7 @@ impl EventLoop {
                 }
             }
             if self.svc.clock.tick() {
+                self.install_ticket_keys();
                 self.svc.logs.flush();
                 self.sample_stats();
                 self.sample_upstreams();
@@ -319,6 +326,27 @@ impl EventLoop {
             self.close(key);
         }
         self.svc.stats.tunnels(0);
+    }
+
+    /// Takes the session-ticket keys the master keeps in the region (once a second:
+    /// a rotation is seen within a second, and the previous key stays good a period).
+    fn install_ticket_keys(&self) {
+        if !self.svc.tls.any() {
+            return;
+        }
+        let area = &self.svc.stats.region().layout().tls_keys;
+        if let Some(keys) = forkd_shared::shm::tls_keys::read(area) {
+            let key = |k: Option<forkd_shared::shm::tls_keys::Key>| {
+                k.map(|k| crate::tls::tickets::TicketKey {
+                    id: k.id,
+                    secret: k.secret,
+                })
+            };
+            self.svc
+                .resumption
+                .tickets
+                .install(key(keys.current), key(keys.previous));
+        }
     }
 
     /// Publishes the gauges that are sampled rather than counted.
@@ -583,9 +611,21 @@ impl EventLoop {
                 forkd_shared::error!("opening the new error log failed, keeping the old one: {e}");
             }
         }
+        let new_routing = routing(&config);
+        // Renewed certificates: connections accepted from now on get the new
+        // configuration; handshakes under way keep the old one (their `Arc`).
+        let tls = match crate::tls::Acceptors::new(&config, &new_routing, &self.svc.resumption) {
+            Ok(tls) => tls,
+            Err(e) => {
+                forkd_shared::error!("cannot adopt configuration generation {published}: {e}");
+                self.declined = published;
+                return;
+            }
+        };
         let max_header = max_header_bytes(&config);
         self.svc.pool.resize(max_header);
-        self.svc.routing = routing(&config);
+        self.svc.routing = new_routing;
+        self.svc.tls = tls;
         self.svc.cache = FileCache::default();
         self.svc.upstreams.reconfigure(&config.upstreams);
         self.svc.stats.map_upstreams(&config);
@@ -649,7 +689,10 @@ impl EventLoop {
             let entry = self.conns.vacant_entry();
             let key = entry.key();
             let server = self.svc.default_server(index);
-            let mut conn = Conn::new(stream, peer.ip(), index, server, self.svc.clock.now_us);
+            let Some(tls) = self.svc.tls.accept(index) else {
+                continue;
+            };
+            let mut conn = Conn::new(stream, tls, peer.ip(), index, server, self.svc.clock.now_us);
             let proxied = self
                 .svc
                 .config

@@ -17,6 +17,7 @@
 //! - `proxy`: the reverse proxy's sans-io parts (heads, bodies, pools, retries).
 //! - `checks`: active health checks and name re-resolution, run by one worker for
 //!   the daemon, read by all.
+//! - `tls`: HTTPS: the transport under a connection, SNI, shared session tickets.
 //! - [`busy`], [`file_cache`], [`out`], [`timers`], [`clock`], [`access_log`]:
 //!   the per-worker machinery those use.
 #![forbid(unsafe_code)]
@@ -41,6 +42,7 @@ pub mod services;
 pub mod setup;
 pub mod stats;
 pub mod timers;
+pub mod tls;
 pub mod upstream_health;
 pub mod upstreams;
 

@@ -33,6 +33,21 @@ pub struct OutQueue {
     segments: VecDeque<Segment>,
 }
 
+/// Where a queue is flushed to: a socket that can take file ranges by `sendfile`,
+/// or one whose bytes must pass through user space (TLS encrypts them).
+pub trait Sink: Write + AsFd {
+    fn can_sendfile(&self) -> bool {
+        true
+    }
+}
+
+impl Sink for mio::net::TcpStream {}
+impl Sink for std::fs::File {}
+
+/// A file range copied through user space (`Sink::can_sendfile` false) moves at most
+/// this much per write: one TLS record's worth.
+const COPY_CHUNK: usize = 16 * 1024;
+
 /// How far a flush got.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Flush {
@@ -130,7 +145,7 @@ impl OutQueue {
     /// Writes as much as the socket takes, up to about `budget` bytes (a write is cut
     /// short at the budget, or a `sendfile` call; a write from memory is not). Adds
     /// the bytes written to `sent`.
-    pub fn flush<S: Write + AsFd>(
+    pub fn flush<S: Sink>(
         &mut self,
         sock: &mut S,
         sent: &mut u64,
@@ -170,6 +185,21 @@ impl OutQueue {
                         if left == 0 {
                             return Ok(Flush::Budget);
                         }
+                        if !sock.can_sendfile() {
+                            match copy_range(sock, file, *offset, (*remaining).min(left)) {
+                                Ok(n) => {
+                                    *offset += n as u64;
+                                    *remaining -= n as u64;
+                                    *sent += n as u64;
+                                }
+                                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                    return Ok(Flush::Blocked)
+                                }
+                                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                                Err(e) => return Err(e),
+                            }
+                            continue;
+                        }
                         let mut off = *offset as i64;
                         let count = (*remaining).min(SENDFILE_CHUNK as u64).min(left) as usize;
                         match nix::sys::sendfile::sendfile(
@@ -203,6 +233,30 @@ impl OutQueue {
         self.written = 0;
         self.sealed = 0;
         Ok(Flush::Done)
+    }
+}
+
+/// Reads up to `max` bytes of `file` at `offset` and writes them to `sock`: what the
+/// socket took (a short write leaves the rest to be read again next time).
+fn copy_range<S: Sink>(
+    sock: &mut S,
+    file: &CachedFile,
+    offset: u64,
+    max: u64,
+) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut chunk = [0u8; COPY_CHUNK];
+    let want = (max as usize).min(COPY_CHUNK);
+    let n = file.file.read_at(&mut chunk[..want], offset)?;
+    if n == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "file truncated while being sent",
+        ));
+    }
+    match sock.write(&chunk[..n])? {
+        0 => Err(io::ErrorKind::WriteZero.into()),
+        w => Ok(w),
     }
 }
 

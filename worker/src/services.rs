@@ -80,6 +80,11 @@ pub struct Services {
     pub limit_log: crate::limits::admit::LimitLog,
     /// The adaptive concurrency limits of upstream groups (see `overload`).
     pub overload: crate::overload::Overload,
+    /// The TLS configuration of each listener (rebuilt when a configuration is adopted).
+    pub tls: crate::tls::Acceptors,
+    /// The session ticketer (keys from the region) and session cache every TLS
+    /// listener shares, kept across configurations.
+    pub resumption: crate::tls::acceptor::Resumption,
 }
 
 impl Services {

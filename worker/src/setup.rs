@@ -30,6 +30,7 @@ pub enum InitError {
         why: String,
     },
     NoNewPrivs(nix::Error),
+    Tls(crate::tls::acceptor::BuildError),
 }
 
 impl fmt::Display for InitError {
@@ -46,6 +47,7 @@ impl fmt::Display for InitError {
             InitError::AccessLog(e) => write!(f, "opening the access log failed: {e}"),
             InitError::User { name, why } => write!(f, "switching to user `{name}` failed: {why}"),
             InitError::NoNewPrivs(e) => write!(f, "prctl(PR_SET_NO_NEW_PRIVS) failed: {e}"),
+            InitError::Tls(e) => write!(f, "{e}"),
         }
     }
 }

@@ -16,6 +16,7 @@ mod locate;
 pub mod overload;
 pub mod raw;
 pub mod site;
+pub mod tls;
 pub mod units;
 mod upstream;
 mod validate;
@@ -70,6 +71,9 @@ pub struct Config {
     pub upstreams: Vec<Upstream>,
     /// Every distinct listen address with the largest backlog any server asked for.
     pub listeners: Vec<Listener>,
+    /// Problems that do not stop it from running (a certificate expiring soon), as
+    /// `FILE:LINE:COL: warning: ...` lines.
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,6 +107,9 @@ pub struct Server {
     pub listen: Vec<SocketAddr>,
     /// Host names, lower-cased, without port.
     pub names: Vec<String>,
+    /// HTTPS: every address in `listen` speaks TLS (an address is all TLS or all
+    /// plain), and SNI picks among its servers' certificates.
+    pub tls: Option<tls::Tls>,
     pub access_log: Option<LogTarget>,
     /// How `access_log` lines are written.
     pub access_log_format: AccessLogFormat,
@@ -251,9 +258,24 @@ impl Config {
             Some("user changed")
         } else if self.group != new.group {
             Some("group changed")
+        } else if self.user.is_some() && self.certificates().ne(new.certificates()) {
+            // Workers that gave up root may not read the new keys: new workers,
+            // forked from the master that read them, serve the new certificates.
+            Some("TLS certificates changed and the workers run as `user`")
         } else {
             None
         }
+    }
+
+    /// Every certificate in force, by file and chain, in server order.
+    fn certificates(
+        &self,
+    ) -> impl Iterator<Item = (&Path, &[rustls::pki_types::CertificateDer<'static>])> {
+        self.servers
+            .iter()
+            .filter_map(|s| s.tls.as_ref())
+            .flat_map(|t| &t.certificates)
+            .map(|c| (c.cert_path.as_path(), c.key.cert.as_slice()))
     }
 
     /// Takes the master's resolution of `Auto` settings: `workers: Auto` and
@@ -278,7 +300,8 @@ impl Config {
     /// [`Config::parse`] for a worker adopting a reload: a server name `old`
     /// has already is given `old`'s addresses (the worker running the checks
     /// re-resolves it off the event loop), so only a name new to the worker is
-    /// resolved here.
+    /// resolved here; certificates it may no longer read are taken from `old` as
+    /// [`Config::parse_after`] does.
     pub fn parse_like(file: &Path, text: &str, old: &Config) -> Result<Config, ConfigErrors> {
         let known = |host: &str, port: u16| {
             old.upstreams
@@ -291,9 +314,10 @@ impl Config {
                 })
                 .map(|s| s.resolved.clone())
         };
-        Config::parse_with(file, text, &|host, port| {
+        let resolve = |host: &str, port: u16| {
             known(host, port).map_or_else(|| upstream::resolve_name(host, port), Ok)
-        })
+        };
+        Config::parse_full(file, text, &resolve, Some(old))
     }
 
     /// [`Config::parse`] with names resolved by `resolve` (host, port -> addresses).
@@ -301,6 +325,30 @@ impl Config {
         file: &Path,
         text: &str,
         resolve: &Resolver<'_>,
+    ) -> Result<Config, ConfigErrors> {
+        Config::parse_full(file, text, resolve, None)
+    }
+
+    /// Like [`Config::parse`], for a process running `running`: a certificate file it
+    /// may not read (a worker that gave up root; keys are often root's alone) is taken
+    /// from `running` when the same files are named there. The master reads the
+    /// files itself, and a changed certificate starts workers that have it
+    /// ([`Config::needs_new_workers`]), so only unchanged ones are taken this way.
+    pub fn parse_after(
+        file: &Path,
+        text: &str,
+        running: Option<&Config>,
+    ) -> Result<Config, ConfigErrors> {
+        Config::parse_full(file, text, &upstream::resolve_name, running)
+    }
+
+    /// The parse all the others are: names resolved by `resolve`, certificates
+    /// unreadable now taken from `running`.
+    fn parse_full(
+        file: &Path,
+        text: &str,
+        resolve: &Resolver<'_>,
+        running: Option<&Config>,
     ) -> Result<Config, ConfigErrors> {
         let raw: raw::RawConfig = ron::Options::default().from_str(text).map_err(|e| {
             ConfigErrors(vec![ConfigError {
@@ -310,7 +358,7 @@ impl Config {
                 kind: ConfigErrorKind::Syntax(e.code),
             }])
         })?;
-        validate::validate(file, text, raw, resolve)
+        validate::validate(file, text, raw, resolve, running)
     }
 }
 

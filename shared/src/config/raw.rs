@@ -66,6 +66,9 @@ pub struct RawServer {
     pub backlog: u32,
     #[serde(default)]
     pub names: Vec<String>,
+    /// HTTPS on every address of `listen`: certificates, versions, session tickets.
+    #[serde(default)]
+    pub tls: Option<super::tls::RawTls>,
     #[serde(default)]
     pub access_log: Option<RawLogTarget>,
     #[serde(default)]

@@ -13,6 +13,7 @@ use super::{Config, ErrorPage, Handler, Listener, LogTarget, Route, Server, Upst
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 /// Half the region's worker slots: a reload runs two generations side by side.
 const MAX_WORKERS: usize = crate::shm::layout::MAX_SLOTS / 2;
@@ -92,6 +93,22 @@ fn resolve_log(base: &Path, target: &RawLogTarget) -> LogTarget {
     }
 }
 
+/// The certificate `running` loaded from the same two files, if any.
+fn running_certificate(
+    running: &Config,
+    base: &Path,
+    raw: &super::tls::RawCertificate,
+) -> Option<super::tls::Certificate> {
+    let (cert, key) = (base.join(&raw.cert), base.join(&raw.key));
+    running
+        .servers
+        .iter()
+        .filter_map(|s| s.tls.as_ref())
+        .flat_map(|t| &t.certificates)
+        .find(|c| c.cert_path == cert && c.key_path == key)
+        .cloned()
+}
+
 /// The CPUs this process may run on, in ascending order.
 fn allowed_cpus() -> Vec<usize> {
     use nix::sched::{sched_getaffinity, CpuSet};
@@ -160,6 +177,7 @@ pub(super) fn validate(
     text: &str,
     raw: RawConfig,
     resolve_names: &super::Resolver<'_>,
+    running: Option<&Config>,
 ) -> Result<Config, ConfigErrors> {
     let base = file.parent().unwrap_or(Path::new("/")).to_path_buf();
     let mut check = Checker {
@@ -323,6 +341,7 @@ pub(super) fn validate(
     }
 
     let mut servers = Vec::with_capacity(raw.servers.len());
+    let mut warnings: Vec<String> = Vec::new();
     let mut listeners: Vec<Listener> = Vec::new();
     // (address, name) -> index of the server that claimed it first
     let mut claimed: HashMap<(std::net::SocketAddr, String), usize> = HashMap::new();
@@ -411,6 +430,73 @@ pub(super) fn validate(
         }
 
         // Before the routes: literals are located in the order they are written.
+        let tls = s.tls.as_ref().map(|raw| {
+            let mut certificates = Vec::with_capacity(raw.certificates.len());
+            if raw.certificates.is_empty() {
+                check.error(
+                    "certificates",
+                    0,
+                    field("tls.certificates"),
+                    "at least one (cert, key) is needed".into(),
+                );
+            }
+            if raw.versions.is_empty() {
+                check.error(
+                    "versions",
+                    0,
+                    field("tls.versions"),
+                    "at least one version is needed (Tls12, Tls13)".into(),
+                );
+            }
+            for (ci, c) in raw.certificates.iter().enumerate() {
+                let (literal, nth) = occurrence(&c.cert);
+                let (key_literal, key_nth) = occurrence(&c.key);
+                let at = locate(text, &literal, nth).unwrap_or((1, 1));
+                let entry = format!("{}[{ci}]", field("tls.certificates"));
+                let loaded = super::tls::load_certificate(&base, c).or_else(|problem| {
+                    match (&problem, running) {
+                        (super::tls::CertProblem::Read { source, .. }, Some(running))
+                            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+                        {
+                            running_certificate(running, &base, c).ok_or(problem)
+                        }
+                        _ => Err(problem),
+                    }
+                });
+                match loaded {
+                    Ok(cert) => {
+                        if let Some(w) = super::tls::expiry_warning(&cert, SystemTime::now()) {
+                            warnings.push(format!(
+                                "{}:{}:{}: warning: {entry}: {w}",
+                                file.display(),
+                                at.0,
+                                at.1
+                            ));
+                        }
+                        certificates.push(cert);
+                    }
+                    Err(problem) => {
+                        let (needle, n) = match &problem {
+                            super::tls::CertProblem::Read { path, .. }
+                            | super::tls::CertProblem::NoneFound { path, .. }
+                            | super::tls::CertProblem::Pem { path, .. }
+                            | super::tls::CertProblem::BadKey { path, .. }
+                                if path.ends_with(&c.key) && !path.ends_with(&c.cert) =>
+                            {
+                                (&key_literal, key_nth)
+                            }
+                            _ => (&literal, nth),
+                        };
+                        check.error(needle, n, entry, problem.to_string());
+                    }
+                }
+            }
+            super::tls::Tls {
+                certificates,
+                versions: raw.versions.clone(),
+                session_tickets: raw.session_tickets,
+            }
+        });
         let mut error_pages = Vec::new();
         for (status, page) in &s.error_pages {
             let (literal, nth) = occurrence(page);
@@ -635,6 +721,7 @@ pub(super) fn validate(
         servers.push(Server {
             listen: s.listen.iter().map(|l| l.0).collect(),
             names,
+            tls,
             access_log: s.access_log.as_ref().map(|t| resolve_log(&base, t)),
             access_log_format: s.access_log_format,
             keepalive_timeout: s.keepalive_timeout.0,
@@ -653,6 +740,23 @@ pub(super) fn validate(
             routes,
             error_pages,
         });
+    }
+
+    for l in &listeners {
+        let on: Vec<&Server> = servers
+            .iter()
+            .filter(|s| s.listen.contains(&l.addr))
+            .collect();
+        let tls = on.iter().filter(|s| s.tls.is_some()).count();
+        if tls > 0 && tls < on.len() {
+            let addr = l.addr.to_string();
+            check.error(
+                &format!("\"{addr}\""),
+                0,
+                "servers.listen".into(),
+                format!("{addr} is served with `tls` by some servers and without by others: an address is all HTTPS or all plain HTTP"),
+            );
+        }
     }
 
     if !check.errors.is_empty() {
@@ -682,6 +786,7 @@ pub(super) fn validate(
         servers,
         upstreams,
         listeners,
+        warnings,
     })
 }
 

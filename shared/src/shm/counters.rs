@@ -79,6 +79,17 @@ counters! { COUNTERS;
     11 ACCEPT_EMPTY_WAKEUPS   "accept_empty_wakeups"   "forkd_accept_empty_wakeups_total"           "Accept wake-ups that found no connection.";
     12 CONNECTION_LIMIT_HITS  "connection_limit_hits"  "forkd_connection_limit_hits_total"          "Times a worker reached worker_connections.";
     13 SLOW_CLIENTS_CLOSED    "slow_clients_closed"    "forkd_slow_clients_closed_total"            "Connections closed below min_body_rate or min_send_rate.";
+    // TLS (#14; ids 30..=39).
+    30 TLS_HANDSHAKES_FULL    "tls_handshakes_full"    "forkd_tls_handshakes_total" kind = "full"        "TLS handshakes completed, by kind (full, resumed with a session ticket) or failed.";
+    31 TLS_HANDSHAKES_RESUMED "tls_handshakes_resumed" "forkd_tls_handshakes_total" kind = "resumed"     "TLS handshakes completed, by kind (full, resumed with a session ticket) or failed.";
+    32 TLS_HANDSHAKES_FAILED  "tls_handshakes_failed"  "forkd_tls_handshakes_total" kind = "failed"      "TLS handshakes completed, by kind (full, resumed with a session ticket) or failed.";
+    33 TLS_NOT_TLS            "tls_not_tls"            "forkd_tls_not_tls_total"                        "Connections to a TLS address that did not start with a TLS handshake (plain HTTP, say), closed.";
+    34 TLS_VERSION_12         "tls_version_12"         "forkd_tls_handshakes_by_version_total" version = "TLSv1.2" "Completed TLS handshakes by protocol version.";
+    35 TLS_VERSION_13         "tls_version_13"         "forkd_tls_handshakes_by_version_total" version = "TLSv1.3" "Completed TLS handshakes by protocol version.";
+    36 TLS_CIPHER_AES128GCM   "tls_cipher_aes128gcm"   "forkd_tls_handshakes_by_cipher_total" cipher = "AES_128_GCM" "Completed TLS handshakes by the cipher of the negotiated suite.";
+    37 TLS_CIPHER_AES256GCM   "tls_cipher_aes256gcm"   "forkd_tls_handshakes_by_cipher_total" cipher = "AES_256_GCM" "Completed TLS handshakes by the cipher of the negotiated suite.";
+    38 TLS_CIPHER_CHACHA20    "tls_cipher_chacha20"    "forkd_tls_handshakes_by_cipher_total" cipher = "CHACHA20_POLY1305" "Completed TLS handshakes by the cipher of the negotiated suite.";
+    39 TLS_ALERTS_RECEIVED    "tls_alerts_received"    "forkd_tls_alerts_received_total"                "TLS alerts received from clients that ended a connection (a client refusing the certificate, say).";
     // WebSocket / Upgrade tunnels (#12).
     44 TUNNELS_OPENED         "tunnels_opened"         "forkd_tunnels_opened_total"                 "Upgraded connections (WebSocket tunnels) opened after a 101 from an upstream.";
     45 TUNNELS_CLOSED         "tunnels_closed"         "forkd_tunnels_closed_total"                 "Upgraded connections (WebSocket tunnels) closed.";

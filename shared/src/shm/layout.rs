@@ -19,8 +19,10 @@
 //!  │                  server its verdict and its resolved addresses
 //!  ├── overload       appended area (`overload`): per upstream group (limit, in
 //!  │                  flight over all workers), per worker row (latency samples)
-//!  └── upstream_state appended area (`upstream_state`): per upstream server, shared
-//!                     by the workers (in flight, passive health)
+//!  ├── upstream_state appended area (`upstream_state`): per upstream server, shared
+//!  │                  by the workers (in flight, passive health)
+//!  ├── tls_keys       appended area (`tls_keys`): session-ticket keys, master-written
+//!  └── tls_certs      appended area (`tls_certs`): certificates in force, their expiry
 //! ```
 //!
 //! Growing: an area is appended at the end, never inserted, so every offset of an
@@ -373,6 +375,10 @@ pub struct Layout {
     /// Appended after the overload area: per upstream server, what every worker sees
     /// the same (in flight, passive health; see `upstream_state`).
     pub upstream_state: super::upstream_state::UpstreamStateArea,
+    /// Appended after the upstream area: TLS session-ticket keys (`tls_keys`).
+    pub tls_keys: super::tls_keys::TlsKeysArea,
+    /// The certificates in force and their expiry (`tls_certs`).
+    pub tls_certs: super::tls_certs::TlsCertsArea,
 }
 
 /// Bytes of a version-2 region of a build before the upstream area: where that area

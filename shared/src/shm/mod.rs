@@ -20,6 +20,8 @@
 //!   verdict and resolved addresses.
 //! - `upstream_state`: the appended area every worker shares per upstream server:
 //!   in flight, passive health, weights (balancing with a global view).
+//! - `tls_keys`: the appended area of TLS session-ticket keys (master writes, workers read).
+//! - `tls_certs`: the appended area of the certificates in force and their expiry.
 
 pub mod counters;
 pub mod fold;
@@ -33,6 +35,8 @@ pub mod report;
 pub mod snapshot;
 #[cfg(test)]
 mod testing;
+pub mod tls_certs;
+pub mod tls_keys;
 pub mod upstream;
 pub mod upstream_counters;
 pub mod upstream_state;

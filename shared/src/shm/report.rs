@@ -77,6 +77,8 @@ pub struct Report {
     pub checks: ChecksReport,
     /// Every upstream group with an adaptive limit.
     pub overload: Vec<super::overload::OverloadReport>,
+    /// The TLS certificates in force and their expiry.
+    pub tls_certificates: Vec<super::tls_certs::CertReport>,
 }
 
 /// The active checks' lease.
@@ -248,6 +250,7 @@ fn read_once(layout: &Layout) -> Report {
         upstreams: super::upstream_values::read(layout),
         checks: checks_report(layout),
         overload: super::overload::read(layout),
+        tls_certificates: super::tls_certs::read(layout),
     }
 }
 
@@ -267,6 +270,7 @@ struct Json<'a> {
     upstreams: &'a [UpstreamReport],
     checks: &'a ChecksReport,
     overload: &'a [super::overload::OverloadReport],
+    tls_certificates: &'a [super::tls_certs::CertReport],
 }
 
 #[derive(Serialize)]
@@ -322,6 +326,7 @@ impl Report {
             upstreams: &self.upstreams,
             checks: &self.checks,
             overload: &self.overload,
+            tls_certificates: &self.tls_certificates,
         };
         // Serialising plain structs, maps of string keys and numbers cannot fail.
         let mut out = serde_json::to_string(&doc).expect("stats serialise to JSON");
@@ -465,6 +470,7 @@ impl Report {
         }
         super::upstream_values::health_table(&mut o, &self.upstreams);
         super::overload::table(&mut o, &self.overload);
+        super::tls_certs::table(&mut o, &self.tls_certificates);
         o
     }
 
@@ -629,6 +635,7 @@ impl Report {
         }
         super::upstream_values::prometheus(&mut o, &self.upstreams, seconds);
         super::overload::prometheus(&mut o, &self.overload, seconds);
+        super::tls_certs::prometheus(&mut o, &self.tls_certificates);
         o
     }
 }
@@ -736,6 +743,7 @@ mod tests {
             upstreams: Vec::new(),
             checks: ChecksReport::default(),
             overload: Vec::new(),
+            tls_certificates: Vec::new(),
         };
         let table = report.to_table(None, 0.0);
         assert!(!table.contains("      100 "), "{table}");

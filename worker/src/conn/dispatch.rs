@@ -29,6 +29,7 @@ use crate::services::Services;
 use crate::timers::Micros;
 use crate::upstreams::Proxied;
 use forkd_shared::config::overload::Priority;
+use forkd_shared::config::tls::name_matches;
 use forkd_shared::config::{Handler, Server};
 use std::borrow::Cow;
 use std::net::IpAddr;
@@ -72,9 +73,13 @@ pub struct Exchange<'c> {
     pub started: Micros,
     /// The connection is being rotated out at `worker_connections`: close after this.
     pub rotate: bool,
+    /// The connection speaks TLS (`X-Forwarded-Proto: https`; no upgrade tunnels,
+    /// which relay the socket's bytes as they are).
+    pub tls: bool,
 }
 
-/// Picks the server for `host` among those on the connection's listener.
+/// Picks the server for `host` among those on the connection's listener: a name
+/// written out first, then a `*.example.com` one (as SNI picks certificates).
 fn select_server(svc: &Services, listener: usize, host: Option<&[u8]>) -> usize {
     let routing = &svc.routing[listener];
     if let Some(host) = host {
@@ -83,6 +88,15 @@ fn select_server(svc: &Services, listener: usize, host: Option<&[u8]>) -> usize 
                 .names
                 .iter()
                 .any(|n| n.as_bytes().eq_ignore_ascii_case(host))
+            {
+                return s;
+            }
+        }
+        for &s in &routing.servers {
+            if svc.config.servers[s]
+                .names
+                .iter()
+                .any(|n| n.starts_with("*.") && name_matches(n, host))
             {
                 return s;
             }
@@ -350,7 +364,7 @@ fn proxy(
     // An upgrade the route allows: forwarded with `Upgrade` (see `proxy::upgrade`);
     // otherwise both fields are dropped as hop-by-hop and the request is plain HTTP.
     let protocol = match framing {
-        Framing::None if allow_upgrade => upgrade::requested(head),
+        Framing::None if allow_upgrade && !x.tls => upgrade::requested(head),
         _ => None,
     };
     let fallback = srv
@@ -359,7 +373,7 @@ fn proxy(
         .map_or(&b"localhost"[..], |n| n.as_bytes());
     let fwd = Forwarding {
         client_ip: x.peer,
-        scheme: Scheme::Http,
+        scheme: if x.tls { Scheme::Https } else { Scheme::Http },
         fallback_host: fallback,
         // `Connection: upgrade` instead: a switched connection is never pooled.
         close: upstream.keepalive == 0 && protocol.is_none(),

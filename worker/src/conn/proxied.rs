@@ -22,10 +22,10 @@ use crate::proxy::session::Step;
 use crate::services::Services;
 use crate::stats::CellId;
 use crate::timers::Micros;
+use crate::tls::Transport;
 use crate::upstream_health::{self, fail_policy, Choice};
 use crate::upstreams::Proxied;
 use forkd_shared::shm::upstream_state::{usability, ActiveChecks, DownReason, Usability};
-use mio::net::TcpStream;
 use std::io::{self, IoSlice, Write};
 use std::net::IpAddr;
 
@@ -59,7 +59,7 @@ pub enum Progress {
 /// The client connection's side of [`advance`].
 pub struct Client<'a> {
     pub key: usize,
-    pub stream: &'a mut TcpStream,
+    pub stream: Transport<'a>,
     pub peer: IpAddr,
     /// The connection's last progress (reads and writes), for its timeouts.
     pub progress: &'a mut Micros,
@@ -76,7 +76,7 @@ pub fn advance(
     // `100 Continue` (queued below) goes out before any response byte.
     if !busy.out.is_empty() {
         let mut sent = 0;
-        let result = busy.out.flush(c.stream, &mut sent, *budget);
+        let result = busy.out.flush(&mut c.stream, &mut sent, *budget);
         *budget = budget.saturating_sub(sent);
         if sent > 0 {
             *c.progress = svc.clock.now_us;

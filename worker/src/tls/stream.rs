@@ -1,0 +1,258 @@
+//! [`Transport`]: what a connection reads and writes. Plain, it is the socket; with
+//! TLS, reads take records from the socket into rustls and return plaintext, writes
+//! hand plaintext to rustls and push the records it makes to the socket, all on the
+//! one non-blocking socket (no thread, no async runtime).
+//!
+//! Records rustls made but the socket did not take yet are output still pending:
+//! [`Transport::pending`] makes the connection wait for writability, and
+//! [`Transport::push`] sends them. The handshake runs inside reads: a read that
+//! finishes it counts it (full or resumed, version, cipher); one that fails counts
+//! the failure, sends rustls' alert and ends the connection, without a log line.
+
+use crate::out::Sink;
+use crate::stats::Stats;
+use forkd_shared::shm::counters;
+use mio::net::TcpStream;
+use rustls::{CipherSuite, HandshakeKind, ProtocolVersion, ServerConnection};
+use std::io::{self, Read, Write};
+use std::net::Shutdown;
+use std::os::fd::{AsFd, BorrowedFd};
+
+/// A connection's TLS session, if its address speaks TLS: one word, so a `Conn`
+/// stays small (the socket is the connection's own field; [`Transport`] joins them).
+#[derive(Default)]
+pub struct Tls(Option<Box<Session>>);
+
+/// The socket and the session of one connection, borrowed together to read or write.
+pub struct Transport<'a> {
+    tcp: &'a mut TcpStream,
+    tls: &'a mut Tls,
+}
+
+struct Session {
+    conn: ServerConnection,
+    state: State,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Handshaking,
+    Established,
+}
+
+impl Tls {
+    /// No TLS: a plain HTTP address.
+    pub fn none() -> Tls {
+        Tls(None)
+    }
+
+    pub fn server(conn: ServerConnection) -> Tls {
+        Tls(Some(Box::new(Session {
+            conn,
+            state: State::Handshaking,
+        })))
+    }
+
+    /// Whether the connection speaks TLS.
+    pub fn is_tls(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// TLS records are waiting for the socket to take them.
+    pub fn pending(&self) -> bool {
+        self.0.as_ref().is_some_and(|s| s.conn.wants_write())
+    }
+
+    /// Whether a read that returned `n` of `space` bytes may have left input unread:
+    /// plain, only a full read; with TLS always (rustls may hold decrypted bytes, and
+    /// a record's plaintext is shorter than what was read), until a read finds the
+    /// socket empty.
+    pub fn may_have_more(&self, n: usize, space: usize) -> bool {
+        self.0.is_some() || n == space
+    }
+}
+
+impl<'a> Transport<'a> {
+    pub fn new(tcp: &'a mut TcpStream, tls: &'a mut Tls) -> Transport<'a> {
+        Transport { tcp, tls }
+    }
+
+    /// Peeks at the socket itself (ciphertext under TLS): `Ok(0)` says the peer
+    /// closed, whatever it said before (the proxy's "did the client leave?").
+    pub fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.tcp.peek(buf)
+    }
+
+    /// Sends pending TLS records: `Ok(true)` when none are left.
+    pub fn push(&mut self) -> io::Result<bool> {
+        let Some(s) = self.tls.0.as_deref_mut() else {
+            return Ok(true);
+        };
+        while s.conn.wants_write() {
+            match s.conn.write_tls(&mut self.tcp) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Reads plaintext into `buf` (the handshake, counted in `stats`, runs inside).
+    /// `Ok(0)` is the end of the stream.
+    pub fn read_counted(&mut self, buf: &mut [u8], stats: &Stats) -> io::Result<usize> {
+        let Some(s) = self.tls.0.as_deref_mut() else {
+            return self.tcp.read(buf);
+        };
+        loop {
+            match s.conn.reader().read(buf) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+            match s.conn.read_tls(&mut self.tcp) {
+                Ok(0) => return Ok(0),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e), // WouldBlock: nothing more now
+            }
+            if let Err(e) = s.conn.process_new_packets() {
+                count_failure(&e, s.state, stats);
+                // rustls queued an alert saying why: best effort, then close.
+                let _ = s.conn.write_tls(&mut self.tcp);
+                return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+            }
+            if s.state == State::Handshaking && !s.conn.is_handshaking() {
+                s.state = State::Established;
+                count_handshake(&s.conn, stats);
+            }
+            // Handshake messages (and tickets) go out as soon as they are made; a full
+            // socket leaves them pending for the connection's next write.
+            while s.conn.wants_write() {
+                match s.conn.write_tls(&mut self.tcp) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+
+    /// Before closing: with TLS, a `close_notify`, so the client knows the response
+    /// was not cut short (best effort: a full socket drops it).
+    pub fn close_notify(&mut self) {
+        if let Some(s) = self.tls.0.as_deref_mut() {
+            if s.state == State::Established {
+                s.conn.send_close_notify();
+                let _ = self.push();
+            }
+        }
+    }
+
+    /// Shuts the sending side down: with TLS, after a `close_notify`.
+    pub fn shutdown_write(&mut self) -> io::Result<()> {
+        if let Some(s) = self.tls.0.as_deref_mut() {
+            if s.state == State::Established {
+                s.conn.send_close_notify();
+            }
+            let _ = self.push();
+        }
+        self.tcp.shutdown(Shutdown::Write)
+    }
+}
+
+impl Write for Transport<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if !self.tls.is_tls() {
+            return self.tcp.write(buf);
+        }
+        // Records made earlier go first: rustls' buffer stays one socket-full.
+        if !self.push()? {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let s = self.tls.0.as_deref_mut().expect("checked");
+        let n = s.conn.writer().write(buf)?;
+        if n == 0 && !buf.is_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        self.push()?; // what the socket does not take now stays pending
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self.push()? {
+            true => Ok(()),
+            false => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+}
+
+impl AsFd for Transport<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.tcp.as_fd()
+    }
+}
+
+impl Sink for Transport<'_> {
+    /// Under TLS a file's bytes go through rustls (read, then encrypted).
+    fn can_sendfile(&self) -> bool {
+        !self.tls.is_tls()
+    }
+}
+
+fn count_handshake(conn: &ServerConnection, stats: &Stats) {
+    let kind = match conn.handshake_kind() {
+        Some(HandshakeKind::Resumed) => counters::TLS_HANDSHAKES_RESUMED,
+        _ => counters::TLS_HANDSHAKES_FULL,
+    };
+    stats.bump(kind, 1);
+    match conn.protocol_version() {
+        Some(ProtocolVersion::TLSv1_3) => stats.bump(counters::TLS_VERSION_13, 1),
+        Some(ProtocolVersion::TLSv1_2) => stats.bump(counters::TLS_VERSION_12, 1),
+        _ => {}
+    }
+    if let Some(suite) = conn.negotiated_cipher_suite() {
+        let cipher = match suite.suite() {
+            CipherSuite::TLS13_AES_128_GCM_SHA256
+            | CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+            | CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 => {
+                Some(counters::TLS_CIPHER_AES128GCM)
+            }
+            CipherSuite::TLS13_AES_256_GCM_SHA384
+            | CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384
+            | CipherSuite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384 => {
+                Some(counters::TLS_CIPHER_AES256GCM)
+            }
+            CipherSuite::TLS13_CHACHA20_POLY1305_SHA256
+            | CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256
+            | CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256 => {
+                Some(counters::TLS_CIPHER_CHACHA20)
+            }
+            _ => None,
+        };
+        if let Some(c) = cipher {
+            stats.bump(c, 1);
+        }
+    }
+}
+
+fn count_failure(e: &rustls::Error, state: State, stats: &Stats) {
+    match e {
+        // Not a TLS record at all before the handshake: plain HTTP on an HTTPS port.
+        rustls::Error::InvalidMessage(_) if state == State::Handshaking => {
+            stats.bump(counters::TLS_NOT_TLS, 1);
+        }
+        rustls::Error::AlertReceived(_) => {
+            stats.bump(counters::TLS_ALERTS_RECEIVED, 1);
+            if state == State::Handshaking {
+                stats.bump(counters::TLS_HANDSHAKES_FAILED, 1);
+            }
+        }
+        _ if state == State::Handshaking => stats.bump(counters::TLS_HANDSHAKES_FAILED, 1),
+        _ => {}
+    }
+}

@@ -8,13 +8,14 @@
 //! below `weight`, and rising between two reads), and a burst's share is compared
 //! with the weights read after it.
 
+// Only some of its helpers are used here.
+#[allow(dead_code)]
 #[path = "support/checked_upstream.rs"]
 mod checked_upstream;
 mod support;
 
 use checked_upstream::CheckedUpstream;
 use serde_json::Value;
-use std::time::Duration;
 use support::*;
 
 /// Each server's weight: large, so the ramp (weight × elapsed / slow_start, from 1)

@@ -3,6 +3,8 @@
 //! processes as soon as the reload returns, and the shares of the requests follow.
 //! Two workers, load from one client spread over both by the kernel.
 
+// Only some of its helpers are used here.
+#[allow(dead_code)]
 #[path = "support/checked_upstream.rs"]
 mod checked_upstream;
 mod support;

@@ -322,7 +322,7 @@ impl EventLoop {
             .map(|(k, _)| k)
             .collect();
         for key in keys {
-            self.conns[key].shut_tunnel();
+            self.conns[key].shut_tunnel(&self.svc);
             self.close(key);
         }
         self.svc.stats.tunnels(0);

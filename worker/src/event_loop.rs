@@ -141,7 +141,7 @@ impl EventLoop {
         // health area lets the checks threads read and write it.
         let region: &'static std::rc::Rc<forkd_shared::shm::Region> =
             Box::leak(Box::new(init.region.clone()));
-        let checks = Checks::new(&region.layout().health);
+        let checks = Checks::new(&region.layout().health, &region.layout().upstream_state);
         let overload =
             crate::overload::Overload::new(init.region.clone(), init.region_slot, &config);
         let mut event_loop = EventLoop {
@@ -322,7 +322,7 @@ impl EventLoop {
             .map(|(k, _)| k)
             .collect();
         for key in keys {
-            self.conns[key].shut_tunnel();
+            self.conns[key].shut_tunnel(&self.svc);
             self.close(key);
         }
         self.svc.stats.tunnels(0);

@@ -277,6 +277,13 @@ impl ServerState {
         }
     }
 
+    /// Up again by its active checks (`rise` passes after `fall` failures): its
+    /// `slow_start` ramp starts now, as after a passed trial. The passive side is
+    /// left as it is.
+    pub fn start_ramp(&self, now_ms: u64) {
+        self.came_up_at_ms.store(now_ms.max(1), Release);
+    }
+
     /// The configured weight (1 while unpublished).
     pub fn weight(&self) -> u32 {
         self.weight.load(Relaxed).max(1)

@@ -25,7 +25,7 @@ pub mod runner;
 use crate::stats::Stats;
 use forkd_shared::config::{Config, UpstreamAddress};
 use forkd_shared::shm::health::{self, HealthArea};
-use forkd_shared::shm::upstream_state::{ActiveChecks, ActiveVerdict};
+use forkd_shared::shm::upstream_state::{ActiveChecks, ActiveVerdict, UpstreamStateArea};
 use runner::{Plan, Planned, Shared};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -51,6 +51,8 @@ struct Followed {
 /// The event loop's view of the health area.
 pub struct Checks {
     area: &'static HealthArea,
+    /// The servers' shared state: the checks start a returning server's ramp there.
+    ramps: &'static UpstreamStateArea,
     shared: Arc<Shared>,
     started: bool,
     /// Draining: the threads were told to stop, and a later adoption must not
@@ -65,9 +67,10 @@ pub struct Checks {
 }
 
 impl Checks {
-    pub fn new(area: &'static HealthArea) -> Checks {
+    pub fn new(area: &'static HealthArea, ramps: &'static UpstreamStateArea) -> Checks {
         Checks {
             area,
+            ramps,
             shared: Shared::new(),
             started: false,
             stopped: false,
@@ -150,7 +153,7 @@ impl Checks {
 
     /// Starts the threads (once, after the worker dropped its privileges).
     fn start(&mut self) {
-        match runner::start(&self.shared, self.area) {
+        match runner::start(&self.shared, self.area, self.ramps) {
             Ok(()) => self.started = true,
             Err(e) => forkd_shared::error!(
                 "cannot start the upstream checks thread: {e}; another worker runs the checks"
@@ -311,7 +314,7 @@ mod tests {
         let mut stats = Stats::new(region.clone(), claim_free_slot(l, 0, 1).unwrap());
         stats.map_upstreams(&config);
         let leaked: &'static Rc<Region> = Box::leak(Box::new(region.clone()));
-        let mut checks = Checks::new(&leaked.layout().health);
+        let mut checks = Checks::new(&leaked.layout().health, &leaked.layout().upstream_state);
         let plan = checks.map(&config, &stats);
         assert_eq!(
             plan.servers.len(),

@@ -18,6 +18,7 @@
 use super::probe::{self, Target};
 use forkd_shared::config::{resolve_name, HealthCheck, UpstreamAddress};
 use forkd_shared::shm::health::{HealthArea, HealthCell, Lease, Outcome, Verdict, MAX_ADDRS};
+use forkd_shared::shm::upstream_state::{ServerState, UpstreamStateArea};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -125,12 +126,17 @@ impl Shared {
     }
 }
 
-/// Starts both threads.
-pub fn start(shared: &Arc<Shared>, area: &'static HealthArea) -> std::io::Result<()> {
+/// Starts both threads; `ramps`: the servers' shared state, whose `slow_start` ramp
+/// a server back up by its checks starts.
+pub fn start(
+    shared: &Arc<Shared>,
+    area: &'static HealthArea,
+    ramps: &'static UpstreamStateArea,
+) -> std::io::Result<()> {
     let s = shared.clone();
     let checks = std::thread::Builder::new()
         .name("forkd-checks".into())
-        .spawn(move || run_checks(&s, area))?;
+        .spawn(move || run_checks(&s, area, ramps))?;
     let s = shared.clone();
     let resolver = std::thread::Builder::new()
         .name("forkd-resolve".into())
@@ -145,7 +151,7 @@ fn me() -> i32 {
     std::process::id() as i32
 }
 
-fn run_checks(shared: &Shared, area: &'static HealthArea) {
+fn run_checks(shared: &Shared, area: &'static HealthArea, ramps: &'static UpstreamStateArea) {
     let mut held = false;
     // When each (server, check) is due next; a changed check is a new entry, due now.
     let mut due: HashMap<(u64, HealthCheck), Instant> = HashMap::new();
@@ -211,8 +217,8 @@ fn run_checks(shared: &Shared, area: &'static HealthArea) {
             .collect();
         std::thread::scope(|scope| {
             for s in &ready {
-                let cell = &area.cells[s.cell];
-                scope.spawn(move || check_server(s, cell));
+                let (cell, state) = (&area.cells[s.cell], ramps.server(s.cell));
+                scope.spawn(move || check_server(s, cell, state));
             }
         });
         for s in &ready {
@@ -233,7 +239,8 @@ fn run_checks(shared: &Shared, area: &'static HealthArea) {
 }
 
 /// Checks every address of `s` (a name may have several): it passes when all pass.
-fn check_server(s: &Planned, cell: &HealthCell) {
+/// Back up after `rise` passes, its `slow_start` ramp (in `state`) starts.
+fn check_server(s: &Planned, cell: &HealthCell, state: &ServerState) {
     let Some(check) = &s.check else { return };
     let request = probe::request(check, &s.label);
     let outcome = match &s.addr {
@@ -267,6 +274,9 @@ fn check_server(s: &Planned, cell: &HealthCell) {
         (Some(status), None) => format!("status {status}"),
         (None, None) => String::new(),
     };
+    if after == Verdict::Up && before == Verdict::Down {
+        state.start_ramp(forkd_shared::shm::monotonic_ms());
+    }
     match after {
         Verdict::Down => forkd_shared::warn!(
             "upstream \"{}\" server {} is down: {} failed check(s) of {} in a row, the last: {why}",

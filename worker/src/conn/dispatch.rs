@@ -73,8 +73,8 @@ pub struct Exchange<'c> {
     pub started: Micros,
     /// The connection is being rotated out at `worker_connections`: close after this.
     pub rotate: bool,
-    /// The connection speaks TLS (`X-Forwarded-Proto: https`; no upgrade tunnels,
-    /// which relay the socket's bytes as they are).
+    /// The connection speaks TLS (`X-Forwarded-Proto: https`; an upgrade tunnel's
+    /// client side decrypts and encrypts, `conn::tunnel`).
     pub tls: bool,
 }
 
@@ -364,7 +364,7 @@ fn proxy(
     // An upgrade the route allows: forwarded with `Upgrade` (see `proxy::upgrade`);
     // otherwise both fields are dropped as hop-by-hop and the request is plain HTTP.
     let protocol = match framing {
-        Framing::None if allow_upgrade && !x.tls => upgrade::requested(head),
+        Framing::None if allow_upgrade => upgrade::requested(head),
         _ => None,
     };
     let fallback = srv

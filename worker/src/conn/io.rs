@@ -26,7 +26,7 @@
 
 use super::dispatch::{self, After, Exchange, Next};
 use super::proxied::{self, Client, Progress};
-use super::tunnel::{Moved, Pumped, Tunnel};
+use super::tunnel::{Client as TunnelClient, Moved, Pumped, Tunnel};
 use crate::busy::{Body, Busy, RateWindow};
 use crate::http::request::{self, RequestError};
 use crate::http::response::Status;
@@ -261,9 +261,12 @@ impl Conn {
 
     /// The drain ended with the tunnel still open: shut both sides down cleanly (the
     /// caller closes the connection).
-    pub fn shut_tunnel(&mut self) {
+    pub fn shut_tunnel(&mut self, svc: &Services) {
         if let Some(t) = self.busy.as_mut().and_then(|b| b.tunnel.as_mut()) {
-            t.shut(&mut self.stream);
+            t.shut(&mut TunnelClient {
+                transport: Transport::new(&mut self.stream, &mut self.tls),
+                stats: &svc.stats,
+            });
         }
     }
 
@@ -593,13 +596,12 @@ impl Conn {
                     };
                     let mut moved = Moved::default();
                     let now = svc.clock.now_us;
-                    let pumped = tunnel.pump(
-                        &mut self.stream,
-                        &mut self.readable,
-                        now,
-                        &mut bytes,
-                        &mut moved,
-                    );
+                    let mut client = TunnelClient {
+                        transport: Transport::new(&mut self.stream, &mut self.tls),
+                        stats: &svc.stats,
+                    };
+                    let pumped =
+                        tunnel.pump(&mut client, &mut self.readable, now, &mut bytes, &mut moved);
                     if moved.from_client > 0 {
                         svc.stats.bytes_in(moved.from_client);
                     }
@@ -1018,7 +1020,10 @@ impl Conn {
             return Verdict::Keep;
         }
         forkd_shared::info!("tunnel of client {} idle: closing", self.peer);
-        tunnel.shut(&mut self.stream);
+        tunnel.shut(&mut TunnelClient {
+            transport: Transport::new(&mut self.stream, &mut self.tls),
+            stats: &svc.stats,
+        });
         Verdict::Close
     }
 

@@ -16,6 +16,12 @@
 //! - **Drain:** a tunnel keeps going until the worker's `drain_timeout`, then is shut
 //!   the same way (`event_loop`); the worker exits after that.
 //!
+//! - **TLS:** the client side is the connection's [`Transport`] (through
+//!   [`ClientSide`]): reads decrypt, writes encrypt, records the socket did not take
+//!   yet are sent before anything else (and keep the connection waiting for
+//!   writability), and the client's half-close is a `close_notify` then a TCP
+//!   shutdown, once every record before it is out. So `wss://` tunnels as `ws://`.
+//!
 //! The tunnel starts with the bytes already read past both heads (the client's
 //! pipelined after its request, the upstream's after its 101). Its upstream socket
 //! keeps the token (and `Owner::Client`) the exchange registered, and never goes back
@@ -23,11 +29,62 @@
 
 use crate::proxy::connect::UpstreamSocket;
 use crate::services::Services;
+use crate::stats::Stats;
 use crate::timers::Micros;
+use crate::tls::Transport;
 use forkd_shared::shm::counters;
-use mio::net::TcpStream;
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
+
+/// What a tunnel reads from and writes to on the client's side: plaintext both
+/// ways, whatever the connection speaks underneath.
+pub trait ClientSide: Read + Write {
+    /// Sends output made earlier and still pending below the plaintext (TLS
+    /// records): `Ok(true)` when none is left.
+    fn push(&mut self) -> io::Result<bool>;
+    /// Whether a read that returned `n` of `space` bytes may have left input unread
+    /// (no further readiness edge would say so).
+    fn may_have_more(&self, n: usize, space: usize) -> bool;
+    /// Ends the sending side (with TLS: a `close_notify` first).
+    fn shutdown_write(&mut self) -> io::Result<()>;
+}
+
+/// The connection's [`Transport`] as a tunnel's client side; its reads count TLS
+/// alerts in `stats`.
+pub struct Client<'t, 'a> {
+    pub transport: Transport<'a>,
+    pub stats: &'t Stats,
+}
+
+impl Read for Client<'_, '_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.transport.read_counted(buf, self.stats)
+    }
+}
+
+impl Write for Client<'_, '_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.transport.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.transport.flush()
+    }
+}
+
+impl ClientSide for Client<'_, '_> {
+    fn push(&mut self) -> io::Result<bool> {
+        self.transport.push()
+    }
+
+    fn may_have_more(&self, n: usize, space: usize) -> bool {
+        self.transport.may_have_more(n, space)
+    }
+
+    fn shutdown_write(&mut self) -> io::Result<()> {
+        self.transport.shutdown_write()
+    }
+}
 
 /// Bytes buffered per direction.
 pub const PIPE_BYTES: usize = 16 * 1024;
@@ -240,7 +297,7 @@ impl Tunnel {
     /// counts the client's bytes (for the stats).
     pub fn pump(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut impl ClientSide,
         client_readable: &mut bool,
         now: Micros,
         budget: &mut u64,
@@ -257,7 +314,7 @@ impl Tunnel {
 
     fn pump_io(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut impl ClientSide,
         client_readable: &mut bool,
         now: Micros,
         budget: &mut u64,
@@ -265,7 +322,14 @@ impl Tunnel {
     ) -> io::Result<Pumped> {
         loop {
             let mut moved = false;
-            let to_client = self.down.drain(client, *budget)?;
+            // Records made earlier go out first (a writable event may be all that
+            // woke the tunnel); while some are left, no more is written.
+            let flushed = client.push()?;
+            let to_client = if flushed {
+                self.down.drain(client, *budget)?
+            } else {
+                0
+            };
             if to_client > 0 {
                 meter.to_client += to_client as u64;
                 *budget = budget.saturating_sub(to_client as u64);
@@ -280,9 +344,13 @@ impl Tunnel {
                 self.up.shut = true;
                 shutdown_upstream(&self.upstream)?;
             }
-            if self.down.eof && !self.down.shut && self.down.pending().is_empty() {
+            if self.down.eof
+                && !self.down.shut
+                && self.down.pending().is_empty()
+                && client.push()?
+            {
                 self.down.shut = true;
-                client.shutdown(Shutdown::Write)?;
+                client.shutdown_write()?;
             }
             if self.up.shut && self.down.shut {
                 return Ok(Pumped::Ended);
@@ -295,7 +363,7 @@ impl Tunnel {
                         meter.from_client += n as u64;
                         // A short read drained the socket: the next edge tells of
                         // more (unless the peer closed: then read on to the EOF).
-                        *client_readable = n == space || self.client_hup;
+                        *client_readable = client.may_have_more(n, space) || self.client_hup;
                     }
                     None => {
                         // Drained: a close from now on raises an edge of its own.
@@ -330,8 +398,9 @@ impl Tunnel {
     /// Ends the tunnel cleanly (idle, or the drain's end): both sides are shut down
     /// for writing and their unread input dropped, so each peer reads an EOF (a
     /// WebSocket client: the connection closed, not reset).
-    pub fn shut(&mut self, client: &mut TcpStream) {
-        let _ = client.shutdown(Shutdown::Write);
+    pub fn shut(&mut self, client: &mut impl ClientSide) {
+        let _ = client.push();
+        let _ = client.shutdown_write();
         let _ = shutdown_upstream(&self.upstream);
         discard(client);
         discard(&mut self.upstream);
@@ -372,12 +441,27 @@ fn discard(from: &mut impl Read) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Moved, Pipe, Pumped, Tunnel};
+    use super::{ClientSide, Moved, Pipe, Pumped, Tunnel};
     use crate::proxy::connect::UpstreamSocket;
     use mio::{Events, Interest, Poll, Token};
-    use std::io::{Read, Write};
+    use std::io::{self, Read, Write};
     use std::net::{Shutdown, TcpListener};
     use std::time::Duration;
+
+    /// A plain socket as the client side, as `Client` over a plain `Transport` is.
+    impl ClientSide for mio::net::TcpStream {
+        fn push(&mut self) -> io::Result<bool> {
+            Ok(true)
+        }
+
+        fn may_have_more(&self, n: usize, space: usize) -> bool {
+            n == space
+        }
+
+        fn shutdown_write(&mut self) -> io::Result<()> {
+            self.shutdown(Shutdown::Write)
+        }
+    }
 
     /// A connected pair on loopback: the peer (blocking, std) and our side (mio).
     fn pair() -> (std::net::TcpStream, mio::net::TcpStream) {

@@ -77,6 +77,11 @@ impl<'a> Transport<'a> {
         Transport { tcp, tls }
     }
 
+    /// [`Tls::may_have_more`] of its session.
+    pub fn may_have_more(&self, n: usize, space: usize) -> bool {
+        self.tls.may_have_more(n, space)
+    }
+
     /// Peeks at the socket itself (ciphertext under TLS): `Ok(0)` says the peer
     /// closed, whatever it said before (the proxy's "did the client leave?").
     pub fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {

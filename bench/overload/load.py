@@ -2,6 +2,7 @@
 """bench/overload/load.py: an open-loop HTTP/1.1 client (wrk2-style constant rate).
 
 Usage: load.py PORT PHASES_JSON TIMEOUT_S
+       load.py --closed PORT CONCURRENCY SECONDS
 
 PHASES_JSON: [[rate_per_s, seconds], ...], run one after the other. Request i of a
 phase is due at phase_start + i / rate, whatever the earlier ones are doing (a new
@@ -10,6 +11,11 @@ measured from when it was due (no coordinated omission). Paths by priority:
 10% /critical, 30% /normal, 60% /low (fixed pattern). A request not answered within
 TIMEOUT_S is a failure. Prints one JSON object: per request (due time offset, phase,
 path kind, status or 0, latency ms).
+
+With --closed: a closed loop instead, CONCURRENCY keep-alive connections each sending
+its next request as soon as the last is answered, for SECONDS (after a 0.5 s warm-up
+not counted). Prints {"rps": answered 200s per second}: with CONCURRENCY equal to
+an upstream's slots, what it really serves.
 """
 
 import asyncio
@@ -70,7 +76,29 @@ async def one(pool, path, due, timeout, out, phase, kind, t0):
     out.append((round(due - t0, 4), phase, kind, status, round((time.monotonic() - due) * 1000, 3)))
 
 
+async def closed(port, concurrency, secs):
+    counts = [0]
+    t0 = time.monotonic()
+    start, end = t0 + 0.5, t0 + 0.5 + secs
+
+    async def loop():
+        pool = Pool(port)
+        while True:
+            status = await pool.request(b"/normal")
+            now = time.monotonic()
+            if now >= end:
+                return
+            if status == 200 and now >= start:
+                counts[0] += 1
+
+    await asyncio.gather(*(loop() for _ in range(concurrency)))
+    json.dump({"rps": counts[0] / secs}, sys.stdout)
+
+
 async def main():
+    if sys.argv[1] == "--closed":
+        await closed(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))
+        return
     port = int(sys.argv[1])
     phases = json.loads(sys.argv[2])
     timeout = float(sys.argv[3])

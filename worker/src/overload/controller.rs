@@ -6,7 +6,9 @@
 //!   sample   = latency_quantile of the window           (no samples: nothing changes)
 //!   baseline = min(baseline, sample)                    (a lower sample proves it too high)
 //!   gradient = clamp((baseline + 25%·baseline) / sample, 0.5, 2.0)
-//!   limit'   = gradient·limit;  limit' += sqrt(limit')  (headroom for bursts)
+//!   used     = max(peak in flight, min_limit) if gradient < 1 and the peak stayed
+//!              below the limit, else limit
+//!   limit'   = gradient·used;   limit' += sqrt(limit')  (headroom for bursts)
 //!   no growth while the window's peak in-flight stayed below limit/2 and nothing was
 //!   shed (nothing to learn: the limit is not what holds the traffic back)
 //!   limit    = clamp(0.8·limit + 0.2·limit', min_limit, max_limit)
@@ -27,6 +29,15 @@
 //! the upstream, moves the limit by a tenth at most, not by half (`bench/overload`
 //! on a loaded machine, same run: Critical admitted 96.8-99.0% with it, 94.8-95.9%
 //! without).
+//!
+//! `used` is ours too. Envoy multiplies the limit because without priorities the
+//! requests in flight are the limit once it holds traffic back. Here the priorities'
+//! caps can hold them below it: at 3x an upstream of 8 slots Low's cap is full all the
+//! time, so the sheds say "limited" and the limit rose to 19-24 while 10-12 were in
+//! flight (`bench/overload --stats`); the latency of a window says what the
+//! concurrency that produced it did, so a decrease applies to that. A limit far above
+//! what is in use is a promise the upstream cannot keep: once Low's traffic stops,
+//! that many Normal requests would be admitted into its queue at once.
 
 use crate::timers::Micros;
 
@@ -208,7 +219,8 @@ impl Controller {
                         let baseline = baseline.min(sample).max(1);
                         self.baseline_us = Some(baseline);
                         let limited = w.shed > 0 || f64::from(w.peak_inflight) >= self.limit / 2.0;
-                        let wants_less = self.adjust(baseline, sample.max(1), limited);
+                        let wants_less =
+                            self.adjust(baseline, sample.max(1), w.peak_inflight, limited);
                         // At the floor and pushed below it (not on its way up from it).
                         let floor = f64::from(self.params.min_limit);
                         stuck = if wants_less && self.limit.round() <= floor {
@@ -229,11 +241,18 @@ impl Controller {
     }
 
     /// Moves the limit by one window's gradient; true if the unsmoothed new limit is
-    /// at or below the floor.
-    fn adjust(&mut self, baseline: u64, sample: u64, limited: bool) -> bool {
+    /// at or below the floor. A decrease applies to the concurrency that was in use
+    /// (`peak`, when below the limit), whose latency the sample is.
+    fn adjust(&mut self, baseline: u64, sample: u64, peak: u32, limited: bool) -> bool {
         let target = baseline as f64 * (1.0 + BUFFER);
         let gradient = (target / sample as f64).clamp(GRADIENT_MIN, GRADIENT_MAX);
-        let mut next = gradient * self.limit;
+        // At the published (rounded) limit, the limit itself is in use.
+        let used = if gradient < 1.0 && f64::from(peak) < self.limit.round() {
+            f64::from(peak).max(f64::from(self.params.min_limit))
+        } else {
+            self.limit
+        };
+        let mut next = gradient * used;
         next += next.sqrt();
         if next > self.limit && !limited {
             // Too little traffic to say whether more would queue.
@@ -570,6 +589,40 @@ mod tests {
             "3 in flight of 10, nothing shed: nothing to learn"
         );
         assert!(grow(5) > 10);
+    }
+
+    /// The priorities' caps hold the requests in flight well below the limit (Low's
+    /// share full, sheds every window) while the upstream queues: the limit falls
+    /// to what that latency says of the concurrency in use, rather than staying a
+    /// multiple of it.
+    #[test]
+    fn a_decrease_applies_to_the_concurrency_in_use() {
+        let mut now = 0;
+        let mut c = Controller::new(params(), now, 4, Some((22, BASE)));
+        let mut limits = Vec::new();
+        for _ in 0..60 {
+            // 11 in flight at an upstream of 8: latency 11/8 of the baseline.
+            let mut samples = vec![
+                Sample {
+                    latency_us: BASE * 11 / 8 + BASE / 10,
+                    probe: false,
+                };
+                11
+            ];
+            now += WINDOW;
+            limits.push(
+                c.tick(Window {
+                    now,
+                    samples: &mut samples,
+                    peak_inflight: 11,
+                    shed: 50,
+                })
+                .limit,
+            );
+        }
+        let end = *limits.last().unwrap();
+        assert!(end <= 15, "the limit came down from 22: {limits:?}");
+        assert!(end >= 11, "not below what the latency allows: {limits:?}");
     }
 
     #[test]

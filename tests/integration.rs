@@ -594,6 +594,36 @@ fn stats_read_every_area_across_reload_and_upgrade() {
     }));
     d.wait_serving(new);
     exercise(&d, "after upgrade");
+    // The new master's workers run the checks, and what they find is what the stats
+    // read.
+    let owner = || {
+        try_stats_json(&d.config)
+            .ok()
+            .and_then(|j| j["checks"]["owner_pid"].as_i64())
+            .map(|p| p as i32)
+    };
+    assert!(
+        wait_until(SETTLE, || owner()
+            .is_some_and(|p| children_of(new).contains(&p))),
+        "the checks owner {:?} is not a worker of the new master {:?}",
+        owner(),
+        children_of(new)
+    );
+    up.set_health(500);
+    let verdict = || {
+        try_stats_json(&d.config).ok().and_then(|j| {
+            j["upstreams"].as_array().and_then(|a| {
+                a.iter()
+                    .find(|u| u["server"] == addr.as_str())
+                    .map(|u| u["health"]["verdict"].clone())
+            })
+        })
+    };
+    assert!(
+        wait_until(SETTLE, || verdict() == Some(Value::from("down"))),
+        "a failing check after the upgrade: {:?}",
+        verdict()
+    );
     let log = d.error_log();
     assert!(!log.to_lowercase().contains("layout"), "{log}");
     d.stop_master();

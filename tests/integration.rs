@@ -640,3 +640,59 @@ fn stats_read_every_area_across_reload_and_upgrade() {
     d.stop_master();
     d.assert_log_clean();
 }
+
+/// Workers killed while holding `Critical` requests: their share of the group's count
+/// is given back (in flight 0), and so is their share of the Critical count, or the
+/// part of the limit kept for Critical would stay widened for ever (Normal and Low
+/// shed early with no Critical traffic at all).
+#[test]
+fn killed_workers_critical_requests_stop_widening_the_critical_reserve() {
+    let gate = Gate::closed();
+    let up = gate.upstream();
+    let d = TestDaemon::builder()
+        .workers(2)
+        .expect_alerts()
+        .top(&format!(
+            r#"upstreams: {{ "app": (servers: ["{}"], keepalive: 0,
+                overload: Some((mode: Enforce, sample_every: "50ms", min_limit: 10, max_limit: 10))) }},"#,
+            up.addr()
+        ))
+        .routes(
+            r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/critical", handler: Proxy(upstream: "app"), priority: Critical),
+            (prefix: "/", handler: Proxy(upstream: "app")),"#,
+        )
+        .start();
+    let held: Vec<Conn> = (0..4)
+        .map(|i| {
+            let mut c = Conn::connect_timeout(d.port, Duration::from_secs(60)).unwrap();
+            c.send(format!("GET /critical/{i} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
+                .unwrap();
+            c
+        })
+        .collect();
+    gate.wait_arrived(4);
+    // A tenth of 10, plus the 4 Critical in flight, at most half the limit.
+    assert!(
+        wait_until(SETTLE, || overload_group(&d)["reserve"] == 5),
+        "{}",
+        overload_group(&d)
+    );
+    let old = d.workers();
+    for &w in &old {
+        signal(w, "KILL");
+    }
+    assert!(d.wait_replaced(&old, 2, SETTLE), "workers not replaced");
+    drop(held);
+    gate.set(true);
+    let mut last = Value::Null;
+    assert!(
+        wait_until(SETTLE, || {
+            last = overload_group(&d);
+            last["inflight"] == 0 && last["reserve"] == 1
+        }),
+        "the dead workers' Critical requests are still counted: {last}"
+    );
+    let r = d.get("/normal");
+    assert_eq!(r.status, 200, "{}", r.head);
+}

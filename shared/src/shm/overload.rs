@@ -70,6 +70,9 @@ pub struct SlotCell {
     pub head: AtomicU64,
     /// This row's worker's requests in flight, per group cell.
     pub inflight: [AtomicU32; MAX_GROUPS],
+    /// Of `inflight`, the `Critical` ones: given back with it when the worker is
+    /// gone, or the group's Critical count (and so its reserve) would stay raised.
+    pub critical: [AtomicU32; MAX_GROUPS],
     pub ring: [AtomicU64; RING],
 }
 
@@ -174,10 +177,11 @@ impl GroupCell {
         }
     }
 
-    pub fn leave_critical(&self) {
+    /// Uncounts `n` `Critical` requests (never below 0).
+    pub fn leave_critical(&self, n: u64) {
         let _ = self
             .critical
-            .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(1)));
+            .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(n)));
     }
 
     /// The most `Critical` in flight since the last call.
@@ -227,7 +231,13 @@ impl SlotCell {
     /// Gives back to the groups what this row still counts in flight (its worker is
     /// gone); exactly once whoever calls it, since each share is swapped out.
     pub fn uncount(&self, groups: &[GroupCell; MAX_GROUPS]) {
-        for (share, g) in self.inflight.iter().zip(groups) {
+        for ((share, critical), g) in self.inflight.iter().zip(&self.critical).zip(groups) {
+            if critical.load(Relaxed) != 0 {
+                let left = critical.swap(0, AcqRel);
+                if left > 0 {
+                    g.leave_critical(u64::from(left));
+                }
+            }
             if share.load(Relaxed) == 0 {
                 continue;
             }
@@ -546,9 +556,16 @@ mod tests {
         let o = &region.layout().overload;
         o.groups[2].inflight.store(5, Relaxed);
         o.slots[7].inflight[2].store(3, Relaxed);
+        o.groups[2].critical.store(4, Relaxed);
+        o.slots[7].critical[2].store(1, Relaxed);
         o.slots[7].uncount(&o.groups);
         o.slots[7].uncount(&o.groups);
         assert_eq!(o.groups[2].inflight.load(Relaxed), 2);
+        assert_eq!(
+            o.groups[2].critical.load(Relaxed),
+            3,
+            "its Critical share too"
+        );
     }
 
     /// One schedule for all workers: only the holder runs the controllers; another

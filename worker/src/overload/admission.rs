@@ -91,7 +91,8 @@ impl Drop for Ticket {
         o.slots[self.row].inflight[self.cell].fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         o.groups[self.cell].leave(1);
         if self.critical {
-            o.groups[self.cell].leave_critical();
+            o.slots[self.row].critical[self.cell].fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            o.groups[self.cell].leave_critical(1);
         }
     }
 }

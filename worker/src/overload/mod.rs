@@ -223,6 +223,7 @@ impl Overload {
         area.slots[self.row].inflight[g.cell].fetch_add(1, AcqRel);
         let critical = priority == Priority::Critical;
         if critical {
+            area.slots[self.row].critical[g.cell].fetch_add(1, AcqRel);
             cell.enter_critical();
         }
         Admission::Admit(Some(Ticket {

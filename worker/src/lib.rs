@@ -46,6 +46,9 @@ pub mod tls;
 pub mod upstream_health;
 pub mod upstreams;
 
+#[cfg(test)]
+mod test_region;
+
 use forkd_shared::exit;
 
 pub use init::WorkerInit;

@@ -310,24 +310,7 @@ mod tests {
     use forkd_shared::shm::upstream::publish_labels;
     use forkd_shared::shm::upstream_counters as uc;
 
-    struct Tmp(std::path::PathBuf);
-    impl Drop for Tmp {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(self.0.parent().unwrap());
-        }
-    }
-
-    fn region(name: &str) -> (Tmp, Rc<Region>) {
-        let dir = std::env::temp_dir().join(format!(
-            "forkd-wstats-{name}-{}-{}",
-            std::process::id(),
-            forkd_shared::shm::now_ms()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("forkd.shm");
-        let r = Region::create(&path, std::process::id() as i32, None).unwrap();
-        (Tmp(path), Rc::new(r))
-    }
+    use crate::test_region::region;
 
     const CONFIG: &str = r#"(
         upstreams: {
@@ -345,7 +328,7 @@ mod tests {
     }
 
     /// Two workers count through the API; the readers sum them, and a fold keeps it.
-    fn populated(name: &str) -> (Tmp, Rc<Region>, Vec<Stats>) {
+    fn populated(name: &str) -> (crate::test_region::TempRegion, Rc<Region>, Vec<Stats>) {
         let (tmp, region) = region(name);
         let config = config();
         let l = region.layout();

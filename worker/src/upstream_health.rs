@@ -177,7 +177,6 @@ mod tests {
     use super::*;
     use forkd_shared::config::{HeaderName, UpstreamAddress, UpstreamServer};
     use forkd_shared::shm::upstream_state::{DownReason, NoActiveChecks};
-    use forkd_shared::shm::Region;
     use std::time::Duration;
 
     fn upstream(backups: &[bool], balance: Balance) -> Upstream {
@@ -213,18 +212,7 @@ mod tests {
         }
     }
 
-    struct Tmp(std::path::PathBuf);
-    impl Drop for Tmp {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-
-    fn region(name: &str) -> (Tmp, Region) {
-        let path = std::env::temp_dir().join(format!("forkd-choose-{name}-{}", std::process::id()));
-        let r = Region::create(&path, 1, None).unwrap();
-        (Tmp(path), r)
-    }
+    use crate::test_region::region;
 
     fn balancer(u: &Upstream) -> Balancer {
         Balancer::new(

@@ -302,9 +302,7 @@ mod tests {
     /// is picked up once and used round robin.
     #[test]
     fn the_proxy_sees_the_owners_verdicts_and_addresses() {
-        let dir = std::env::temp_dir().join(format!("forkd-wchecks-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let region = Rc::new(Region::create(&dir.join("forkd.shm"), 1, None).unwrap());
+        let (_tmp, region) = crate::test_region::region("checks");
         let first: std::net::SocketAddr = "10.0.0.1:9002".parse().unwrap();
         let resolve = move |_: &str, _: u16| Ok(vec![first]);
         let config =
@@ -364,6 +362,5 @@ mod tests {
             moved.iter().any(|a| UpstreamAddress::Tcp(*a) == after),
             "{after:?} is not of the followed set"
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -365,24 +365,7 @@ mod tests {
     use super::*;
     use forkd_shared::shm::overload::RingSample;
 
-    struct Tmp(std::path::PathBuf);
-    impl Drop for Tmp {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(self.0.parent().unwrap());
-        }
-    }
-
-    fn region(name: &str) -> (Tmp, Rc<Region>) {
-        let dir = std::env::temp_dir().join(format!(
-            "forkd-overload-{name}-{}-{}",
-            std::process::id(),
-            forkd_shared::shm::now_ms()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("forkd.shm");
-        let r = Region::create(&path, std::process::id() as i32, None).unwrap();
-        (Tmp(path), Rc::new(r))
-    }
+    use crate::test_region::region;
 
     fn config(mode: &str) -> Config {
         let text = format!(

@@ -121,14 +121,8 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
         return Next::Reject(e);
     }
     if let Some(retry_after) = over_rate(svc, server, req, head, x.peer) {
-        // A body not read yet cannot be skipped reliably: close after the answer.
-        let close = req.body != BodyKind::None;
         let status = Status::TOO_MANY_REQUESTS;
-        return match refuse_now(&mut x, svc, req, server, status, retry_after, close) {
-            Persistence::Close if close => Next::Finish(After::Linger),
-            Persistence::Close => Next::Finish(After::Close),
-            _ => Next::Continue,
-        };
+        return refuse_now(&mut x, svc, req, server, status, retry_after);
     }
     let limit = svc.config.servers[server].max_body_bytes;
     let body = match req.body {
@@ -156,15 +150,7 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
                 proxy(x, svc, req, head, server, to)
             }
             // Over the upstream's adaptive limit: refused at once, never queued.
-            Admission::Shed => {
-                let close = req.body != BodyKind::None;
-                let status = Status::SERVICE_UNAVAILABLE;
-                match refuse_now(&mut x, svc, req, server, status, 1, close) {
-                    Persistence::Close if close => Next::Finish(After::Linger),
-                    Persistence::Close => Next::Finish(After::Close),
-                    _ => Next::Continue,
-                }
-            }
+            Admission::Shed => refuse_now(&mut x, svc, req, server, Status::SERVICE_UNAVAILABLE, 1),
         };
     }
     if let Some(body) = body {
@@ -260,7 +246,8 @@ fn over_rate(
 }
 
 /// Answers `status` (429 over a rate, 503 over an upstream's adaptive limit) with
-/// `Retry-After`. Returns the persistence used.
+/// `Retry-After`, before any body is read: a body not read yet cannot be skipped
+/// reliably, so the connection then closes (lingering) after the answer.
 fn refuse_now(
     x: &mut Exchange,
     svc: &mut Services,
@@ -268,20 +255,11 @@ fn refuse_now(
     server: usize,
     status: Status,
     retry_after: u64,
-    close: bool,
-) -> Persistence {
+) -> Next {
     *x.requests = x.requests.saturating_add(1);
     let s = &svc.config.servers[server];
-    let keep = !close
-        && req.keep_alive
-        && !svc.draining
-        && !x.rotate
-        && (s.keepalive_requests == 0 || u64::from(*x.requests) < s.keepalive_requests);
-    let persistence = match (keep, req.version) {
-        (false, _) => Persistence::Close,
-        (true, Version::Http10) => Persistence::KeepAlive10,
-        (true, Version::Http11) => Persistence::KeepAlive11,
-    };
+    let unread_body = req.body != BodyKind::None;
+    let persistence = keep_alive(x, svc, req, s, !unread_body);
     ensure_out(x.out);
     let mut reply = Reply {
         out: x.out,
@@ -299,7 +277,29 @@ fn refuse_now(
     let latency = svc.clock.precise_us().saturating_sub(x.started);
     svc.stats.response(outcome.status.0, Some(latency));
     log_request(svc, server, x.peer, req, &outcome, latency);
-    persistence
+    match persistence {
+        Persistence::Close if unread_body => Next::Finish(After::Linger),
+        Persistence::Close => Next::Finish(After::Close),
+        _ => Next::Continue,
+    }
+}
+
+/// How the answer to `req` leaves the connection: open when the client asked (its
+/// version says how to say so), `may_keep` allows it, forkd is neither draining nor
+/// rotating the connection out, and the server's `keepalive_requests` is not reached.
+fn keep_alive(
+    x: &Exchange,
+    svc: &Services,
+    req: &Request,
+    server: &Server,
+    may_keep: bool,
+) -> Persistence {
+    let keep = may_keep
+        && req.keep_alive
+        && !svc.draining
+        && !x.rotate
+        && (server.keepalive_requests == 0 || u64::from(*x.requests) < server.keepalive_requests);
+    Persistence::after(keep, req.version == Version::Http10)
 }
 
 /// The upstream of the route `req` goes to, whether it allows upgrades and the
@@ -462,16 +462,7 @@ fn respond(
     // server if this one is gone.
     let server_index = server_index.min(svc.config.servers.len() - 1);
     let server: &Server = &svc.config.servers[server_index];
-    let keep = req.keep_alive
-        && close == Close::IfAsked
-        && !svc.draining
-        && !x.rotate
-        && (server.keepalive_requests == 0 || u64::from(*x.requests) < server.keepalive_requests);
-    let persistence = match (keep, req.version) {
-        (false, _) => Persistence::Close,
-        (true, Version::Http10) => Persistence::KeepAlive10,
-        (true, Version::Http11) => Persistence::KeepAlive11,
-    };
+    let persistence = keep_alive(&x, svc, req, server, close == Close::IfAsked);
     ensure_out(x.out);
     let path = route_path(req.path);
     let route_index = path.as_deref().ok().and_then(|p| server.route_index(p));

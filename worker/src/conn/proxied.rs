@@ -578,11 +578,7 @@ fn fail(
         req.version = client_version(p);
     }
     let (server, peer, started) = (p.client_server, c.peer, p.started);
-    let persistence = match (keep, p.http10) {
-        (false, _) => Persistence::Close,
-        (true, true) => Persistence::KeepAlive10,
-        (true, false) => Persistence::KeepAlive11,
-    };
+    let persistence = Persistence::after(keep, p.http10);
     dispatch::error_page_with(
         &mut busy.out,
         svc,

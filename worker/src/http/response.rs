@@ -116,6 +116,18 @@ pub enum Persistence {
     Close,
 }
 
+impl Persistence {
+    /// The connection stays open (`keep`) or closes after the response; an open one
+    /// says so to an HTTP/1.0 client (`http10`).
+    pub fn after(keep: bool, http10: bool) -> Persistence {
+        match (keep, http10) {
+            (false, _) => Persistence::Close,
+            (true, true) => Persistence::KeepAlive10,
+            (true, false) => Persistence::KeepAlive11,
+        }
+    }
+}
+
 /// `HTTP/1.1 200 OK`, `Server` and `Date`: the start of every response.
 pub fn start(out: &mut Vec<u8>, status: Status, date: &[u8]) {
     status_line(out, status);

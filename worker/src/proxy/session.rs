@@ -700,6 +700,17 @@ mod tests {
         UpstreamSocket::connect(&UpstreamAddress::Tcp(addr)).unwrap()
     }
 
+    /// A connection that one exchange ended with, ready for its pool, and the
+    /// requests it has carried.
+    fn pooled_connection(addr: std::net::SocketAddr) -> (UpstreamSocket, u64) {
+        let mut first = session(1024, 1);
+        first.attach(0, connect(addr), None);
+        match drive(&mut first, addr, usize::MAX).1 {
+            Step::Done { pool: Some(pooled) } => pooled,
+            other => panic!("first exchange did not pool its connection: {other:?}"),
+        }
+    }
+
     #[test]
     fn a_get_on_a_new_connection_ends_with_the_connection_poolable() {
         let (addr, _) = upstream(vec![vec![
@@ -721,14 +732,7 @@ mod tests {
     fn a_pooled_connection_the_upstream_closed_is_replaced_transparently() {
         let ok: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
         let (addr, closed) = upstream(vec![vec![ok], vec![ok]]);
-        let mut first = session(1024, 1);
-        first.attach(0, connect(addr), None);
-        let Step::Done {
-            pool: Some((pooled, requests)),
-        } = drive(&mut first, addr, usize::MAX).1
-        else {
-            panic!("first exchange did not pool its connection");
-        };
+        let (pooled, requests) = pooled_connection(addr);
         // The upstream closes the idle connection (its idle timeout).
         assert_eq!(closed.recv_timeout(Duration::from_secs(10)), Ok(0));
         let mut second = session(1024, 1);
@@ -747,14 +751,7 @@ mod tests {
     fn a_post_meeting_a_pooled_connection_the_upstream_closed_goes_to_a_fresh_one() {
         let ok: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
         let (addr, closed) = upstream(vec![vec![ok], vec![ok]]);
-        let mut first = session(1024, 1);
-        first.attach(0, connect(addr), None);
-        let Step::Done {
-            pool: Some((pooled, requests)),
-        } = drive(&mut first, addr, usize::MAX).1
-        else {
-            panic!("first exchange did not pool its connection");
-        };
+        let (pooled, requests) = pooled_connection(addr);
         // The upstream closes the idle connection before its close is handled here.
         assert_eq!(closed.recv_timeout(Duration::from_secs(10)), Ok(0));
         std::thread::sleep(Duration::from_millis(50)); // the FIN is in

@@ -75,7 +75,7 @@ pub fn choose(
         let (usable, weight, in_flight) = match cell_of(i) {
             Some(cell) => {
                 let state = area.server(cell);
-                let u = usability(state.passive(now_ms), active.verdict(cell));
+                let u = usability(state.passive(now_ms), active.verdict(i, cell));
                 (u, state.weight_now(now_ms), area.in_flight(cell))
             }
             None => (Usability::Usable, server.weight, 0),

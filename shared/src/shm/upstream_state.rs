@@ -89,17 +89,19 @@ pub enum ActiveVerdict {
     Failing,
 }
 
-/// The active checks' verdicts, by cell; the active-check part implements this over
-/// its own state. [`NoActiveChecks`] is the verdict of an upstream without checks.
+/// The active checks' verdicts on one upstream's servers; the active-check part
+/// implements this over its own state. [`NoActiveChecks`] is the verdict of an
+/// upstream without checks.
 pub trait ActiveChecks {
-    fn verdict(&self, cell: usize) -> ActiveVerdict;
+    /// The verdict on `server` (its index in the upstream), whose region cell is `cell`.
+    fn verdict(&self, server: usize, cell: usize) -> ActiveVerdict;
 }
 
 /// No active checks: every server `NotChecked`.
 pub struct NoActiveChecks;
 
 impl ActiveChecks for NoActiveChecks {
-    fn verdict(&self, _cell: usize) -> ActiveVerdict {
+    fn verdict(&self, _server: usize, _cell: usize) -> ActiveVerdict {
         ActiveVerdict::NotChecked
     }
 }

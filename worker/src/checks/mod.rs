@@ -256,13 +256,13 @@ pub struct Verdicts<'a> {
 }
 
 impl ActiveChecks for Verdicts<'_> {
-    fn verdict(&self, cell: usize) -> ActiveVerdict {
+    /// `cell` is not needed: the server's slot holds its health cell and key.
+    fn verdict(&self, server: usize, _cell: usize) -> ActiveVerdict {
         let c = self.checks;
         if !c.checked.get(self.upstream).copied().unwrap_or(false) {
             return ActiveVerdict::NotChecked;
         }
-        let slots = c.slots.get(self.upstream).map_or(&[][..], Vec::as_slice);
-        match slots.iter().flatten().find(|slot| slot.cell == cell) {
+        match c.slot(self.upstream, server) {
             Some(slot) if usable(c.area, slot.cell, slot.key) => ActiveVerdict::Passing,
             Some(_) => ActiveVerdict::Failing,
             None => ActiveVerdict::NotChecked,

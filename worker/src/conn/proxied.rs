@@ -349,7 +349,10 @@ fn usable_now(p: &Proxied, server: usize, svc: &Services) -> bool {
     };
     let now_ms = svc.stats.monotonic_ms(svc.clock.now);
     let state = svc.stats.upstream_state().server(cell.index());
-    let active = svc.checks.verdicts(p.upstream).verdict(cell.index());
+    let active = svc
+        .checks
+        .verdicts(p.upstream)
+        .verdict(server, cell.index());
     usability(state.passive(now_ms), active) == Usability::Usable
 }
 

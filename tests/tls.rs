@@ -434,31 +434,9 @@ fn a_renewed_certificate_is_served_after_reload_under_load_without_a_failure() {
     let client = h.ca.client_without_resumption();
     let (before, _) = tls_get(h.tls_port, "a.test", &client, "/").unwrap();
     // Load: full handshakes (no resumption) and requests.
-    let stop = Arc::new(AtomicBool::new(false));
-    let ok = Arc::new(AtomicU64::new(0));
-    let failures = Arc::new(Mutex::new(Vec::new()));
-    let threads: Vec<_> = (0..3)
-        .map(|_| {
-            let (stop, ok, failures) = (stop.clone(), ok.clone(), failures.clone());
-            let client = h.ca.client_without_resumption();
-            let port = h.tls_port;
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    match tls_get(port, "a.test", &client, "/") {
-                        Ok((_, r)) if r.status == 200 => {
-                            ok.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Ok((_, r)) => failures
-                            .lock()
-                            .unwrap()
-                            .push(format!("status {}", r.status)),
-                        Err(e) => failures.lock().unwrap().push(e),
-                    }
-                }
-            })
-        })
-        .collect();
-    assert!(wait_until(SETTLE, || ok.load(Ordering::Relaxed) >= 20));
+    let clients = (0..3).map(|_| h.ca.client_without_resumption()).collect();
+    let load = TlsLoad::with_clients(h.tls_port, clients);
+    load.wait_for(20);
     // Renewal: a new certificate and key in place of the old, then reload.
     let renewed = h.ca.issue(&["a.test"], 180);
     replace_file(&h.d.path("a.key"), &renewed.key_pem);
@@ -470,25 +448,13 @@ fn a_renewed_certificate_is_served_after_reload_under_load_without_a_failure() {
             tls_get(h.tls_port, "a.test", &client, "/").is_ok_and(|(hs, _)| hs.leaf == renewed.leaf)
         })
     });
-    let at_reload = ok.load(Ordering::Relaxed);
-    assert!(wait_until(SETTLE, || ok.load(Ordering::Relaxed) >= at_reload + 20));
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        t.join().unwrap();
-    }
+    load.wait_for(20);
+    load.assert_clean("through the renewal");
     assert!(
         served,
         "the renewed certificate is not served after the reload"
     );
     assert!(before.leaf != renewed.leaf);
-    let failures = failures.lock().unwrap();
-    assert!(
-        failures.is_empty(),
-        "{} of {} requests failed through the renewal: {:?}",
-        failures.len(),
-        ok.load(Ordering::Relaxed) + failures.len() as u64,
-        &failures[..failures.len().min(5)]
-    );
     assert_eq!(
         h.d.workers(),
         workers,
@@ -620,11 +586,17 @@ struct TlsLoad {
 }
 
 impl TlsLoad {
+    /// One client without resumption and two with it.
     fn start(port: u16, ca: &TestCa) -> TlsLoad {
+        let clients = vec![ca.client_without_resumption(), ca.client(), ca.client()];
+        TlsLoad::with_clients(port, clients)
+    }
+
+    /// A thread per client in `clients`.
+    fn with_clients(port: u16, clients: Vec<Arc<rustls::ClientConfig>>) -> TlsLoad {
         let stop = Arc::new(AtomicBool::new(false));
         let ok = Arc::new(AtomicU64::new(0));
         let failures = Arc::new(Mutex::new(Vec::new()));
-        let clients = [ca.client_without_resumption(), ca.client(), ca.client()];
         let threads = clients
             .into_iter()
             .map(|client| {

@@ -36,21 +36,10 @@ impl Issued {
     }
 }
 
-/// Days since the epoch as a calendar date (Howard Hinnant's civil_from_days).
+/// Days since the epoch as a calendar date.
 fn date_of(days: i64) -> (i32, u8, u8) {
-    let z = days + 719468;
-    let era = z.div_euclid(146097);
-    let doe = z - era * 146097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (
-        (yoe + era * 400 + i64::from(m <= 2)) as i32,
-        m as u8,
-        d as u8,
-    )
+    let (y, m, d) = forkd_shared::log::civil_from_days(days);
+    (y as i32, m as u8, d as u8)
 }
 
 fn today() -> i64 {

@@ -433,17 +433,9 @@ mod tests {
         (params.signed_by(&key, &ca.0, &ca.1).unwrap(), key)
     }
 
-    /// The date `days` after the epoch (Howard Hinnant's civil_from_days).
+    /// The date `days` after the epoch.
     fn date_of(days: i64) -> (i32, u8, u8) {
-        let z = days + 719468;
-        let era = z.div_euclid(146097);
-        let doe = z - era * 146097;
-        let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-        let mp = (5 * doy + 2) / 153;
-        let d = doy - (153 * mp + 2) / 5 + 1;
-        let m = if mp < 10 { mp + 3 } else { mp - 9 };
-        let y = yoe + era * 400 + i64::from(m <= 2);
+        let (y, m, d) = crate::log::civil_from_days(days);
         (y as i32, m as u8, d as u8)
     }
 

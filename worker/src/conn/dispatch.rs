@@ -653,20 +653,6 @@ pub fn error_page(
     peer: IpAddr,
     started: Micros,
 ) {
-    error_page_for(out, svc, status, server, peer, started, None);
-}
-
-/// [`error_page`] for a request whose head is known (a proxied request the upstream
-/// failed: 502, 504), logged with its method and target; `head_only` for HEAD.
-pub fn error_page_for(
-    out: &mut OutQueue,
-    svc: &mut Services,
-    status: Status,
-    server: usize,
-    peer: IpAddr,
-    started: Micros,
-    req: Option<&Request>,
-) {
     error_page_with(
         out,
         svc,
@@ -674,15 +660,17 @@ pub fn error_page_for(
         server,
         peer,
         started,
-        req,
+        None,
         Persistence::Close,
         &[],
     );
 }
 
-/// [`error_page_for`] with the connection's `persistence` after it (kept open after
-/// a 502 or 504 of forkd's own when the request was read whole) and `extra` header
-/// fields (a 503's `Retry-After`).
+/// [`error_page`] for a request whose head is known (a proxied request the upstream
+/// failed: 502, 503, 504), logged with its method and target (no body for HEAD), with
+/// the connection's `persistence` after it (kept open after forkd's own 502 or 504
+/// when the request was read whole) and `extra` header fields (a 503's
+/// `Retry-After`).
 #[allow(clippy::too_many_arguments)]
 pub fn error_page_with(
     out: &mut OutQueue,

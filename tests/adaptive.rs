@@ -10,44 +10,9 @@ mod support;
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+use support::gate::Gate;
 use support::upstream::{Reply, Settings, TestUpstream};
 use support::*;
-
-/// An upstream that holds every request until the gate opens, counting arrivals
-/// (the upstream records a request only once answered).
-struct Gate(Arc<(Mutex<(bool, usize)>, Condvar)>);
-
-impl Gate {
-    fn closed() -> Gate {
-        Gate(Arc::new((Mutex::new((false, 0)), Condvar::new())))
-    }
-    fn upstream(&self) -> TestUpstream {
-        let gate = self.0.clone();
-        TestUpstream::start(Settings::default(), move |r| {
-            let (state, cv) = &*gate;
-            let mut g = state.lock().unwrap();
-            g.1 += 1;
-            while !g.0 {
-                g = cv.wait(g).unwrap();
-            }
-            Reply::ok(format!("ok {}", r.path()).as_bytes())
-        })
-    }
-    fn set(&self, open: bool) {
-        self.0 .0.lock().unwrap().0 = open;
-        self.0 .1.notify_all();
-    }
-    /// Requests that reached the upstream so far.
-    fn arrived(&self) -> usize {
-        self.0 .0.lock().unwrap().1
-    }
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        self.set(true); // no upstream thread stays blocked
-    }
-}
 
 const ROUTES: &str = r#"(prefix: "/healthz", handler: Liveness),
             (prefix: "/readyz", handler: Readiness),

@@ -19,8 +19,9 @@ use backend::Backend;
 use checked_upstream::CheckedUpstream;
 use serde_json::Value;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::gate::Gate;
 use support::upstream::{Reply, Settings, TestUpstream};
 use support::*;
 use tls_support::*;
@@ -64,14 +65,7 @@ fn run(mut d: TestDaemon) -> TestDaemon {
 
 /// The stats row of `server` of upstream `app`.
 fn server_row(d: &TestDaemon, server: &str) -> Value {
-    let json = stats_json(&d.config);
-    json["upstreams"]
-        .as_array()
-        .expect("upstreams")
-        .iter()
-        .find(|u| u["upstream"] == "app" && u["server"] == server)
-        .cloned()
-        .unwrap_or_else(|| panic!("no row for {server}: {json:#}"))
+    upstream_row(&d.config, "app", server)
 }
 
 /// The overload entry of upstream `app`.
@@ -87,51 +81,6 @@ fn overload_group(d: &TestDaemon) -> Value {
 fn refused_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().to_string()
-}
-
-/// An upstream that holds every request (but `/quick`) until the gate opens,
-/// counting arrivals.
-struct Gate(Arc<(Mutex<(bool, usize)>, Condvar)>);
-
-impl Gate {
-    fn closed() -> Gate {
-        Gate(Arc::new((Mutex::new((false, 0)), Condvar::new())))
-    }
-    fn upstream(&self) -> TestUpstream {
-        let gate = self.0.clone();
-        TestUpstream::start(Settings::default(), move |r| {
-            if r.path() == "/quick" {
-                return Reply::ok(b"quick");
-            }
-            let (state, cv) = &*gate;
-            let mut g = state.lock().unwrap();
-            g.1 += 1;
-            while !g.0 {
-                g = cv.wait(g).unwrap();
-            }
-            Reply::ok(format!("ok {}", r.path()).as_bytes())
-        })
-    }
-    fn set(&self, open: bool) {
-        self.0 .0.lock().unwrap().0 = open;
-        self.0 .1.notify_all();
-    }
-    fn arrived(&self) -> usize {
-        self.0 .0.lock().unwrap().1
-    }
-    fn wait_arrived(&self, n: usize) {
-        assert!(
-            wait_until(SETTLE, || self.arrived() >= n),
-            "the upstream got {} requests, not {n}",
-            self.arrived()
-        );
-    }
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        self.set(true);
-    }
 }
 
 /// Over TLS, two servers balanced by LeastConn: the upstream is told the client

@@ -36,14 +36,7 @@ fn plain(b: &Backend) -> String {
 
 /// The stats row of server `addr` of upstream `app`.
 fn server_row(d: &TestDaemon, addr: &str) -> serde_json::Value {
-    let json = stats_json(&d.config);
-    json["upstreams"]
-        .as_array()
-        .expect("upstreams")
-        .iter()
-        .find(|u| u["upstream"] == "app" && u["server"] == addr)
-        .cloned()
-        .unwrap_or_else(|| panic!("no row for {addr}: {json:#}"))
+    upstream_row(&d.config, "app", addr)
 }
 
 fn get_ok(d: &TestDaemon, path: &str) -> Response {

@@ -43,14 +43,7 @@ fn daemon(a: &CheckedUpstream, b: &CheckedUpstream, keys: &str) -> TestDaemon {
 
 /// The stats row of `server` of upstream `app`.
 fn row(d: &TestDaemon, server: &str) -> Value {
-    let json = stats_json(&d.config);
-    json["upstreams"]
-        .as_array()
-        .expect("upstreams")
-        .iter()
-        .find(|u| u["upstream"] == "app" && u["server"] == server)
-        .cloned()
-        .unwrap_or_else(|| panic!("no row for {server}: {json:#}"))
+    upstream_row(&d.config, "app", server)
 }
 
 fn weight_now(d: &TestDaemon, server: &str) -> u64 {

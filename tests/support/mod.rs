@@ -16,6 +16,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod daemon;
+pub mod gate;
 pub mod http;
 pub mod load;
 pub mod port;

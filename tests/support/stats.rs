@@ -63,3 +63,16 @@ pub fn workers_serving(shm: &Path, workers: &[i32]) -> bool {
         })
     })
 }
+
+/// The stats row of `server` (as written in the config) of upstream `upstream`, from
+/// `forkd stats -c CONFIG --json`; panics, showing the stats, if there is none.
+pub fn upstream_row(config: &Path, upstream: &str, server: &str) -> Value {
+    let json = stats_json(config);
+    json["upstreams"]
+        .as_array()
+        .expect("upstreams")
+        .iter()
+        .find(|u| u["upstream"] == upstream && u["server"] == server)
+        .cloned()
+        .unwrap_or_else(|| panic!("no row for {upstream} {server}: {json:#}"))
+}

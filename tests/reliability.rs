@@ -977,15 +977,21 @@ fn forkd_as_pid_1_serves_reaps_orphans_and_stops_on_term() {
             "-m",
             "sh",
             "-c",
-            "sleep 1 & exit",
+            "sleep 3 & exit",
         ])
         .stdin(Stdio::null())
         .status()
         .expect("nsenter (util-linux) must be available");
     assert!(orphaned.success(), "nsenter: {orphaned}");
-    let orphan = children_of(forkd)
-        .into_iter()
-        .find(|&c| proc_comm(c) == "sleep");
+    // The background `sh` execs `sleep` after its parent may have exited: look until
+    // the re-parented child shows as `sleep` (it lives 3 s).
+    let mut orphan = None;
+    wait_until(SETTLE, || {
+        orphan = children_of(forkd)
+            .into_iter()
+            .find(|&c| proc_comm(c) == "sleep");
+        orphan.is_some()
+    });
     let orphan = orphan.unwrap_or_else(|| {
         panic!(
             "the orphan was not re-parented to forkd: children {:?}",
@@ -993,7 +999,7 @@ fn forkd_as_pid_1_serves_reaps_orphans_and_stops_on_term() {
         )
     });
     assert!(
-        wait_until(Duration::from_secs(5), || {
+        wait_until(SETTLE, || {
             !children_of(forkd).contains(&orphan) && proc_state(orphan).is_none()
         }),
         "the orphan {orphan} was not reaped: state {:?}, children of forkd {:?}",

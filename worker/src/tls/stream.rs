@@ -188,6 +188,25 @@ impl Write for Transport<'_> {
         Ok(n)
     }
 
+    /// Plain, one `writev`: a response head and the body bytes after it leave in one
+    /// system call and one segment (`Write`'s default would send the first slice
+    /// alone). With TLS, rustls takes all the slices and makes the records at once.
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        if !self.tls.is_tls() {
+            return self.tcp.write_vectored(bufs);
+        }
+        if !self.push()? {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let s = self.tls.0.as_deref_mut().expect("checked");
+        let n = s.conn.writer().write_vectored(bufs)?;
+        if n == 0 && bufs.iter().any(|b| !b.is_empty()) {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        self.push()?;
+        Ok(n)
+    }
+
     fn flush(&mut self) -> io::Result<()> {
         match self.push()? {
             true => Ok(()),
@@ -259,5 +278,36 @@ fn count_failure(e: &rustls::Error, state: State, stats: &Stats) {
         }
         _ if state == State::Handshaking => stats.bump(counters::TLS_HANDSHAKES_FAILED, 1),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::IoSlice;
+
+    /// A plain connection's head and body leave in one `writev`: both slices are
+    /// taken by one call, not only the first (which cost a second system call and a
+    /// second segment per proxied response).
+    #[test]
+    fn a_plain_vectored_write_takes_every_slice_in_one_call() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        accepted.set_nonblocking(true).unwrap();
+        let mut tcp = TcpStream::from_std(accepted);
+        let mut tls = Tls::none();
+        let mut transport = Transport::new(&mut tcp, &mut tls);
+        let (head, body) = (b"HTTP/1.1 200 OK\r\n\r\n", b"hello");
+        let n = transport
+            .write_vectored(&[IoSlice::new(head), IoSlice::new(body)])
+            .unwrap();
+        assert_eq!(n, head.len() + body.len());
+        drop(transport);
+        drop(tcp);
+        let mut got = Vec::new();
+        let mut client = client;
+        client.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"HTTP/1.1 200 OK\r\n\r\nhello");
     }
 }

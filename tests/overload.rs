@@ -21,13 +21,42 @@ fn total(stats: &serde_json::Value, key: &str) -> u64 {
 /// them waited in the accept queue for the whole run.
 #[test]
 fn at_worker_connections_every_waiting_client_is_served_and_no_request_fails() {
-    const CLIENTS: usize = 48;
     let d = TestDaemon::builder()
         .workers(1)
         .top("worker_connections: 16,")
         // Unlimited requests per connection: only rotation frees a connection.
         .server("keepalive_requests: 0,")
         .start();
+    every_waiting_client_is_served(&d);
+}
+
+/// The same with every request proxied: a connection waiting on its upstream is
+/// rotated out like one served from disk (it used to keep its place for ever).
+#[test]
+fn at_worker_connections_proxied_keep_alive_connections_are_rotated_too() {
+    let up = support::upstream::TestUpstream::start(support::upstream::Settings::default(), |_| {
+        support::upstream::Reply::ok(b"proxied")
+    });
+    let d = TestDaemon::builder()
+        .workers(1)
+        .top(&format!(
+            "worker_connections: 16, upstreams: {{ \"app\": (servers: [\"{}\"]) }},",
+            up.addr()
+        ))
+        .server("keepalive_requests: 0,")
+        .routes(
+            r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/readyz", handler: Readiness),
+            (prefix: "/", handler: Proxy(upstream: "app")),"#,
+        )
+        .start();
+    every_waiting_client_is_served(&d);
+}
+
+/// 48 clients requesting `/` in a loop on `d` (one worker, 16 connections): each is
+/// served at least once, none of their requests fails, and stats count rotations.
+fn every_waiting_client_is_served(d: &TestDaemon) {
+    const CLIENTS: usize = 48;
     let port = d.port;
     let served = Arc::new(AtomicUsize::new(0));
     let failures = Arc::new(AtomicU64::new(0));

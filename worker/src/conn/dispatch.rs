@@ -294,12 +294,19 @@ fn keep_alive(
     server: &Server,
     may_keep: bool,
 ) -> Persistence {
-    let keep = may_keep
-        && req.keep_alive
+    let keep = may_keep && stays_open(x, svc, req, server);
+    Persistence::after(keep, req.version == Version::Http10)
+}
+
+/// Whether the connection may stay open after the answer to `req`, whatever the
+/// handler: the client asked, forkd is neither draining nor rotating the connection
+/// out, and the server's `keepalive_requests` is not reached. Static and proxied
+/// answers both go through here.
+fn stays_open(x: &Exchange, svc: &Services, req: &Request, server: &Server) -> bool {
+    req.keep_alive
         && !svc.draining
         && !x.rotate
-        && (server.keepalive_requests == 0 || u64::from(*x.requests) < server.keepalive_requests);
-    Persistence::after(keep, req.version == Version::Http10)
+        && (server.keepalive_requests == 0 || u64::from(*x.requests) < server.keepalive_requests)
 }
 
 /// The upstream of the route `req` goes to, whether it allows upgrades and the
@@ -352,9 +359,7 @@ fn proxy(
     } = to;
     *x.requests = x.requests.saturating_add(1);
     let srv = &svc.config.servers[server];
-    let keep = req.keep_alive
-        && !svc.draining
-        && (srv.keepalive_requests == 0 || u64::from(*x.requests) < srv.keepalive_requests);
+    let keep = stays_open(&x, svc, req, srv);
     let upstream = &svc.config.upstreams[upstream_index];
     let framing = match req.body {
         BodyKind::None => Framing::None,

@@ -14,6 +14,7 @@ UPSTREAM_PID=""
 UPSTREAM_PORT=""
 declare -A PORT MASTER WORKER
 declare -A RESULTS              # "server mode" -> µs/req of each round
+declare -A KERNEL               # "server mode" -> kernel (stime) µs/req of each round
 INVALID=0
 ERRORS_SEEN=0
 
@@ -231,7 +232,8 @@ EOF2
     wait_ready forkd "$!" 1
 }
 
-cpu_ticks() {
-    sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'
+# cpu_split PID: its user and system ticks.
+cpu_split() {
+    sed 's/.*) //' "/proc/$1/stat" | awk '{print $12, $13}'
 }
 

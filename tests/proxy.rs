@@ -625,6 +625,45 @@ fn the_stale_connection_race_fails_no_request() {
     assert_eq!(ok.load(SeqCst), 800);
 }
 
+/// The upstream closes connections idle for a second. Once forkd has seen it do so,
+/// a POST does not go on a pooled connection idle for half that or more: the upstream
+/// may be closing it as the request goes out, and a POST cannot be sent twice. It gets
+/// a new connection instead (before, it took the pooled one and could meet the close).
+#[test]
+fn a_post_stays_off_a_pooled_connection_the_upstream_may_be_closing() {
+    let up = TestUpstream::start(
+        Settings {
+            idle_close: Some(Duration::from_secs(1)),
+            ..Settings::default()
+        },
+        |_| Reply::ok(b"fresh"),
+    );
+    let d = proxy_daemon(&[up.addr().to_string()], "keepalive_timeout: \"10s\",");
+    // forkd learns the upstream's idle time: its pooled connection is closed after 1 s.
+    assert_eq!(d.get("/learn").status, 200);
+    assert!(
+        wait_until(SETTLE, || up.open_connections() == 0),
+        "the upstream never closed its idle connection"
+    );
+    assert_eq!(d.get("/a").status, 200);
+    // Idle 0.8 s: open at the upstream still, but past half its idle time.
+    std::thread::sleep(Duration::from_millis(800));
+    one_request(d.port, "POST").unwrap();
+    let received = up.received();
+    let on = |path: &str| {
+        received
+            .iter()
+            .find(|r| r.path() == path)
+            .unwrap_or_else(|| panic!("no {path} upstream"))
+            .connection
+    };
+    assert_ne!(
+        on("/p"),
+        on("/a"),
+        "the POST went on the connection idle past half the upstream's idle time"
+    );
+}
+
 fn one_request(port: u16, method: &str) -> Result<(), String> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();

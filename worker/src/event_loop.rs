@@ -254,7 +254,7 @@ impl EventLoop {
                                     || event.is_read_closed()
                                     || event.is_error() =>
                             {
-                                self.svc.upstreams.evict(key);
+                                self.svc.upstreams.evict(key, self.svc.clock.now_us);
                             }
                             _ => {}
                         }

@@ -114,15 +114,22 @@ impl Upstreams {
     }
 
     /// A pooled connection to `id` for client `client`: (socket, requests it served,
-    /// token key).
+    /// token key). `can_resend`: the request may be sent again on a new connection if
+    /// this one fails; if not, a connection the upstream may be closing is not taken
+    /// (`Pool::take_safe`).
     pub fn take(
         &mut self,
         id: ServerId,
         now: Micros,
         client: usize,
+        can_resend: bool,
     ) -> Option<(UpstreamSocket, u64, usize)> {
         let pool = self.pools.pool(id)?;
-        let reused = pool.take(now, &mut self.closing);
+        let reused = if can_resend {
+            pool.take(now, &mut self.closing)
+        } else {
+            pool.take_safe(now, &mut self.closing)
+        };
         self.close_collected();
         let reused = reused?;
         if let Some(owner) = self.owners.get_mut(reused.conn.token) {
@@ -165,10 +172,10 @@ impl Upstreams {
         self.owners.get(key).copied()
     }
 
-    /// An event on an idle pooled connection: the upstream closed it or sent bytes
-    /// nobody asked for. It is closed before a request can meet it.
-    pub fn evict(&mut self, key: usize) {
-        drop(self.pools.remove(|c| c.token == key));
+    /// An event on an idle pooled connection at `now`: the upstream closed it or sent
+    /// bytes nobody asked for. It is closed before a request can meet it.
+    pub fn evict(&mut self, key: usize, now: Micros) {
+        drop(self.pools.evict(|c| c.token == key, now));
         self.forget(key);
     }
 

@@ -332,7 +332,8 @@ fn next_server(p: &mut Proxied, key: usize, peer: IpAddr, svc: &mut Services) ->
     p.server = Some((server, id));
     follow_addresses(p.upstream, server, svc);
     let now = svc.clock.now_us;
-    if let Some((socket, requests, token)) = svc.upstreams.take(id, now, key) {
+    let can_resend = p.session.can_resend();
+    if let Some((socket, requests, token)) = svc.upstreams.take(id, now, key, can_resend) {
         begin_attempt(p, svc, token);
         count_attempt(p, svc, true);
         p.session.attach(server, socket, Some(requests));

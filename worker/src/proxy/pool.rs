@@ -11,6 +11,13 @@
 //!
 //! LIFO because the most recently used connection is the least likely to have been
 //! closed by the upstream's own idle timeout, and the oldest ones expire first.
+//!
+//! A pool also learns that timeout: how long its last connection the upstream closed
+//! had been idle. A request that cannot be sent twice (a body, or a method that is not
+//! idempotent; see `Session::can_resend`) is not put on a connection idle for half that
+//! or more, since the upstream may be closing it as the request goes out; it gets a
+//! new connection instead ([`Pool::take_safe`]). Idempotent requests still reuse any
+//! connection, as a failure there is retried.
 
 use crate::timers::Micros;
 use forkd_shared::config::{Upstream, UpstreamAddress};
@@ -56,6 +63,10 @@ pub struct Pool<C> {
     /// Oldest at the front, most recently used at the back.
     idle: VecDeque<Idle<C>>,
     settings: PoolSettings,
+    /// How long the last connection the upstream closed had been idle: about the
+    /// upstream's own idle timeout. None until one is seen, and again once an idle
+    /// connection outlives twice that (the upstream keeps them longer now).
+    upstream_closes_after: Option<Micros>,
 }
 
 impl<C> Pool<C> {
@@ -63,6 +74,7 @@ impl<C> Pool<C> {
         Pool {
             idle: VecDeque::new(),
             settings,
+            upstream_closes_after: None,
         }
     }
 
@@ -82,6 +94,29 @@ impl<C> Pool<C> {
             conn: i.conn,
             requests: i.requests,
         })
+    }
+
+    /// As [`Pool::take`], for a request that cannot be sent twice: None (open a new
+    /// connection) when even the most recently used one has been idle for half the
+    /// time after which the upstream was seen to close them.
+    pub fn take_safe(&mut self, now: Micros, close: &mut Vec<C>) -> Option<Reused<C>> {
+        self.expire(now, close);
+        if let (Some(limit), Some(oldest)) = (self.upstream_closes_after, self.idle.front()) {
+            if now.saturating_sub(oldest.since) >= limit.saturating_mul(2) {
+                // Open twice as long as the upstream used to allow: it keeps them longer.
+                self.upstream_closes_after = None;
+            }
+        }
+        let freshest = self.idle.back()?;
+        match self.upstream_closes_after {
+            Some(limit) if now.saturating_sub(freshest.since) >= limit / 2 => None,
+            _ => self.take(now, close),
+        }
+    }
+
+    /// How long the upstream lets a connection idle, as last seen (see the module).
+    pub fn upstream_closes_after(&self) -> Option<Micros> {
+        self.upstream_closes_after
     }
 
     /// Offers a connection whose exchange ended cleanly after `requests` requests.
@@ -127,11 +162,21 @@ impl<C> Pool<C> {
             .map(|i| i.since.saturating_add(self.settings.keepalive_timeout))
     }
 
-    /// Removes the idle connection `matches` picks (it turned readable: the upstream
-    /// closed it or sent bytes nobody asked for).
+    /// Removes the idle connection `matches` picks (its address left the server's
+    /// name, say).
     pub fn remove(&mut self, mut matches: impl FnMut(&C) -> bool) -> Option<C> {
         let at = self.idle.iter().position(|i| matches(&i.conn))?;
         self.idle.remove(at).map(|i| i.conn)
+    }
+
+    /// Removes the idle connection `matches` picks because it turned readable at `now`:
+    /// the upstream closed it (or sent bytes nobody asked for). How long it had been
+    /// idle is what the upstream allows (see [`Pool::take_safe`]).
+    pub fn evict(&mut self, mut matches: impl FnMut(&C) -> bool, now: Micros) -> Option<C> {
+        let at = self.idle.iter().position(|i| matches(&i.conn))?;
+        let idle = self.idle.remove(at)?;
+        self.upstream_closes_after = Some(now.saturating_sub(idle.since));
+        Some(idle.conn)
     }
 
     /// Every idle connection, to close (drain, or a server removed by a reload).
@@ -303,11 +348,11 @@ impl<C> Pools<C> {
     }
 
     /// Takes out the idle connection `matches` picks, whichever pool holds it (an
-    /// event on it said it is no longer usable).
-    pub fn remove(&mut self, mut matches: impl FnMut(&C) -> bool) -> Option<C> {
+    /// event on it at `now` said it is no longer usable; see [`Pool::evict`]).
+    pub fn evict(&mut self, mut matches: impl FnMut(&C) -> bool, now: Micros) -> Option<C> {
         self.pools
             .iter_mut()
-            .find_map(|pool| pool.remove(&mut matches))
+            .find_map(|pool| pool.evict(&mut matches, now))
     }
 
     /// Pools (one per configured upstream server).
@@ -395,6 +440,66 @@ mod tests {
         assert_eq!(p.remove(|&c| c == 7), Some(7));
         assert_eq!(p.remove(|&c| c == 7), None);
         assert_eq!(p.len(), 1);
+    }
+
+    /// Keeps connections a second, so the upstream's own closes are what is learned.
+    const LONG: PoolSettings = PoolSettings {
+        keepalive: 4,
+        keepalive_timeout: 1_000_000,
+        keepalive_requests: 100,
+    };
+
+    #[test]
+    fn an_upstream_close_teaches_how_long_it_lets_connections_idle() {
+        let mut p = Pool::new(LONG);
+        assert_eq!(p.upstream_closes_after(), None);
+        p.put(1, 1, 1_000).unwrap();
+        // The upstream closed it 200 ms after it was pooled.
+        assert_eq!(p.evict(|&c| c == 1, 201_000), Some(1));
+        assert_eq!(p.upstream_closes_after(), Some(200_000));
+        // An address leaving the server's name is not the upstream closing.
+        p.put(2, 1, 300_000).unwrap();
+        assert_eq!(p.remove(|&c| c == 2), Some(2));
+        assert_eq!(p.upstream_closes_after(), Some(200_000));
+    }
+
+    #[test]
+    fn a_request_that_cannot_be_resent_skips_connections_the_upstream_may_be_closing() {
+        let mut close = Vec::new();
+        let mut p = Pool::new(LONG);
+        p.put(1, 1, 0).unwrap();
+        p.evict(|&c| c == 1, 200_000); // the upstream closes after ~200 ms idle
+        p.put(2, 1, 300_000).unwrap();
+        // Idle 99 ms: well inside what the upstream allows.
+        assert_eq!(p.take_safe(399_000, &mut close).map(|r| r.conn), Some(2));
+        p.put(2, 2, 400_000).unwrap();
+        // Idle 100 ms, half the upstream's time: a new connection instead; the pooled
+        // one stays for requests that can be retried.
+        assert_eq!(p.take_safe(500_000, &mut close), None);
+        assert_eq!(p.len(), 1);
+        assert_eq!(p.take(500_000, &mut close).map(|r| r.conn), Some(2));
+        assert!(close.is_empty());
+    }
+
+    #[test]
+    fn before_any_upstream_close_every_connection_may_be_taken() {
+        let mut close = Vec::new();
+        let mut p = Pool::new(LONG);
+        p.put(1, 1, 0).unwrap();
+        assert_eq!(p.take_safe(900_000, &mut close).map(|r| r.conn), Some(1));
+    }
+
+    #[test]
+    fn a_connection_outliving_twice_the_learned_time_forgets_it() {
+        let mut close = Vec::new();
+        let mut p = Pool::new(LONG);
+        p.put(1, 1, 0).unwrap();
+        p.evict(|&c| c == 1, 10_000); // say, a restart closing everything after 10 ms
+        p.put(2, 1, 20_000).unwrap();
+        p.put(3, 1, 45_000).unwrap();
+        // Connection 2 has been open 25 ms: the upstream keeps them longer than 10 ms.
+        assert_eq!(p.take_safe(45_000, &mut close).map(|r| r.conn), Some(3));
+        assert_eq!(p.upstream_closes_after(), None);
     }
 
     fn upstream(name: &str, ports: &[u16], keepalive: usize) -> Upstream {

@@ -162,11 +162,18 @@ impl Session {
         self.inbox_at = 0;
         self.readable = false;
         self.hung_up = false;
-        self.check_stale = pooled.is_some()
-            && (self.request.framing() != Framing::None || !self.exchange.idempotent());
+        self.check_stale = pooled.is_some() && !self.can_resend();
         self.head_reported = false;
         self.body_reported = false;
         self.socket = Some(socket);
+    }
+
+    /// Whether the request may be sent again on a new connection if the one it is on
+    /// fails before the response: no body (body bytes are not kept) and an idempotent
+    /// method. One that may not is checked before it goes on a pooled connection, and
+    /// kept off those the upstream may be closing (`Pool::take_safe`).
+    pub fn can_resend(&self) -> bool {
+        self.request.framing() == Framing::None && self.exchange.idempotent()
     }
 
     /// A connect attempt failed before there was a socket (`connect` itself failed).

@@ -297,13 +297,11 @@ mod tests {
         accepted.set_nonblocking(true).unwrap();
         let mut tcp = TcpStream::from_std(accepted);
         let mut tls = Tls::none();
-        let mut transport = Transport::new(&mut tcp, &mut tls);
         let (head, body) = (b"HTTP/1.1 200 OK\r\n\r\n", b"hello");
-        let n = transport
+        let n = Transport::new(&mut tcp, &mut tls)
             .write_vectored(&[IoSlice::new(head), IoSlice::new(body)])
             .unwrap();
         assert_eq!(n, head.len() + body.len());
-        drop(transport);
         drop(tcp);
         let mut got = Vec::new();
         let mut client = client;

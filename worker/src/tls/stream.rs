@@ -170,22 +170,34 @@ impl<'a> Transport<'a> {
     }
 }
 
+impl Transport<'_> {
+    /// Hands plaintext to rustls (`write` is given its writer) and pushes the records
+    /// it makes. Records made earlier go first, so rustls' buffer stays one
+    /// socket-full; what the socket does not take now stays pending.
+    fn write_tls(
+        &mut self,
+        has_bytes: bool,
+        write: impl FnOnce(&mut rustls::Writer<'_>) -> io::Result<usize>,
+    ) -> io::Result<usize> {
+        if !self.push()? {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let s = self.tls.0.as_deref_mut().expect("a TLS connection");
+        let n = write(&mut s.conn.writer())?;
+        if n == 0 && has_bytes {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        self.push()?;
+        Ok(n)
+    }
+}
+
 impl Write for Transport<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         if !self.tls.is_tls() {
             return self.tcp.write(buf);
         }
-        // Records made earlier go first: rustls' buffer stays one socket-full.
-        if !self.push()? {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        let s = self.tls.0.as_deref_mut().expect("checked");
-        let n = s.conn.writer().write(buf)?;
-        if n == 0 && !buf.is_empty() {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        self.push()?; // what the socket does not take now stays pending
-        Ok(n)
+        self.write_tls(!buf.is_empty(), |w| w.write(buf))
     }
 
     /// Plain, one `writev`: a response head and the body bytes after it leave in one
@@ -195,16 +207,9 @@ impl Write for Transport<'_> {
         if !self.tls.is_tls() {
             return self.tcp.write_vectored(bufs);
         }
-        if !self.push()? {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        let s = self.tls.0.as_deref_mut().expect("checked");
-        let n = s.conn.writer().write_vectored(bufs)?;
-        if n == 0 && bufs.iter().any(|b| !b.is_empty()) {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        self.push()?;
-        Ok(n)
+        self.write_tls(bufs.iter().any(|b| !b.is_empty()), |w| {
+            w.write_vectored(bufs)
+        })
     }
 
     fn flush(&mut self) -> io::Result<()> {

@@ -589,13 +589,7 @@ fn a_slow_upstream_stops_the_client_being_read() {
 /// connection the upstream is closing. None may fail.
 #[test]
 fn the_stale_connection_race_fails_no_request() {
-    let up = TestUpstream::start(
-        Settings {
-            idle_close: Some(Duration::from_millis(200)),
-            ..Settings::default()
-        },
-        |_| Reply::ok(b"fresh"),
-    );
+    let up = idle_closing_upstream(Duration::from_millis(200));
     let d = proxy_daemon(&[up.addr().to_string()], "keepalive_timeout: \"10s\",");
     let failed = Arc::new(AtomicU64::new(0));
     let ok = Arc::new(AtomicU64::new(0));
@@ -631,13 +625,7 @@ fn the_stale_connection_race_fails_no_request() {
 /// a new connection instead (before, it took the pooled one and could meet the close).
 #[test]
 fn a_post_stays_off_a_pooled_connection_the_upstream_may_be_closing() {
-    let up = TestUpstream::start(
-        Settings {
-            idle_close: Some(Duration::from_secs(1)),
-            ..Settings::default()
-        },
-        |_| Reply::ok(b"fresh"),
-    );
+    let up = idle_closing_upstream(Duration::from_secs(1));
     let d = proxy_daemon(&[up.addr().to_string()], "keepalive_timeout: \"10s\",");
     // forkd learns the upstream's idle time: its pooled connection is closed after 1 s.
     assert_eq!(d.get("/learn").status, 200);
@@ -662,6 +650,17 @@ fn a_post_stays_off_a_pooled_connection_the_upstream_may_be_closing() {
         on("/a"),
         "the POST went on the connection idle past half the upstream's idle time"
     );
+}
+
+/// An upstream answering `fresh` that closes keep-alive connections idle for `idle`.
+fn idle_closing_upstream(idle: Duration) -> TestUpstream {
+    TestUpstream::start(
+        Settings {
+            idle_close: Some(idle),
+            ..Settings::default()
+        },
+        |_| Reply::ok(b"fresh"),
+    )
 }
 
 fn one_request(port: u16, method: &str) -> Result<(), String> {

@@ -95,7 +95,8 @@ pub fn advance(
     // Body bytes already here go in first: with the head in one write, and a
     // request read whole is known to be so if no server answers.
     let mut moved = false;
-    if p.session.wants_client_body() && busy.has_input() {
+    let fed = p.session.wants_client_body() && busy.has_input();
+    if fed {
         match p
             .session
             .feed_client_body(&busy.inbuf[busy.in_start..busy.in_end])
@@ -192,8 +193,17 @@ pub fn advance(
     if moved {
         return Progress::Again;
     }
-    if p.session.wants_client_body() && !busy.has_input() {
-        return Progress::ReadClient;
+    if p.session.wants_client_body() {
+        if !busy.has_input() {
+            return Progress::ReadClient;
+        }
+        if !fed {
+            // The pump above made room for body bytes already read: feed them now.
+            // Waiting instead would wait for ever when the upstream took everything
+            // without filling its socket (no writable edge to come) and the client is
+            // blocked on forkd's full receive buffer (no readable edge either).
+            return Progress::Again;
+        }
     }
     Progress::Wait
 }

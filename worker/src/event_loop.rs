@@ -6,7 +6,7 @@ use crate::access_log::AccessLogs;
 use crate::busy::BusyPool;
 use crate::checks::Checks;
 use crate::clock::Clock;
-use crate::conn::{Activity, Conn, Verdict};
+use crate::conn::{Activity, Conn, Registration, Verdict};
 use crate::file_cache::FileCache;
 use crate::init::WorkerInit;
 use crate::limits::admit;
@@ -39,6 +39,9 @@ const LISTENER_BASE: usize = usize::MAX - 1;
 /// exclusive waiters LIFO, and re-adding moves this worker to the back of the queue,
 /// which spreads connections over the workers.
 const REARM_EVERY: u32 = 16;
+/// The longest a poll waits while connections wait unregistered for their
+/// upstream's answer (see `EventLoop::register_deferred`).
+const DEFERRED_FOR: Duration = Duration::from_millis(1);
 /// After EMFILE/ENFILE, wait this long before accepting again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -90,6 +93,10 @@ pub struct EventLoop {
     ready: Vec<usize>,
     /// The list being worked through this turn (kept to reuse its allocation).
     ready_now: Vec<usize>,
+    /// Connections whose registration waits (`Conn::waits_on_upstream_only`): listed
+    /// this turn, and those listed the turn before, registered at the end of this one.
+    deferred: Vec<usize>,
+    deferred_before: Vec<usize>,
     /// The configuration generation this worker serves.
     generation: u64,
     /// A generation this worker must not adopt (it needs new workers; ours retire).
@@ -175,6 +182,8 @@ impl EventLoop {
             expired: Vec::new(),
             ready: Vec::new(),
             ready_now: Vec::new(),
+            deferred: Vec::new(),
+            deferred_before: Vec::new(),
             generation: 0,
             declined: 0,
             master: init.master.as_raw(),
@@ -282,6 +291,7 @@ impl EventLoop {
                 return exit::OK;
             }
             self.expire_deadlines();
+            self.register_deferred();
             self.advance_run();
             if let Run::Draining {
                 deadline,
@@ -436,6 +446,11 @@ impl EventLoop {
         }
         if !self.ready.is_empty() {
             return Duration::ZERO; // connections have work left from the last turn
+        }
+        if !self.deferred_before.is_empty() {
+            // Connections wait unregistered for their upstream's answer: register
+            // them soon if it does not come (a client hanging up is noticed then).
+            until = until.min(now + DEFERRED_FOR);
         }
         // Round up to the next millisecond so a deadline is never polled for as 0 ms early.
         until.saturating_duration_since(now) + Duration::from_micros(500)
@@ -839,26 +854,15 @@ impl EventLoop {
             self.ready.push(key);
         }
         let want_write = conn.wants_write();
-        if !conn.registered {
-            let interest = if want_write {
-                Interest::READABLE | Interest::WRITABLE
-            } else {
-                Interest::READABLE
-            };
-            match self
-                .poll
-                .registry()
-                .register(conn.stream(), Token(key), interest)
-            {
-                Ok(()) => {
-                    conn.registered = true;
-                    conn.write_interest = want_write;
+        if conn.registration != Registration::Registered {
+            if conn.waits_on_upstream_only() {
+                if conn.registration == Registration::None {
+                    conn.registration = Registration::Deferred;
+                    self.deferred.push(key);
                 }
-                Err(e) => {
-                    forkd_shared::error!("epoll_ctl(ADD) for a connection failed: {e}");
-                    self.close(key);
-                }
+                return;
             }
+            self.register(key);
         } else if want_write && !conn.write_interest {
             // Once a connection has had to wait for the socket, it stays registered for
             // writability: one epoll_ctl per slow client, not one per response.
@@ -874,6 +878,58 @@ impl EventLoop {
                 }
             }
         }
+    }
+
+    /// Registers connection `key` with the poll: readable, and writable if it has
+    /// output waiting. Readiness that came before is reported at once (epoll polls
+    /// the socket when it is added), so nothing is missed by registering late.
+    fn register(&mut self, key: usize) {
+        let conn = &mut self.conns[key];
+        let want_write = conn.wants_write();
+        let interest = if want_write {
+            Interest::READABLE | Interest::WRITABLE
+        } else {
+            Interest::READABLE
+        };
+        conn.registration = Registration::None;
+        match self
+            .poll
+            .registry()
+            .register(conn.stream(), Token(key), interest)
+        {
+            Ok(()) => {
+                conn.registration = Registration::Registered;
+                conn.write_interest = want_write;
+            }
+            Err(e) => {
+                forkd_shared::error!("epoll_ctl(ADD) for a connection failed: {e}");
+                self.close(key);
+            }
+        }
+    }
+
+    /// A proxied connection waiting only for its upstream is not registered when it
+    /// starts waiting: if the answer comes in the next turn (it usually does), a
+    /// `Connection: close` client is answered and closed with no `epoll_ctl` at all,
+    /// and no removal from the epoll set at `close`. Those listed the turn before and
+    /// still waiting are registered now, so a client that hangs up while the upstream
+    /// is slow is still noticed (and the poll waits at most `DEFERRED_FOR` while any
+    /// are listed).
+    fn register_deferred(&mut self) {
+        let mut due = std::mem::take(&mut self.deferred_before);
+        for &key in &due {
+            // A key closed and reused since is a new connection: it is registered
+            // (or deferred) on its own, and one registered a turn early is harmless.
+            let pending = self
+                .conns
+                .get(key)
+                .is_some_and(|c| c.registration == Registration::Deferred);
+            if pending {
+                self.register(key);
+            }
+        }
+        due.clear();
+        self.deferred_before = std::mem::replace(&mut self.deferred, due);
     }
 
     fn close(&mut self, key: usize) {

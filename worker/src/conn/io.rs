@@ -137,6 +137,16 @@ pub enum Verdict {
     Close,
 }
 
+/// Where a connection's socket is with the poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registration {
+    None,
+    /// Waits a turn (`Conn::waits_on_upstream_only`): the event loop listed it, and
+    /// registers it then unless it closed first.
+    Deferred,
+    Registered,
+}
+
 pub struct Conn {
     stream: TcpStream,
     /// Its TLS session on an HTTPS address (`Transport` joins the two).
@@ -151,8 +161,8 @@ pub struct Conn {
     pub readable: bool,
     /// Registered with the poll for writability too.
     pub write_interest: bool,
-    /// Registered with the poll at all.
-    pub registered: bool,
+    /// Registered with the poll at all, or listed to be.
+    pub registration: Registration,
 
     /// In the event loop's ready list (so it is queued once).
     pub queued: bool,
@@ -196,7 +206,7 @@ impl Conn {
             phase: Phase::ReadHead,
             readable: true,
             write_interest: false,
-            registered: false,
+            registration: Registration::None,
             queued: false,
             requests: 0,
             bits,
@@ -245,6 +255,22 @@ impl Conn {
                         .as_ref()
                         .is_some_and(|p| !p.session.client_output().is_empty())
                     || b.tunnel.as_ref().is_some_and(|t| t.wants_client_write())
+            })
+    }
+
+    /// Proxying, with nothing to write to the client and no request body to read
+    /// from it: only the upstream's answer moves it on. Such a connection need not be
+    /// registered yet: its response usually arrives in the next turn, and a
+    /// `Connection: close` client is then answered and closed without one `epoll_ctl`
+    /// (see `EventLoop::register_deferred`).
+    pub fn waits_on_upstream_only(&self) -> bool {
+        self.phase == Phase::Proxy
+            && !self.wants_write()
+            && self.busy.as_ref().is_some_and(|b| {
+                !b.has_input()
+                    && b.proxy
+                        .as_ref()
+                        .is_some_and(|p| !p.session.wants_client_body())
             })
     }
 

@@ -16,5 +16,5 @@ mod io;
 mod proxied;
 mod tunnel;
 
-pub use io::{Activity, Conn, Verdict};
+pub use io::{Activity, Conn, Registration, Verdict};
 pub use tunnel::Tunnel;

@@ -1,13 +1,15 @@
 //! Edges of a proxied exchange end to end: a client that leaves while forkd waits
 //! for the upstream (logged 499, the upstream connection closed rather than pooled),
-//! and the client connection after a 502 or 504 of forkd's own (kept when the
-//! request was read whole).
+//! the client connection after a 502 or 504 of forkd's own (kept when the
+//! request was read whole), and `read_timeout` after forkd held a response for a
+//! client that did not read (the time held is not the upstream's).
 
 mod support;
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpStream};
-use std::time::Duration;
-use support::upstream::{Received, Reply, Settings, TestUpstream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+use support::upstream::{pattern_byte, Received, Reply, Settings, TestUpstream, Writer};
 use support::*;
 
 /// A daemon with `/` proxied to `servers` (an upstream named `app`, `keys` added).
@@ -221,4 +223,278 @@ fn after_a_502_with_the_request_body_unread_the_connection_closes() {
     let text = undated(&raw);
     assert!(text.starts_with("HTTP/1.1 502 Bad Gateway\r\n"), "{text}");
     assert!(text.contains("\r\nConnection: close\r\n"), "{text}");
+}
+
+/// The body of a [`Held`] response, in bytes.
+const HELD_LEN: u64 = 16 << 20;
+/// The first part is written this much at a time.
+const PIECE: u64 = 16 * 1024;
+
+/// A value one thread sets once and others wait for.
+struct Latch(Mutex<Option<u64>>, Condvar);
+
+impl Latch {
+    fn new() -> Latch {
+        Latch(Mutex::new(None), Condvar::new())
+    }
+    fn set(&self, value: u64) {
+        *self.0.lock().unwrap() = Some(value);
+        self.1.notify_all();
+    }
+    fn wait(&self, timeout: Duration) -> Option<u64> {
+        let (guard, _) = self
+            .1
+            .wait_timeout_while(self.0.lock().unwrap(), timeout, |v| v.is_none())
+            .unwrap();
+        *guard
+    }
+}
+
+/// A response forkd holds for a client that does not read while the upstream is
+/// silent. The upstream writes the head and then the body in [`PIECE`]s, each once
+/// forkd has read the one before, until forkd holds some of it for the client (its
+/// socket buffers are full: what forkd wrote to the client falls behind what it read
+/// from the upstream, as /proc/net/tcp shows). Then the upstream has nothing more in
+/// flight, says how long that first part was (`first_part`), and waits for `resume`
+/// before it writes the rest. [`pattern_byte`]s, `HELD_LEN` of them.
+struct Held {
+    /// The client's end of its connection to forkd: (client, forkd).
+    client: OnceLock<(SocketAddr, SocketAddr)>,
+    /// The first part's length (body bytes); `u64::MAX`: forkd never held any.
+    first_part: Latch,
+    resume: Latch,
+}
+
+impl Held {
+    fn new() -> Held {
+        Held {
+            client: OnceLock::new(),
+            first_part: Latch::new(),
+            resume: Latch::new(),
+        }
+    }
+
+    fn reply(self: &Arc<Held>) -> Reply {
+        let held = Arc::clone(self);
+        Reply::Written(Writer(Arc::new(move |s| held.write(s))))
+    }
+
+    fn write(&self, s: &mut TcpStream) -> bool {
+        let (upstream, forkd_side) = (s.local_addr().unwrap(), s.peer_addr().unwrap());
+        let &(client, forkd) = self.client.get().expect("the client connected first");
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {HELD_LEN}\r\n\r\n");
+        if s.write_all(head.as_bytes()).is_err() {
+            return false;
+        }
+        let (mut at, mut written) = (0, head.len() as u64);
+        loop {
+            if at + PIECE > HELD_LEN / 2 {
+                self.first_part.set(u64::MAX);
+                return false;
+            }
+            if !write_pattern(s, at, PIECE) {
+                return false;
+            }
+            at += PIECE;
+            written += PIECE;
+            // What forkd wrote to the client, once it has read all the upstream sent.
+            let mut delivered = 0;
+            let all_read = poll(Duration::from_secs(10), || {
+                let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+                let q = |local, remote| tcp_queues(&table, local, remote);
+                match (
+                    q(upstream, forkd_side),
+                    q(forkd_side, upstream),
+                    q(forkd, client),
+                    q(client, forkd),
+                ) {
+                    (
+                        Some((unsent, _)),
+                        Some((_, unread)),
+                        Some((to_client, _)),
+                        Some((_, at_client)),
+                    ) => {
+                        delivered = to_client + at_client;
+                        unsent == 0 && unread == 0
+                    }
+                    _ => false,
+                }
+            });
+            if !all_read {
+                self.first_part.set(u64::MAX);
+                return false;
+            }
+            // The last piece may be read but not yet written on; two pieces behind,
+            // forkd holds at least one (forkd's head is the longer one).
+            if written.saturating_sub(delivered) >= 2 * PIECE {
+                break;
+            }
+        }
+        self.first_part.set(at);
+        if self.resume.wait(Duration::from_secs(60)).is_none() {
+            return false;
+        }
+        write_pattern(s, at, HELD_LEN - at)
+    }
+}
+
+/// Writes pattern bytes `from..from + len` of a body.
+fn write_pattern(s: &mut TcpStream, from: u64, len: u64) -> bool {
+    let mut at = from;
+    while at < from + len {
+        let n = (from + len - at).min(64 * 1024);
+        let piece: Vec<u8> = (at..at + n).map(pattern_byte).collect();
+        if s.write_all(&piece).is_err() {
+            return false;
+        }
+        at += n;
+    }
+    true
+}
+
+/// Polls `cond` every millisecond until it holds or `timeout` passes.
+fn poll(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+/// (tx_queue, rx_queue) of the TCP socket `local` → `remote` in a /proc/net/tcp
+/// `table`: bytes written on it the peer has not acknowledged (taken into its
+/// buffer), and bytes received its process has not read.
+fn tcp_queues(table: &str, local: SocketAddr, remote: SocketAddr) -> Option<(u64, u64)> {
+    let hex = |a: SocketAddr| match a {
+        SocketAddr::V4(v4) => format!(
+            "{:08X}:{:04X}",
+            u32::from_le_bytes(v4.ip().octets()),
+            v4.port()
+        ),
+        SocketAddr::V6(_) => String::new(),
+    };
+    let (local, remote) = (hex(local), hex(remote));
+    let fields = table
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() > 4 && f[1] == local && f[2] == remote)?;
+    let (tx, rx) = fields[4].split_once(':')?;
+    Some((
+        u64::from_str_radix(tx, 16).ok()?,
+        u64::from_str_radix(rx, 16).ok()?,
+    ))
+}
+
+/// A daemon proxying to a [`Held`] upstream with `read_timeout: "1s"`, and a client
+/// that asked it for the response and has not read any of it while forkd held part
+/// of it for longer than `read_timeout`, then read the head and the first part: all
+/// the upstream sent. Returns the daemon, the upstream, the client's connection, the
+/// body bytes read and the first part's length.
+fn held_for_the_client(held: &Arc<Held>) -> (TestDaemon, TestUpstream, TcpStream, Vec<u8>, u64) {
+    let up = {
+        let held = Arc::clone(held);
+        // Other requests (the harness's readiness check) get a plain answer.
+        upstream(move |req| match req.path() {
+            "/held" => held.reply(),
+            _ => Reply::ok(b"not held"),
+        })
+    };
+    let d = proxy_daemon(
+        &[up.addr().to_string()],
+        "read_timeout: \"1s\", retries: 0,",
+    );
+    let mut s = d.connect();
+    held.client
+        .set((s.local_addr().unwrap(), s.peer_addr().unwrap()))
+        .unwrap();
+    s.write_all(b"GET /held HTTP/1.1\r\nHost: h\r\n\r\n")
+        .unwrap();
+    let first = held
+        .first_part
+        .wait(Duration::from_secs(120))
+        .expect("the upstream wrote its first part");
+    assert_ne!(first, u64::MAX, "forkd never held part of the response");
+    // Held for the client, with nothing coming from the upstream: 2.5 × read_timeout.
+    std::thread::sleep(Duration::from_millis(2500));
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).expect("the response head");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(
+        head.contains(&format!("\r\nContent-Length: {HELD_LEN}\r\n")),
+        "{head}"
+    );
+    let mut body = vec![0u8; first as usize];
+    s.read_exact(&mut body).expect("the first part");
+    (d, up, s, body, first)
+}
+
+/// Reads body bytes until `HELD_LEN` of them are in `body` or the connection ends.
+fn read_rest(s: &mut TcpStream, body: &mut Vec<u8>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    while (body.len() as u64) < HELD_LEN {
+        match s.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => body.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => panic!("reading the body after {} bytes: {e}", body.len()),
+        }
+    }
+}
+
+/// Where `body` first differs from the pattern, if it does.
+fn first_mismatch(body: &[u8]) -> Option<usize> {
+    (0..body.len()).find(|&i| body[i] != pattern_byte(i as u64))
+}
+
+#[test]
+fn read_timeout_counts_from_when_forkd_went_back_to_reading_after_holding_a_response() {
+    let held = Arc::new(Held::new());
+    let (d, _up, mut s, mut body, first) = held_for_the_client(&held);
+    // forkd took in all the upstream sent long ago and now waits for more; the
+    // upstream answers at once.
+    held.resume.set(1);
+    read_rest(&mut s, &mut body);
+    assert_eq!(
+        body.len() as u64,
+        HELD_LEN,
+        "the response was cut {} bytes after its {first}-byte first part; error log:\n{}",
+        body.len() as u64 - first,
+        d.error_log()
+    );
+    assert_eq!(
+        first_mismatch(&body),
+        None,
+        "the body is not what the upstream sent"
+    );
+    assert!(!d.error_log().contains("timed out"), "{}", d.error_log());
+}
+
+#[test]
+fn an_upstream_silent_for_read_timeout_after_a_held_response_drained_is_still_cut() {
+    let held = Arc::new(Held::new());
+    let (d, _up, mut s, mut body, first) = held_for_the_client(&held);
+    // The upstream stays silent: forkd, waiting on it again, gives up after
+    // read_timeout, and the client sees the response end short.
+    read_rest(&mut s, &mut body);
+    assert_eq!(
+        body.len() as u64,
+        first,
+        "the response ends where the upstream stopped"
+    );
+    assert_eq!(first_mismatch(&body), None);
+    assert!(
+        d.wait_for_log("upstream timed out", Duration::from_secs(10)),
+        "{}",
+        d.error_log()
+    );
+    held.resume.set(1); // the upstream's thread ends (its writes fail)
 }

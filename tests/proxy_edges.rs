@@ -1,15 +1,20 @@
 //! Edges of a proxied exchange end to end: a client that leaves while forkd waits
 //! for the upstream (logged 499, the upstream connection closed rather than pooled),
 //! the client connection after a 502 or 504 of forkd's own (kept when the
-//! request was read whole), and `read_timeout` after forkd held a response for a
-//! client that did not read (the time held is not the upstream's).
+//! request was read whole), `read_timeout` after forkd held a response for a
+//! client that did not read (the time held is not the upstream's), and a request body
+//! forkd already read from the client going on once the upstream takes what was
+//! buffered for it.
 
 mod support;
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-use support::upstream::{pattern_byte, Received, Reply, Settings, TestUpstream, Writer};
+use support::upstream::{
+    fnv, pattern_byte, pattern_hash, Received, Reply, Settings, TestUpstream, Writer, FNV_START,
+};
 use support::*;
 
 /// A daemon with `/` proxied to `servers` (an upstream named `app`, `keys` added).
@@ -497,4 +502,129 @@ fn an_upstream_silent_for_read_timeout_after_a_held_response_drained_is_still_cu
         d.error_log()
     );
     held.resume.set(1); // the upstream's thread ends (its writes fail)
+}
+
+/// An upstream that reads a request's head at once but its body (`Content-Length`)
+/// only once `go` is set, then as fast as it can; it answers 200 with the body's
+/// length and FNV hash (and a request without a body with "no body").
+fn body_gated_upstream(go: Arc<Latch>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(s) = s else { return };
+            let go = Arc::clone(&go);
+            std::thread::spawn(move || serve_gated(s, &go));
+        }
+    });
+    addr
+}
+
+fn serve_gated(mut s: TcpStream, go: &Latch) {
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            match s.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+        buf.drain(..end);
+        let len: u64 = head
+            .split("\r\n")
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        let answer = if len == 0 {
+            "no body".to_string()
+        } else {
+            go.wait(Duration::from_secs(120));
+            let (mut got, mut hash) = (0u64, FNV_START);
+            while got < len {
+                if buf.is_empty() {
+                    match s.read(&mut chunk) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let take = buf.len().min((len - got) as usize);
+                hash = fnv(hash, &buf[..take]);
+                got += take as u64;
+                buf.drain(..take);
+            }
+            format!("{got} {hash}")
+        };
+        let reply = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{answer}",
+            answer.len()
+        );
+        if s.write_all(reply.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+#[test]
+fn a_request_body_forkd_has_read_goes_on_once_the_upstream_takes_what_it_buffered() {
+    // More than forkd's buffer and the upstream connection's hold, so that forkd has
+    // body bytes read from the client and waiting for room when the upstream starts.
+    const LEN: u64 = 64 << 20;
+    let go = Arc::new(Latch::new());
+    let addr = body_gated_upstream(Arc::clone(&go));
+    let d = TestDaemon::builder()
+        .top(&format!(
+            "upstreams: {{ \"app\": (servers: [\"{addr}\"], send_timeout: \"10s\", retries: 0) }},"
+        ))
+        .server("max_body_bytes: \"1G\",")
+        .routes(r#"(prefix: "/", handler: Proxy(upstream: "app")),"#)
+        .start();
+    let mut s = d.connect();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let head = format!("POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: {LEN}\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    let (written, done) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let writer = {
+        let mut s = s.try_clone().unwrap();
+        let (written, done) = (Arc::clone(&written), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let mut at = 0;
+            while at < LEN {
+                let n = (LEN - at).min(256 * 1024);
+                if !write_pattern(&mut s, at, n) {
+                    break;
+                }
+                at += n;
+                written.store(at, Ordering::SeqCst);
+            }
+            done.store(true, Ordering::SeqCst);
+        })
+    };
+    // Every buffer on the way is full (the client's writes stopped), or the body is
+    // all in them: then the upstream starts reading.
+    let mut last = (0, Instant::now());
+    assert!(
+        poll(Duration::from_secs(60), || {
+            let now = written.load(Ordering::SeqCst);
+            if now != last.0 {
+                last = (now, Instant::now());
+            }
+            done.load(Ordering::SeqCst) || last.1.elapsed() > Duration::from_millis(300)
+        }),
+        "the client's writes never stopped"
+    );
+    go.set(1);
+    let r = read_response(&mut s, false).expect("a response");
+    assert_eq!(
+        (r.status, r.body_str()),
+        (200, format!("{LEN} {}", pattern_hash(LEN))),
+        "after {} of {LEN} body bytes; error log:\n{}",
+        written.load(Ordering::SeqCst),
+        d.error_log()
+    );
+    writer.join().unwrap();
 }

@@ -203,10 +203,15 @@ fn step(
         let keep = finish(p, c, svc);
         return Progress::Finished { keep };
     }
-    if moved {
+    // Body bytes already read from the client, and room for them that the pump just
+    // made (the stream was full when this step began): no event will tell of either,
+    // since the upstream took all it was given and the client, its bytes read, sends
+    // no more until forkd reads on. Fed in the next step (which takes at least one
+    // byte: the stream has room), or the exchange stalls until `send_timeout`.
+    if moved || p.session.wants_client_body() && busy.has_input() {
         return Progress::Again;
     }
-    if p.session.wants_client_body() && !busy.has_input() {
+    if p.session.wants_client_body() {
         return Progress::ReadClient;
     }
     Progress::Wait

@@ -268,6 +268,8 @@ struct Held {
     /// The first part's length (body bytes); `u64::MAX`: forkd never held any.
     first_part: Latch,
     resume: Latch,
+    /// Why the first part could not be written as wanted.
+    failed: Mutex<String>,
 }
 
 impl Held {
@@ -276,6 +278,7 @@ impl Held {
             client: OnceLock::new(),
             first_part: Latch::new(),
             resume: Latch::new(),
+            failed: Mutex::new(String::new()),
         }
     }
 
@@ -294,6 +297,7 @@ impl Held {
         let (mut at, mut written) = (0, head.len() as u64);
         loop {
             if at + PIECE > HELD_LEN / 2 {
+                *self.failed.lock().unwrap() = format!("forkd took {at} bytes without holding any");
                 self.first_part.set(u64::MAX);
                 return false;
             }
@@ -304,21 +308,17 @@ impl Held {
             written += PIECE;
             // What forkd wrote to the client, once it has read all the upstream sent.
             let mut delivered = 0;
+            let mut seen = [None; 4];
             let all_read = poll(Duration::from_secs(10), || {
-                let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-                let q = |local, remote| tcp_queues(&table, local, remote);
-                match (
-                    q(upstream, forkd_side),
-                    q(forkd_side, upstream),
-                    q(forkd, client),
-                    q(client, forkd),
-                ) {
-                    (
-                        Some((unsent, _)),
-                        Some((_, unread)),
-                        Some((to_client, _)),
-                        Some((_, at_client)),
-                    ) => {
+                seen = tcp_queues([
+                    (upstream, forkd_side),
+                    (forkd_side, upstream),
+                    (forkd, client),
+                    (client, forkd),
+                ]);
+                match seen {
+                    [Some((unsent, _)), Some((_, unread)), Some((to_client, _)), Some((_, at_client))] =>
+                    {
                         delivered = to_client + at_client;
                         unsent == 0 && unread == 0
                     }
@@ -326,6 +326,10 @@ impl Held {
                 }
             });
             if !all_read {
+                *self.failed.lock().unwrap() = format!(
+                    "forkd did not read the upstream's piece after {at} bytes (delivered \
+                     {delivered} of {written}; queues {seen:?})"
+                );
                 self.first_part.set(u64::MAX);
                 return false;
             }
@@ -369,10 +373,11 @@ fn poll(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     true
 }
 
-/// (tx_queue, rx_queue) of the TCP socket `local` → `remote` in a /proc/net/tcp
-/// `table`: bytes written on it the peer has not acknowledged (taken into its
-/// buffer), and bytes received its process has not read.
-fn tcp_queues(table: &str, local: SocketAddr, remote: SocketAddr) -> Option<(u64, u64)> {
+/// (tx_queue, rx_queue) of each TCP socket `local` → `remote` (/proc/net/tcp, read
+/// once): bytes written on it that the peer has not acknowledged (taken into its
+/// buffer), and bytes received that its process has not read. One pass with no
+/// allocation per line: the table may hold thousands of sockets of other tests.
+fn tcp_queues<const N: usize>(sockets: [(SocketAddr, SocketAddr); N]) -> [Option<(u64, u64)>; N] {
     let hex = |a: SocketAddr| match a {
         SocketAddr::V4(v4) => format!(
             "{:08X}:{:04X}",
@@ -381,16 +386,30 @@ fn tcp_queues(table: &str, local: SocketAddr, remote: SocketAddr) -> Option<(u64
         ),
         SocketAddr::V6(_) => String::new(),
     };
-    let (local, remote) = (hex(local), hex(remote));
-    let fields = table
-        .lines()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .find(|f| f.len() > 4 && f[1] == local && f[2] == remote)?;
-    let (tx, rx) = fields[4].split_once(':')?;
-    Some((
-        u64::from_str_radix(tx, 16).ok()?,
-        u64::from_str_radix(rx, 16).ok()?,
-    ))
+    let wanted: Vec<(String, String)> = sockets.iter().map(|&(l, r)| (hex(l), hex(r))).collect();
+    let mut found = [None; N];
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    for line in table.lines().skip(1) {
+        // "  sl: LOCAL REMOTE ST TX:RX ..."
+        let mut fields = line.split_ascii_whitespace().skip(1);
+        let (Some(local), Some(remote), _, Some(queues)) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let Some(i) = wanted.iter().position(|(l, r)| l == local && r == remote) else {
+            continue;
+        };
+        let parse = |q: &str| {
+            let (tx, rx) = q.split_once(':')?;
+            Some((
+                u64::from_str_radix(tx, 16).ok()?,
+                u64::from_str_radix(rx, 16).ok()?,
+            ))
+        };
+        found[i] = parse(queues);
+    }
+    found
 }
 
 /// A daemon proxying to a [`Held`] upstream with `read_timeout: "1s"`, and a client
@@ -421,7 +440,7 @@ fn held_for_the_client(held: &Arc<Held>) -> (TestDaemon, TestUpstream, TcpStream
         .first_part
         .wait(Duration::from_secs(120))
         .expect("the upstream wrote its first part");
-    assert_ne!(first, u64::MAX, "forkd never held part of the response");
+    assert_ne!(first, u64::MAX, "{}", held.failed.lock().unwrap());
     // Held for the client, with nothing coming from the upstream: 2.5 × read_timeout.
     std::thread::sleep(Duration::from_millis(2500));
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
@@ -507,20 +526,47 @@ fn an_upstream_silent_for_read_timeout_after_a_held_response_drained_is_still_cu
 /// An upstream that reads a request's head at once but its body (`Content-Length`)
 /// only once `go` is set, then as fast as it can; it answers 200 with the body's
 /// length and FNV hash (and a request without a body with "no body").
-fn body_gated_upstream(go: Arc<Latch>) -> SocketAddr {
+struct Gated {
+    go: Latch,
+    /// The connection a request with a body came on: (upstream, forkd's end).
+    body_on: OnceLock<(SocketAddr, SocketAddr)>,
+}
+
+impl Gated {
+    fn new() -> Gated {
+        Gated {
+            go: Latch::new(),
+            body_on: OnceLock::new(),
+        }
+    }
+}
+
+fn body_gated_upstream(gated: Arc<Gated>) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     std::thread::spawn(move || {
         for s in listener.incoming() {
             let Ok(s) = s else { return };
-            let go = Arc::clone(&go);
-            std::thread::spawn(move || serve_gated(s, &go));
+            let gated = Arc::clone(&gated);
+            std::thread::spawn(move || serve_gated(s, &gated));
         }
     });
     addr
 }
 
-fn serve_gated(mut s: TcpStream, go: &Latch) {
+/// A daemon proxying to a [`body_gated_upstream`] at `addr`, the upstream's `keys`
+/// added, bodies up to 1 GiB.
+fn gated_daemon(addr: SocketAddr, keys: &str) -> TestDaemon {
+    TestDaemon::builder()
+        .top(&format!(
+            "upstreams: {{ \"app\": (servers: [\"{addr}\"], {keys}) }},"
+        ))
+        .server("max_body_bytes: \"1G\",")
+        .routes(r#"(prefix: "/", handler: Proxy(upstream: "app")),"#)
+        .start()
+}
+
+fn serve_gated(mut s: TcpStream, gated: &Gated) {
     let mut buf = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];
     loop {
@@ -540,7 +586,10 @@ fn serve_gated(mut s: TcpStream, go: &Latch) {
         let answer = if len == 0 {
             "no body".to_string()
         } else {
-            go.wait(Duration::from_secs(120));
+            let _ = gated
+                .body_on
+                .set((s.local_addr().unwrap(), s.peer_addr().unwrap()));
+            gated.go.wait(Duration::from_secs(120));
             let (mut got, mut hash) = (0u64, FNV_START);
             while got < len {
                 if buf.is_empty() {
@@ -571,15 +620,9 @@ fn a_request_body_forkd_has_read_goes_on_once_the_upstream_takes_what_it_buffere
     // More than forkd's buffer and the upstream connection's hold, so that forkd has
     // body bytes read from the client and waiting for room when the upstream starts.
     const LEN: u64 = 64 << 20;
-    let go = Arc::new(Latch::new());
-    let addr = body_gated_upstream(Arc::clone(&go));
-    let d = TestDaemon::builder()
-        .top(&format!(
-            "upstreams: {{ \"app\": (servers: [\"{addr}\"], send_timeout: \"10s\", retries: 0) }},"
-        ))
-        .server("max_body_bytes: \"1G\",")
-        .routes(r#"(prefix: "/", handler: Proxy(upstream: "app")),"#)
-        .start();
+    let gated = Arc::new(Gated::new());
+    let addr = body_gated_upstream(Arc::clone(&gated));
+    let d = gated_daemon(addr, "send_timeout: \"10s\", retries: 0,");
     let mut s = d.connect();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     let head = format!("POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: {LEN}\r\n\r\n");
@@ -617,7 +660,7 @@ fn a_request_body_forkd_has_read_goes_on_once_the_upstream_takes_what_it_buffere
         }),
         "the client's writes never stopped"
     );
-    go.set(1);
+    gated.go.set(1);
     let r = read_response(&mut s, false).expect("a response");
     assert_eq!(
         (r.status, r.body_str()),
@@ -627,4 +670,69 @@ fn a_request_body_forkd_has_read_goes_on_once_the_upstream_takes_what_it_buffere
         d.error_log()
     );
     writer.join().unwrap();
+}
+
+#[test]
+fn send_timeout_counts_from_when_forkd_went_back_to_writing_after_waiting_for_the_body() {
+    const LEN: u64 = 64 << 20;
+    let gated = Arc::new(Gated::new());
+    let addr = body_gated_upstream(Arc::clone(&gated));
+    let d = gated_daemon(addr, "send_timeout: \"1s\", retries: 0,");
+    let mut s = d.connect();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let (client, forkd) = (s.local_addr().unwrap(), s.peer_addr().unwrap());
+    let head = format!("POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: {LEN}\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    let on = poll(Duration::from_secs(10), || gated.body_on.get().is_some());
+    assert!(on, "the request reached the upstream");
+    let &(upstream, forkd_side) = gated.body_on.get().unwrap();
+    // The body in pieces, each once forkd has read the one before, until the upstream
+    // (not reading) has stopped taking them and forkd holds some with room for more:
+    // it waits for the client, which is not the upstream's delay.
+    let (mut at, mut sent) = (0, head.len() as u64);
+    loop {
+        assert!(at + PIECE < LEN / 2, "forkd never held part of the body");
+        assert!(write_pattern(&mut s, at, PIECE));
+        at += PIECE;
+        sent += PIECE;
+        let mut delivered = 0;
+        let all_read = poll(Duration::from_secs(10), || {
+            match tcp_queues([
+                (client, forkd),
+                (forkd, client),
+                (forkd_side, upstream),
+                (upstream, forkd_side),
+            ]) {
+                [Some((unsent, _)), Some((_, unread)), Some((to_up, _)), Some((_, at_up))] => {
+                    delivered = to_up + at_up;
+                    unsent == 0 && unread == 0
+                }
+                _ => false,
+            }
+        });
+        assert!(all_read, "forkd stopped reading the body after {at} bytes");
+        // As for the response: two pieces behind, forkd holds at least one (its
+        // upstream head is the longer one).
+        if sent.saturating_sub(delivered) >= 2 * PIECE {
+            break;
+        }
+    }
+    // The client pauses for 2.5 × send_timeout, then sends the rest: forkd's buffer
+    // fills and it waits on the upstream again, which starts reading soon after.
+    std::thread::sleep(Duration::from_millis(2500));
+    let writer = {
+        let mut s = s.try_clone().unwrap();
+        std::thread::spawn(move || write_pattern(&mut s, at, LEN - at))
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    gated.go.set(1);
+    let r = read_response(&mut s, false).expect("a response");
+    assert_eq!(
+        (r.status, r.body_str()),
+        (200, format!("{LEN} {}", pattern_hash(LEN))),
+        "the first part was {at} bytes; error log:\n{}",
+        d.error_log()
+    );
+    assert!(writer.join().unwrap());
+    assert!(!d.error_log().contains("timed out"), "{}", d.error_log());
 }

@@ -400,14 +400,12 @@ fn tcp_queues<const N: usize>(sockets: [(SocketAddr, SocketAddr); N]) -> [Option
         let Some(i) = wanted.iter().position(|(l, r)| l == local && r == remote) else {
             continue;
         };
-        let parse = |q: &str| {
-            let (tx, rx) = q.split_once(':')?;
+        found[i] = queues.split_once(':').and_then(|(tx, rx)| {
             Some((
                 u64::from_str_radix(tx, 16).ok()?,
                 u64::from_str_radix(rx, 16).ok()?,
             ))
-        };
-        found[i] = parse(queues);
+        });
     }
     found
 }

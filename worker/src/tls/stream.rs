@@ -303,7 +303,6 @@ mod tests {
             .write_vectored(&[IoSlice::new(head), IoSlice::new(body)])
             .unwrap();
         assert_eq!(n, head.len() + body.len());
-        drop(transport);
         drop(tcp);
         let mut got = Vec::new();
         let mut client = client;

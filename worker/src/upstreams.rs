@@ -248,7 +248,7 @@ pub struct Proxied {
     pub upstream_progress: Micros,
     /// The upstream's deadline was held (forkd waited on the client) at the last
     /// look, and when a hold last ended: forkd went back to waiting on the upstream
-    /// (`conn::proxied::note_hold`).
+    /// (`conn::proxied_deadlines::note_hold`).
     pub held: bool,
     pub resumed: Micros,
     /// The exchange state `state_since` is for (to notice a change).

@@ -149,6 +149,20 @@ pub enum Reply {
         piece: usize,
         pause: Duration,
     },
+    /// Written by the test itself on the connection, for a shape the others cannot
+    /// script (a body whose parts depend on what the test sees meanwhile); the
+    /// function returns whether the connection stays open.
+    Written(Writer),
+}
+
+/// The function that writes a [`Reply::Written`].
+#[derive(Clone)]
+pub struct Writer(pub Arc<dyn Fn(&mut TcpStream) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Writer(..)")
+    }
 }
 
 impl Reply {
@@ -568,6 +582,7 @@ fn render(reply: &Reply, req: &Received) -> (Vec<u8>, bool) {
             (out, true)
         }
         Reply::Slow { reply, .. } => render(reply, req),
+        Reply::Written(_) => (out, true), // write_reply calls the writer
     }
 }
 
@@ -619,6 +634,7 @@ fn write_reply(s: &mut TcpStream, reply: &Reply, req: &Received) -> bool {
             s.write_all(&bytes).is_ok()
                 && (req.method() == "HEAD" || write_large(s, *len, *chunked))
         }
+        Reply::Written(writer) => (writer.0)(s),
         _ => s.write_all(&bytes).is_ok(),
     };
     ok && keep

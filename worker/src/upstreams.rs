@@ -253,6 +253,11 @@ pub struct Proxied {
     /// When the exchange entered its current state, and its last upstream progress.
     pub state_since: Micros,
     pub upstream_progress: Micros,
+    /// The upstream's deadline was held (forkd waited on the client) at the last
+    /// look, and when a hold last ended: forkd went back to waiting on the upstream
+    /// (`conn::proxied_deadlines::note_hold`).
+    pub held: bool,
+    pub resumed: Micros,
     /// The exchange state `state_since` is for (to notice a change).
     pub state_tag: Option<std::mem::Discriminant<State>>,
     /// The failure of the current attempt was logged.
@@ -316,6 +321,8 @@ impl Proxied {
             started,
             state_since: now,
             upstream_progress: now,
+            held: false,
+            resumed: now,
             state_tag: None,
             failure_logged: false,
             head_at: None,

@@ -5,6 +5,8 @@
 //!   queued (no socket), or "proxy this".
 //! - `proxied`: the client side of a proxied exchange (the session pumped, the
 //!   response written to the client, steps acted on).
+//! - `proxied_deadlines`: its deadlines (the upstream's, held while it waits on the
+//!   client, and the client's).
 //! - `tunnel`: an upgraded connection (101): bytes both ways between the client and
 //!   the upstream socket.
 //!
@@ -14,6 +16,7 @@
 mod dispatch;
 mod io;
 mod proxied;
+mod proxied_deadlines;
 mod tunnel;
 
 pub use io::{Activity, Conn, Registration, Verdict};

@@ -10,6 +10,8 @@
 //! client socket when asked ([`Progress::ReadClient`]).
 
 use super::dispatch;
+pub use super::proxied_deadlines::deadlines;
+use super::proxied_deadlines::note_hold;
 use crate::access_log;
 use crate::busy::Busy;
 use crate::handlers::Outcome;
@@ -73,6 +75,19 @@ pub fn advance(
     svc: &mut Services,
     budget: &mut u64,
 ) -> Progress {
+    let progress = step(p, c, busy, svc, budget);
+    note_hold(p, busy, svc.clock.now_us);
+    progress
+}
+
+/// One step of [`advance`].
+fn step(
+    p: &mut Proxied,
+    c: &mut Client,
+    busy: &mut Busy,
+    svc: &mut Services,
+    budget: &mut u64,
+) -> Progress {
     // `100 Continue` (queued below) goes out before any response byte.
     if !busy.out.is_empty() {
         let mut sent = 0;
@@ -95,8 +110,7 @@ pub fn advance(
     // Body bytes already here go in first: with the head in one write, and a
     // request read whole is known to be so if no server answers.
     let mut moved = false;
-    let fed = p.session.wants_client_body() && busy.has_input();
-    if fed {
+    if p.session.wants_client_body() && busy.has_input() {
         match p
             .session
             .feed_client_body(&busy.inbuf[busy.in_start..busy.in_end])
@@ -190,20 +204,16 @@ pub fn advance(
         let keep = finish(p, c, svc);
         return Progress::Finished { keep };
     }
-    if moved {
+    // Body bytes already read from the client, and room for them that the pump just
+    // made (the stream was full when this step began): no event will tell of either,
+    // since the upstream took all it was given and the client, its bytes read, sends
+    // no more until forkd reads on. Fed in the next step (which takes at least one
+    // byte: the stream has room), or the exchange stalls until `send_timeout`.
+    if moved || p.session.wants_client_body() && busy.has_input() {
         return Progress::Again;
     }
     if p.session.wants_client_body() {
-        if !busy.has_input() {
-            return Progress::ReadClient;
-        }
-        if !fed {
-            // The pump above made room for body bytes already read: feed them now.
-            // Waiting instead would wait for ever when the upstream took everything
-            // without filling its socket (no writable edge to come) and the client is
-            // blocked on forkd's full receive buffer (no readable edge either).
-            return Progress::Again;
-        }
+        return Progress::ReadClient;
     }
     Progress::Wait
 }
@@ -676,43 +686,4 @@ fn log_line(p: &Proxied, peer: IpAddr, svc: &mut Services, status: u16, latency:
             upstream,
         );
     }
-}
-
-/// The deadlines that apply now: the upstream's (the exchange's current state) and
-/// the client's (writing the response, or waiting for the body). The earlier one is
-/// the connection's deadline.
-pub fn deadlines(
-    p: &Proxied,
-    busy: &Busy,
-    svc: &Services,
-    client_progress: Micros,
-) -> (Micros, Micros) {
-    let server = svc.server(p.client_server);
-    let us = |d: std::time::Duration| d.as_micros() as Micros;
-    let writing = !busy.out.is_empty() || !p.session.client_output().is_empty();
-    let waiting_body = p.session.wants_client_body() && !busy.has_input();
-    let client = if writing || p.upstream_done {
-        client_progress + us(server.send_timeout)
-    } else if waiting_body {
-        client_progress + us(server.body_timeout)
-    } else {
-        Micros::MAX
-    };
-    let state = &p.session.exchange().state;
-    use crate::proxy::exchange::State;
-    // Waiting on the client is not the upstream's delay.
-    let held = match state {
-        State::StreamingResponseBody { .. } => writing,
-        State::SendingHead { .. } | State::StreamingRequestBody { .. } => waiting_body,
-        _ => false,
-    };
-    let upstream = match svc.config.upstreams.get(p.upstream) {
-        Some(u) if !held && !p.upstream_done => match p.session.exchange().timeout(u) {
-            Some(t) if t.rearm_on_progress => p.state_since.max(p.upstream_progress) + us(t.after),
-            Some(t) => p.state_since + us(t.after),
-            None => Micros::MAX,
-        },
-        _ => Micros::MAX,
-    };
-    (upstream, client)
 }

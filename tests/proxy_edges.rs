@@ -613,18 +613,25 @@ fn serve_gated(mut s: TcpStream, gated: &Gated) {
     }
 }
 
+/// A daemon proxying to a body-gated upstream (`keys` added to it), and a client
+/// connection that sent the head of a `len`-byte POST; the head's length.
+fn post_to_gated(gated: &Arc<Gated>, keys: &str, len: u64) -> (TestDaemon, TcpStream, u64) {
+    let addr = body_gated_upstream(Arc::clone(gated));
+    let d = gated_daemon(addr, keys);
+    let mut s = d.connect();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let head = format!("POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: {len}\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    (d, s, head.len() as u64)
+}
+
 #[test]
 fn a_request_body_forkd_has_read_goes_on_once_the_upstream_takes_what_it_buffered() {
     // More than forkd's buffer and the upstream connection's hold, so that forkd has
     // body bytes read from the client and waiting for room when the upstream starts.
     const LEN: u64 = 64 << 20;
     let gated = Arc::new(Gated::new());
-    let addr = body_gated_upstream(Arc::clone(&gated));
-    let d = gated_daemon(addr, "send_timeout: \"10s\", retries: 0,");
-    let mut s = d.connect();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let head = format!("POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: {LEN}\r\n\r\n");
-    s.write_all(head.as_bytes()).unwrap();
+    let (d, mut s, _) = post_to_gated(&gated, "send_timeout: \"10s\", retries: 0,", LEN);
     let (written, done) = (
         Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicBool::new(false)),
@@ -674,20 +681,15 @@ fn a_request_body_forkd_has_read_goes_on_once_the_upstream_takes_what_it_buffere
 fn send_timeout_counts_from_when_forkd_went_back_to_writing_after_waiting_for_the_body() {
     const LEN: u64 = 64 << 20;
     let gated = Arc::new(Gated::new());
-    let addr = body_gated_upstream(Arc::clone(&gated));
-    let d = gated_daemon(addr, "send_timeout: \"1s\", retries: 0,");
-    let mut s = d.connect();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let (d, mut s, head_len) = post_to_gated(&gated, "send_timeout: \"1s\", retries: 0,", LEN);
     let (client, forkd) = (s.local_addr().unwrap(), s.peer_addr().unwrap());
-    let head = format!("POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: {LEN}\r\n\r\n");
-    s.write_all(head.as_bytes()).unwrap();
     let on = poll(Duration::from_secs(10), || gated.body_on.get().is_some());
     assert!(on, "the request reached the upstream");
     let &(upstream, forkd_side) = gated.body_on.get().unwrap();
     // The body in pieces, each once forkd has read the one before, until the upstream
     // (not reading) has stopped taking them and forkd holds some with room for more:
     // it waits for the client, which is not the upstream's delay.
-    let (mut at, mut sent) = (0, head.len() as u64);
+    let (mut at, mut sent) = (0, head_len);
     loop {
         assert!(at + PIECE < LEN / 2, "forkd never held part of the body");
         assert!(write_pattern(&mut s, at, PIECE));

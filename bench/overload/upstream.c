@@ -29,6 +29,8 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include "../lib/loopback.h"
+
 #define MAX_EVENTS 256
 #define BUF 8192
 #define MAX_FD 65536
@@ -64,11 +66,6 @@ static int capacity = 8;
 static long service_ns = 10 * 1000 * 1000L;
 static unsigned long long served;
 static volatile sig_atomic_t stop;
-
-static void die(const char *what) {
-    perror(what);
-    exit(1);
-}
 
 static void on_signal(int sig) {
     (void)sig;
@@ -179,17 +176,8 @@ int main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
 
-    int ls = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-    if (ls < 0)
-        die("socket");
+    int ls = loopback_listener(argv[1]);
     int one = 1;
-    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[1])),
-                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (bind(ls, (struct sockaddr *)&addr, sizeof(addr)) < 0)
-        die("bind");
-    if (listen(ls, 4096) < 0)
-        die("listen");
     int ep = epoll_create1(0);
     if (ep < 0)
         die("epoll_create1");

@@ -26,6 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../lib/loopback.h"
+
 #define BODY 1024
 #define MAX_EVENTS 256
 #define BUF 16384
@@ -54,11 +56,6 @@ static void close_conn(struct conn *c) {
     conns[c->fd] = NULL;
     close(c->fd); /* also removes it from the epoll set */
     free(c);
-}
-
-static void die(const char *what) {
-    perror(what);
-    exit(1);
 }
 
 /* Answers every complete head in c->buf; returns -1 to close the connection. */
@@ -113,17 +110,8 @@ int main(int argc, char **argv) {
     memcpy(response + response_len, body, BODY);
     response_len += BODY;
 
-    int ls = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-    if (ls < 0)
-        die("socket");
+    int ls = loopback_listener(argv[1]);
     int one = 1;
-    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[1])),
-                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (bind(ls, (struct sockaddr *)&addr, sizeof(addr)) < 0)
-        die("bind");
-    if (listen(ls, 4096) < 0)
-        die("listen");
     int ep = epoll_create1(0);
     if (ep < 0)
         die("epoll_create1");

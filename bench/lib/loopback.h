@@ -1,0 +1,36 @@
+/* bench/lib/loopback.h — what the benchmarks' small C servers share: dying with the
+ * reason, and a non-blocking listener on 127.0.0.1. Included by
+ * bench/proxy/upstream.c and bench/overload/upstream.c (each built alone with
+ * `cc -O2`, so everything here is static). */
+#ifndef FORKD_BENCH_LOOPBACK_H
+#define FORKD_BENCH_LOOPBACK_H
+
+#include <netinet/in.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+
+static void die(const char *what) {
+    perror(what);
+    exit(1);
+}
+
+/* A non-blocking TCP listener on 127.0.0.1:PORT (a decimal string), SO_REUSEADDR,
+ * with a deep backlog; exits on failure. */
+static int loopback_listener(const char *port) {
+    int ls = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (ls < 0)
+        die("socket");
+    int one = 1;
+    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(port)),
+                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (bind(ls, (struct sockaddr *)&addr, sizeof(addr)) < 0)
+        die("bind");
+    if (listen(ls, 4096) < 0)
+        die("listen");
+    return ls;
+}
+
+#endif

@@ -67,6 +67,12 @@ fn total(d: &TestDaemon, key: &str) -> u64 {
 }
 
 /// Closes the WebSocket with a close frame and reads until the close is answered.
+/// Sends `text` and reads it back from the echo server through the tunnel.
+fn echoes(ws: &mut WebSocket<TcpStream>, text: &str) {
+    ws.send(Message::text(text)).unwrap();
+    assert_eq!(ws.read().unwrap().to_text().unwrap(), text);
+}
+
 fn close(mut ws: WebSocket<TcpStream>) {
     ws.close(None).unwrap();
     loop {
@@ -180,8 +186,7 @@ fn an_idle_tunnel_is_closed_after_tunnel_idle_timeout() {
         "",
     );
     let mut ws = ws_connect(&d);
-    ws.send(Message::text("before the pause")).unwrap();
-    assert_eq!(ws.read().unwrap().to_text().unwrap(), "before the pause");
+    echoes(&mut ws, "before the pause");
     // Nothing either way now: forkd closes both sides (an EOF each, not a reset).
     let e = ws.read().expect_err("the idle tunnel was closed");
     assert_eq!(end_of(e), End::Eof);
@@ -208,8 +213,7 @@ fn quit_closes_an_open_tunnel_cleanly_after_drain_timeout_and_the_daemon_exits()
         "drain_timeout: \"3s\",",
     );
     let mut ws = ws_connect(&d);
-    ws.send(Message::text("one")).unwrap();
-    assert_eq!(ws.read().unwrap().to_text().unwrap(), "one");
+    echoes(&mut ws, "one");
     let (code, _, err) = d.ctl(&["-s", "quit"]);
     assert_eq!(code, 0, "{err}");
     // The drain has begun and the tunnel still carries messages.
@@ -224,8 +228,7 @@ fn quit_closes_an_open_tunnel_cleanly_after_drain_timeout_and_the_daemon_exits()
         "{}",
         stats(&d)
     );
-    ws.send(Message::text("during the drain")).unwrap();
-    assert_eq!(ws.read().unwrap().to_text().unwrap(), "during the drain");
+    echoes(&mut ws, "during the drain");
     // Then drain_timeout ends it: an EOF to both sides, and the daemon exits.
     let e = ws
         .read()
@@ -450,14 +453,12 @@ fn a_reload_that_retires_the_worker_closes_its_tunnel_after_drain_timeout() {
     );
     let old = d.workers();
     let mut ws = ws_connect(&d);
-    ws.send(Message::text("before")).unwrap();
-    assert_eq!(ws.read().unwrap().to_text().unwrap(), "before");
+    echoes(&mut ws, "before");
     // Another worker count: a new generation, and the old worker is retired.
     d.builder.workers = 2;
     let (code, out, err) = d.reload();
     assert_eq!(code, 0, "{out}{err}");
-    ws.send(Message::text("while retiring")).unwrap();
-    assert_eq!(ws.read().unwrap().to_text().unwrap(), "while retiring");
+    echoes(&mut ws, "while retiring");
     let e = ws
         .read()
         .expect_err("the retired worker's tunnel was closed");
@@ -468,8 +469,7 @@ fn a_reload_that_retires_the_worker_closes_its_tunnel_after_drain_timeout() {
     );
     // The new generation tunnels as well.
     let mut ws = ws_connect(&d);
-    ws.send(Message::text("after")).unwrap();
-    assert_eq!(ws.read().unwrap().to_text().unwrap(), "after");
+    echoes(&mut ws, "after");
     close(ws);
     d.assert_log_clean();
 }

@@ -397,14 +397,9 @@ fn plain_http_to_a_tls_port_is_closed_and_counted_without_a_log_line_each() {
         let mut c = Conn::connect(h.tls_port).unwrap();
         c.send(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n").unwrap();
         // At most a TLS alert comes back, then the end of the stream.
-        let mut got = Vec::new();
-        let end = std::io::Read::read_to_end(&mut c.s, &mut got);
-        assert!(
-            end.is_ok()
-                || end
-                    .as_ref()
-                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
-            "the TLS port did not close a plain HTTP connection: {end:?}"
+        let got = read_until_closed(
+            &mut c.s,
+            "the TLS port did not close a plain HTTP connection",
         );
         assert!(
             got.len() < 16 && !got.starts_with(b"HTTP/"),
@@ -702,15 +697,7 @@ fn a_client_that_never_finishes_its_handshake_is_closed_after_header_timeout() {
     let mut c = Conn::connect(h.tls_port).unwrap();
     c.send(&[0x16, 0x03, 0x01]).unwrap();
     c.s.set_read_timeout(Some(SETTLE)).unwrap();
-    let mut got = Vec::new();
-    let end = std::io::Read::read_to_end(&mut c.s, &mut got);
-    assert!(
-        end.is_ok()
-            || end
-                .as_ref()
-                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
-        "a stalled handshake was not closed: {end:?}"
-    );
+    let got = read_until_closed(&mut c.s, "a stalled handshake was not closed");
     assert!(got.is_empty(), "{got:?}");
     let (_, r) = tls_get(h.tls_port, "a.test", &h.ca.client(), "/").unwrap();
     assert_eq!(r.status, 200);
@@ -999,4 +986,19 @@ fn versions_limit_what_is_offered_and_an_address_is_all_tls_or_all_plain() {
         err.contains("mixed.ron:") && err.contains("all HTTPS or all plain HTTP"),
         "{err}"
     );
+}
+
+/// What the server sent before it closed the connection (an EOF or a reset both
+/// count as closed); panics with `what` if the read ends any other way.
+fn read_until_closed(s: &mut std::net::TcpStream, what: &str) -> Vec<u8> {
+    let mut got = Vec::new();
+    let end = std::io::Read::read_to_end(s, &mut got);
+    assert!(
+        end.is_ok()
+            || end
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "{what}: {end:?}"
+    );
+    got
 }

@@ -206,14 +206,13 @@ fn tls_proxy_with_least_conn_forwards_https_and_a_killed_server_fails_no_get() {
 /// An upstream group with a fixed limit of 2 (Normal may have 1 in flight) and a
 /// server that refuses before the one that answers.
 fn overload_daemon(servers: &[String], extra: &str) -> (TestDaemon, TestCa, u16) {
-    let list: Vec<String> = servers.iter().map(|s| format!("\"{s}\"")).collect();
     let ca = TestCa::new();
     let mut d = TestDaemon::builder()
         .workers(2)
         .top(&format!(
             r#"upstreams: {{ "app": (servers: [{}], balance: RoundRobin, keepalive: 0, max_fails: 0, retries: 3, {extra}
                 overload: Some((mode: Enforce, sample_every: "50ms", min_limit: 2, max_limit: 2))) }},"#,
-            list.join(", ")
+            support::upstream::server_list(servers)
         ))
         .routes(
             r#"(prefix: "/healthz", handler: Liveness),

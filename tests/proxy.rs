@@ -16,11 +16,7 @@ fn proxy_daemon(servers: &[String], keys: &str) -> TestDaemon {
 }
 
 fn proxy_builder(servers: &[String], keys: &str) -> Builder {
-    let list = servers
-        .iter()
-        .map(|s| format!("\"{s}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let list = support::upstream::server_list(servers);
     TestDaemon::builder()
         .top(&format!(
             "upstreams: {{ \"app\": (servers: [{list}], {keys}) }},"

@@ -19,11 +19,7 @@ use support::*;
 
 /// A daemon with `/` proxied to `servers` (an upstream named `app`, `keys` added).
 fn proxy_daemon(servers: &[String], keys: &str) -> TestDaemon {
-    let list = servers
-        .iter()
-        .map(|s| format!("\"{s}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let list = support::upstream::server_list(servers);
     TestDaemon::builder()
         .top(&format!(
             "upstreams: {{ \"app\": (servers: [{list}], {keys}) }},"

@@ -22,12 +22,11 @@ const ROUTES: &str = r#"(prefix: "/healthz", handler: Liveness),
             (prefix: "/", handler: Static(root: "www", index: ["index.html"])),"#;
 
 fn upstreams(servers: &[String], extra: &str) -> String {
-    let list: Vec<String> = servers.iter().map(|s| format!("\"{s}\"")).collect();
     format!(
         r#"upstreams: {{
         "app": (servers: [{}], keepalive: 4, {extra}),
     }},"#,
-        list.join(", ")
+        support::upstream::server_list(servers)
     )
 }
 

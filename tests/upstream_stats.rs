@@ -21,13 +21,12 @@ const ROUTES: &str = r#"(prefix: "/healthz", handler: Liveness),
             (prefix: "/", handler: Static(root: "www", index: ["index.html"])),"#;
 
 fn upstreams(app: &[&str]) -> String {
-    let servers: Vec<String> = app.iter().map(|s| format!("\"{s}\"")).collect();
     format!(
         r#"upstreams: {{
         "app": (servers: [{}], keepalive: 4),
         "auth": (servers: ["unix:/run/forkd-test-auth.sock"]),
     }},"#,
-        servers.join(", ")
+        support::upstream::server_list(app)
     )
 }
 

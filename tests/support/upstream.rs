@@ -41,6 +41,15 @@ pub struct Settings {
 /// are still counted and hashed whole.
 pub const KEEP_BODY: usize = 1 << 20;
 
+/// `servers` as an upstream's `servers:` list in a config: each quoted, comma-separated.
+pub fn server_list<S: AsRef<str>>(servers: &[S]) -> String {
+    servers
+        .iter()
+        .map(|s| format!("\"{}\"", s.as_ref()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// FNV-1a, to compare large bodies without keeping them.
 pub fn fnv(hash: u64, data: &[u8]) -> u64 {
     data.iter().fold(hash, |h, &b| {

@@ -48,6 +48,8 @@ pub mod upstreams;
 
 #[cfg(test)]
 mod test_region;
+#[cfg(test)]
+mod test_upstream;
 
 use forkd_shared::exit;
 

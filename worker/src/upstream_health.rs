@@ -175,41 +175,20 @@ pub fn request_key(balance: &Balance, head: &[u8], peer: IpAddr) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use forkd_shared::config::{HeaderName, UpstreamAddress, UpstreamServer};
+    use forkd_shared::config::HeaderName;
     use forkd_shared::shm::upstream_state::{DownReason, NoActiveChecks};
     use std::time::Duration;
 
     fn upstream(backups: &[bool], balance: Balance) -> Upstream {
-        Upstream {
-            name: "app".into(),
-            servers: backups
-                .iter()
-                .enumerate()
-                .map(|(i, &backup)| UpstreamServer {
-                    addr: UpstreamAddress::Tcp(([127, 0, 0, 1], 9000 + i as u16).into()),
-                    label: format!("127.0.0.1:{}", 9000 + i),
-                    name: None,
-                    resolved: vec![([127, 0, 0, 1], 9000 + i as u16).into()],
-                    weight: 1,
-                    backup,
-                })
-                .collect(),
-            keepalive: 0,
-            keepalive_timeout: Duration::from_secs(4),
-            keepalive_requests: 100,
-            connect_timeout: Duration::from_secs(1),
-            send_timeout: Duration::from_secs(1),
-            read_timeout: Duration::from_secs(1),
-            retries: 1,
+        let ports: Vec<u16> = (0..backups.len() as u16).map(|i| 9000 + i).collect();
+        let mut u = Upstream {
             balance,
-            max_fails: 1,
-            fail_timeout: Duration::from_secs(10),
-            slow_start: Duration::ZERO,
-            health_check: None,
-            resolve_every: Duration::from_secs(30),
-            tunnel_idle_timeout: Duration::from_secs(3600),
-            overload: None,
+            ..crate::test_upstream::upstream("app", &ports)
+        };
+        for (s, &backup) in u.servers.iter_mut().zip(backups) {
+            s.backup = backup;
         }
+        u
     }
 
     use crate::test_region::region;

@@ -336,6 +336,25 @@ mod tests {
             .collect()
     }
 
+    /// One window busy at the limit, every request taking `latency`.
+    fn at_the_limit(c: &mut Controller, now: &mut Micros, latency: u64) -> Verdict {
+        let v = c.verdict();
+        let mut samples = vec![
+            Sample {
+                latency_us: latency,
+                probe: v.probing,
+            };
+            v.limit as usize
+        ];
+        *now += WINDOW;
+        c.tick(Window {
+            now: *now,
+            samples: &mut samples,
+            peak_inflight: v.limit,
+            shed: 0,
+        })
+    }
+
     /// Runs `windows` windows at `offered` concurrency; returns the verdicts.
     fn run(
         c: &mut Controller,
@@ -414,21 +433,7 @@ mod tests {
         // limit rises to its ceiling; then 10x slower: down to its floor.
         for latency in [BASE, BASE * 10] {
             for _ in 0..200 {
-                let v = c.verdict();
-                let mut samples = vec![
-                    Sample {
-                        latency_us: latency,
-                        probe: v.probing,
-                    };
-                    v.limit as usize
-                ];
-                now += WINDOW;
-                all.push(c.tick(Window {
-                    now,
-                    samples: &mut samples,
-                    peak_inflight: v.limit,
-                    shed: 0,
-                }));
+                all.push(at_the_limit(&mut c, &mut now, latency));
             }
         }
         assert!(all.iter().all(|v| (3..=20).contains(&v.limit)), "{all:?}");
@@ -539,21 +544,7 @@ mod tests {
         let mut c = Controller::new(params(), now, 2, Some((4, BASE)));
         let mut seen = Vec::new();
         for _ in 0..12 {
-            let v = c.verdict();
-            let mut samples = vec![
-                Sample {
-                    latency_us: BASE * 18 / 10,
-                    probe: v.probing,
-                };
-                v.limit as usize
-            ];
-            now += WINDOW;
-            seen.push(c.tick(Window {
-                now,
-                samples: &mut samples,
-                peak_inflight: v.limit,
-                shed: 0,
-            }));
+            seen.push(at_the_limit(&mut c, &mut now, BASE * 18 / 10));
         }
         assert!(seen[..5].iter().all(|v| v.limit == 4), "{seen:?}");
         assert!(seen.iter().all(|v| !v.probing), "{seen:?}");

@@ -504,23 +504,11 @@ mod tests {
     #[test]
     fn each_phase_has_its_own_timeout() {
         let u = Upstream {
-            name: "app".into(),
-            servers: Vec::new(),
             keepalive: 1,
-            keepalive_timeout: Duration::from_secs(4),
             keepalive_requests: 10,
-            connect_timeout: Duration::from_secs(1),
             send_timeout: Duration::from_secs(2),
             read_timeout: Duration::from_secs(3),
-            retries: 1,
-            health_check: None,
-            resolve_every: Duration::from_secs(30),
-            tunnel_idle_timeout: Duration::from_secs(3600),
-            overload: None,
-            balance: forkd_shared::config::Balance::RoundRobin,
-            max_fails: 1,
-            fail_timeout: Duration::from_secs(10),
-            slow_start: Duration::ZERO,
+            ..crate::test_upstream::upstream("app", &[])
         };
         let t = |after: u64, fires_as, rearm_on_progress| {
             Some(Timeout {

@@ -373,8 +373,6 @@ impl<C> Pools<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use forkd_shared::config::UpstreamServer;
-    use std::time::Duration;
 
     const S: PoolSettings = PoolSettings {
         keepalive: 2,
@@ -504,33 +502,8 @@ mod tests {
 
     fn upstream(name: &str, ports: &[u16], keepalive: usize) -> Upstream {
         Upstream {
-            name: name.into(),
-            servers: ports
-                .iter()
-                .map(|p| UpstreamServer {
-                    addr: UpstreamAddress::Tcp(([127, 0, 0, 1], *p).into()),
-                    label: format!("127.0.0.1:{p}"),
-                    name: None,
-                    resolved: vec![([127, 0, 0, 1], *p).into()],
-                    weight: 1,
-                    backup: false,
-                })
-                .collect(),
             keepalive,
-            keepalive_timeout: Duration::from_secs(4),
-            keepalive_requests: 100,
-            connect_timeout: Duration::from_secs(1),
-            send_timeout: Duration::from_secs(1),
-            read_timeout: Duration::from_secs(1),
-            retries: 1,
-            health_check: None,
-            resolve_every: Duration::from_secs(30),
-            tunnel_idle_timeout: Duration::from_secs(3600),
-            overload: None,
-            balance: forkd_shared::config::Balance::RoundRobin,
-            max_fails: 1,
-            fail_timeout: Duration::from_secs(10),
-            slow_start: Duration::ZERO,
+            ..crate::test_upstream::upstream(name, ports)
         }
     }
 

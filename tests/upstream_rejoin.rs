@@ -100,6 +100,21 @@ fn assert_ramps(d: &TestDaemon, lb: &str, b: &CheckedUpstream) {
     );
 }
 
+/// Proxied requests (each answered 200) until `server`'s stats row says `state`;
+/// panics with `what` and the last row if it never does.
+fn probe_until_state(d: &TestDaemon, server: &str, state: &str, what: &str) {
+    let mut r = Value::Null;
+    assert!(
+        wait_until(SETTLE, || {
+            let x = d.get("/api/probe");
+            assert_eq!(x.status, 200, "{}", x.head);
+            r = row(d, server);
+            r["state"] == state
+        }),
+        "{what}: {r:#}"
+    );
+}
+
 #[test]
 fn a_killed_server_that_comes_back_rejoins_and_ramps_up_over_slow_start() {
     let a = CheckedUpstream::start("a", "127.0.0.1");
@@ -111,28 +126,11 @@ fn a_killed_server_that_comes_back_rejoins_and_ramps_up_over_slow_start() {
     assert_eq!(row(&d, &lb)["weight_now"], WEIGHT, "no ramp at the start");
 
     drop(b);
-    let mut r = Value::Null;
-    assert!(
-        wait_until(SETTLE, || {
-            // Requests fail over to a; b's refusal marks it down.
-            let x = d.get("/api/probe");
-            assert_eq!(x.status, 200, "{}", x.head);
-            r = row(&d, &lb);
-            r["state"] == "down"
-        }),
-        "never marked down: {r:#}"
-    );
+    // Requests fail over to a; b's refusal marks it down.
+    probe_until_state(&d, &lb, "down", "never marked down");
 
     let b = CheckedUpstream::start_on("b", &lb);
-    assert!(
-        wait_until(SETTLE, || {
-            let x = d.get("/api/probe");
-            assert_eq!(x.status, 200, "{}", x.head);
-            r = row(&d, &lb);
-            r["state"] == "up"
-        }),
-        "never back up after its trial: {r:#}"
-    );
+    probe_until_state(&d, &lb, "up", "never back up after its trial");
     assert_ramps(&d, &lb, &b);
 }
 

@@ -28,6 +28,9 @@ use tls_support::*;
 
 const SETTLE: Duration = Duration::from_secs(30);
 
+/// The TLS server's routes in most tests: everything proxied to upstream `app`.
+const PROXY_APP: &str = r#"(prefix: "/", handler: Proxy(upstream: "app"))"#;
+
 /// Adds a TLS server (`a.test`, certificate issued by `ca`) on a second reserved port
 /// to the prepared daemon's config, with `routes`; returns that port.
 fn add_tls_server(d: &mut TestDaemon, ca: &TestCa, routes: &str) -> u16 {
@@ -107,11 +110,7 @@ fn tls_proxy_with_least_conn_forwards_https_and_a_killed_server_fails_no_get() {
             victim.addr()
         ))
         .prepare();
-    let tls_port = add_tls_server(
-        &mut d,
-        &ca,
-        r#"(prefix: "/", handler: Proxy(upstream: "app"))"#,
-    );
+    let tls_port = add_tls_server(&mut d, &ca, PROXY_APP);
     let d = run(d);
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -219,11 +218,7 @@ fn overload_daemon(servers: &[String], extra: &str) -> (TestDaemon, TestCa, u16)
             (prefix: "/", handler: Proxy(upstream: "app")),"#,
         )
         .prepare();
-    let tls_port = add_tls_server(
-        &mut d,
-        &ca,
-        r#"(prefix: "/", handler: Proxy(upstream: "app"))"#,
-    );
+    let tls_port = add_tls_server(&mut d, &ca, PROXY_APP);
     (run(d), ca, tls_port)
 }
 
@@ -493,11 +488,7 @@ fn stats_read_every_area_across_reload_and_upgrade() {
             (prefix: "/", handler: Proxy(upstream: "app")),"#,
         )
         .prepare();
-    let tls_port = add_tls_server(
-        &mut d,
-        &ca,
-        r#"(prefix: "/", handler: Proxy(upstream: "app"))"#,
-    );
+    let tls_port = add_tls_server(&mut d, &ca, PROXY_APP);
     let mut d = run(d);
     let addr = up.addr.to_string();
     let coherent = |d: &TestDaemon, what: &str| {

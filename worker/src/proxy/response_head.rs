@@ -327,19 +327,24 @@ fn malformed_reason(e: httparse::Error) -> &'static str {
     }
 }
 
+/// For the proxy's unit tests: a keep-alive HTTP/1.1 client's GET, the first request
+/// on its upstream connection, no upgrade.
+#[cfg(test)]
+pub const TEST_CONTEXT: ResponseContext = ResponseContext {
+    head_request: false,
+    client_http10: false,
+    client_keep_alive: true,
+    upstream_requests: 1,
+    keepalive_requests: 100,
+    max_head: 4096,
+    upgrade: false,
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const CTX: ResponseContext = ResponseContext {
-        head_request: false,
-        client_http10: false,
-        client_keep_alive: true,
-        upstream_requests: 1,
-        keepalive_requests: 100,
-        max_head: 4096,
-        upgrade: false,
-    };
+    const CTX: ResponseContext = TEST_CONTEXT;
 
     fn final_head(raw: &str, ctx: &ResponseContext) -> (ResponseHead, String) {
         let mut out = Vec::new();

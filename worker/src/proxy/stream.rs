@@ -415,15 +415,7 @@ fn relay_to_client(head: &ResponseHead, capacity: usize) -> Relay {
 mod tests {
     use super::*;
 
-    const CTX: ResponseContext = ResponseContext {
-        head_request: false,
-        client_http10: false,
-        client_keep_alive: true,
-        upstream_requests: 1,
-        keepalive_requests: 100,
-        max_head: 4096,
-        upgrade: false,
-    };
+    const CTX: ResponseContext = response_head::TEST_CONTEXT;
 
     /// Feeds `upstream` in pieces of `piece` bytes, then EOF if `close`; the client
     /// takes everything at once. Returns the client's bytes and the stream.

@@ -98,13 +98,8 @@ mod tests {
         );
 
         let ctx = ResponseContext {
-            head_request: false,
-            client_http10: false,
-            client_keep_alive: true,
-            upstream_requests: 1,
-            keepalive_requests: 100,
-            max_head: 4096,
             upgrade: true,
+            ..response_head::TEST_CONTEXT
         };
         let switch = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
             Connection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n\x81\x02hi";

@@ -67,6 +67,16 @@ fn total(d: &TestDaemon, key: &str) -> u64 {
 }
 
 /// Closes the WebSocket with a close frame and reads until the close is answered.
+/// A daemon tunnelling to `echo` whose drains last 3 s.
+fn draining_daemon(echo: &WsEcho) -> TestDaemon {
+    ws_daemon(
+        &echo.addr().to_string(),
+        ", upgrade: true",
+        "",
+        "drain_timeout: \"3s\",",
+    )
+}
+
 /// Sends `text` and reads it back from the echo server through the tunnel.
 fn echoes(ws: &mut WebSocket<TcpStream>, text: &str) {
     ws.send(Message::text(text)).unwrap();
@@ -206,12 +216,7 @@ fn an_idle_tunnel_is_closed_after_tunnel_idle_timeout() {
 #[test]
 fn quit_closes_an_open_tunnel_cleanly_after_drain_timeout_and_the_daemon_exits() {
     let echo = WsEcho::start();
-    let mut d = ws_daemon(
-        &echo.addr().to_string(),
-        ", upgrade: true",
-        "",
-        "drain_timeout: \"3s\",",
-    );
+    let mut d = draining_daemon(&echo);
     let mut ws = ws_connect(&d);
     echoes(&mut ws, "one");
     let (code, _, err) = d.ctl(&["-s", "quit"]);
@@ -445,12 +450,7 @@ fn a_client_that_does_not_read_stops_the_upstream_being_read() {
 #[test]
 fn a_reload_that_retires_the_worker_closes_its_tunnel_after_drain_timeout() {
     let echo = WsEcho::start();
-    let mut d = ws_daemon(
-        &echo.addr().to_string(),
-        ", upgrade: true",
-        "",
-        "drain_timeout: \"3s\",",
-    );
+    let mut d = draining_daemon(&echo);
     let old = d.workers();
     let mut ws = ws_connect(&d);
     echoes(&mut ws, "before");

@@ -6,10 +6,12 @@
 #define FORKD_BENCH_LOOPBACK_H
 
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 static void die(const char *what) {
     perror(what);
@@ -31,6 +33,24 @@ static int loopback_listener(const char *port) {
     if (listen(ls, 4096) < 0)
         die("listen");
     return ls;
+}
+
+/* The next connection waiting on listener LS, non-blocking and with TCP_NODELAY; -1
+ * once none waits. A descriptor at or above LIMIT (the caller's table size) is
+ * closed and skipped. */
+static int accept_nodelay(int ls, int limit) {
+    for (;;) {
+        int fd = accept4(ls, NULL, NULL, SOCK_NONBLOCK);
+        if (fd < 0)
+            return -1;
+        if (fd >= limit) {
+            close(fd);
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        return fd;
+    }
 }
 
 #endif

@@ -177,7 +177,6 @@ int main(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
 
     int ls = loopback_listener(argv[1]);
-    int one = 1;
     int ep = epoll_create1(0);
     if (ep < 0)
         die("epoll_create1");
@@ -214,14 +213,9 @@ int main(int argc, char **argv) {
             uint64_t k = events[i].data.u64;
             if (k == 0) {
                 for (;;) {
-                    int fd = accept4(ls, NULL, NULL, SOCK_NONBLOCK);
+                    int fd = accept_nodelay(ls, MAX_FD);
                     if (fd < 0)
                         break;
-                    if (fd >= MAX_FD) {
-                        close(fd);
-                        continue;
-                    }
-                    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
                     struct conn *c = calloc(1, sizeof(*c));
                     if (!c)
                         die("calloc");

@@ -111,7 +111,6 @@ int main(int argc, char **argv) {
     response_len += BODY;
 
     int ls = loopback_listener(argv[1]);
-    int one = 1;
     int ep = epoll_create1(0);
     if (ep < 0)
         die("epoll_create1");
@@ -133,14 +132,9 @@ int main(int argc, char **argv) {
             struct conn *c = events[i].data.ptr;
             if (!c) {
                 for (;;) {
-                    int fd = accept4(ls, NULL, NULL, SOCK_NONBLOCK);
+                    int fd = accept_nodelay(ls, MAX_FD);
                     if (fd < 0)
                         break;
-                    if (fd >= MAX_FD) {
-                        close(fd);
-                        continue;
-                    }
-                    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
                     struct conn *nc = malloc(sizeof(*nc));
                     if (!nc)
                         die("malloc");

@@ -90,6 +90,10 @@ impl<C> Pool<C> {
     /// the way are pushed to `close`.
     pub fn take(&mut self, now: Micros, close: &mut Vec<C>) -> Option<Reused<C>> {
         self.expire(now, close);
+        self.pop_freshest()
+    }
+
+    fn pop_freshest(&mut self) -> Option<Reused<C>> {
         self.idle.pop_back().map(|i| Reused {
             conn: i.conn,
             requests: i.requests,
@@ -110,7 +114,7 @@ impl<C> Pool<C> {
         let freshest = self.idle.back()?;
         match self.upstream_closes_after {
             Some(limit) if now.saturating_sub(freshest.since) >= limit / 2 => None,
-            _ => self.take(now, close),
+            _ => self.pop_freshest(),
         }
     }
 

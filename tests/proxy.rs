@@ -16,16 +16,21 @@ fn proxy_daemon(servers: &[String], keys: &str) -> TestDaemon {
 }
 
 fn proxy_builder(servers: &[String], keys: &str) -> Builder {
+    proxy_builder_with(servers, keys, "")
+}
+
+/// `route` adds options to the `Proxy` route (`buffering: false`, say).
+fn proxy_builder_with(servers: &[String], keys: &str, route: &str) -> Builder {
     let list = support::upstream::server_list(servers);
     TestDaemon::builder()
         .top(&format!(
             "upstreams: {{ \"app\": (servers: [{list}], {keys}) }},"
         ))
         .server("max_body_bytes: \"1G\",")
-        .routes(
+        .routes(&format!(
             r#"(prefix: "/healthz", handler: Liveness),
-            (prefix: "/", handler: Proxy(upstream: "app")),"#,
-        )
+            (prefix: "/", handler: Proxy(upstream: "app"{route})),"#,
+        ))
 }
 
 fn upstream(respond: impl Fn(&Received) -> Reply + Send + Sync + 'static) -> TestUpstream {
@@ -531,7 +536,7 @@ fn a_slow_client_stops_the_upstream_being_read() {
 }
 
 #[test]
-fn a_slow_upstream_stops_the_client_being_read() {
+fn a_slow_upstream_stops_the_client_being_read_without_request_buffering() {
     // Far more than every socket buffer on the way can hold (receive buffers grow to
     // tcp_rmem's 32 MiB here: client -> forkd and forkd -> upstream, plus send buffers).
     const LEN: usize = 160 * 1024 * 1024;
@@ -543,7 +548,12 @@ fn a_slow_upstream_stops_the_client_being_read() {
         },
         |req| Reply::ok(req.body_len.to_string().as_bytes()),
     );
-    let d = proxy_daemon(&[up.addr().to_string()], "send_timeout: \"30s\",");
+    let d = proxy_builder_with(
+        &[up.addr().to_string()],
+        "send_timeout: \"30s\",",
+        ", request_buffering: false",
+    )
+    .start();
     d.get("/warm-up");
     let before = worker_rss_kib(&d);
     let mut s = d.connect();

@@ -26,6 +26,10 @@ pub fn run(config: Config, text: String) -> i32 {
         forkd_shared::alert!("preparing the log files for the workers failed: {e}");
         return fail(&mut upgrade, format!("preparing the log files failed: {e}"));
     }
+    if let Err(e) = forkd_shared::temp_dir::prepare(&config) {
+        forkd_shared::alert!("preparing temp_dir failed: {e}");
+        return fail(&mut upgrade, format!("preparing temp_dir failed: {e}"));
+    }
     for warning in &config.warnings {
         forkd_shared::warn!("{warning}");
     }

@@ -379,6 +379,8 @@ impl Supervisor {
         // Log files the workers re-open as their user must be theirs first.
         forkd_shared::log::hand_to_workers(&config)
             .map_err(|e| format!("preparing the log files failed: {e}"))?;
+        forkd_shared::temp_dir::prepare(&config)
+            .map_err(|e| format!("preparing temp_dir failed: {e}"))?;
         // All or nothing: what the workers would refuse is refused here, before
         // anything is published.
         preflight::check(&self.config, &config, &text, &plan.how, &mut self.pid_file)?;

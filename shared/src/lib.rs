@@ -10,3 +10,4 @@ pub mod exit;
 pub mod log;
 pub mod shm;
 pub mod sys;
+pub mod temp_dir;

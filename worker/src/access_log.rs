@@ -11,8 +11,10 @@
 //! JSON: `request_time` in seconds (from the request's first byte to its response
 //! being queued); `request_id` null unless the request has one (the proxy's
 //! `X-Request-Id`); for proxied requests also `upstream_addr`, `upstream_status`
-//! (null: no response head), `upstream_response_time` (seconds to the head) and
-//! `upstream_connect` (`"new"` or `"reused"`). Strings are escaped by serde_json;
+//! (null: no response head), `upstream_response_time` (seconds from the request
+//! going upstream to the response read whole: with buffering, the application's
+//! time without the client's), `upstream_header_time` (seconds to the head) and
+//! `upstream_connect` (`"new"` or `"reused"`), as nginx's variables of those names. Strings are escaped by serde_json;
 //! bytes that are not UTF-8 are written as the text `\xHH`, as the combined format
 //! writes them, so nothing is lost or replaced.
 //!
@@ -77,6 +79,8 @@ pub struct UpstreamEntry<'a> {
     pub status: Option<u16>,
     /// Microseconds from sending the request to the response head.
     pub response_time_us: Option<u64>,
+    /// Microseconds to the upstream's response head.
+    pub header_time_us: Option<u64>,
     pub connect: UpstreamConnect,
 }
 
@@ -260,6 +264,7 @@ pub fn format_json(out: &mut Vec<u8>, e: &Entry, unix_secs: u64) {
         upstream_addr: e.upstream.map(|u| u.addr),
         upstream_status: e.upstream.map(|u| u.status),
         upstream_response_time: e.upstream.map(|u| u.response_time_us.map(seconds)),
+        upstream_header_time: e.upstream.map(|u| u.header_time_us.map(seconds)),
         upstream_connect: e.upstream.map(|u| u.connect),
     };
     // Plain fields, strings and numbers: serialising cannot fail.
@@ -287,6 +292,8 @@ struct JsonLine<'a> {
     upstream_status: Option<Option<u16>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     upstream_response_time: Option<Option<f64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream_header_time: Option<Option<f64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     upstream_connect: Option<UpstreamConnect>,
 }
@@ -427,6 +434,7 @@ mod tests {
             addr: "unix:/run/app.sock",
             status: Some(503),
             response_time_us: Some(2_000_000),
+            header_time_us: Some(500_000),
             connect: UpstreamConnect::Reused,
         });
         let v = json(&e);
@@ -434,11 +442,13 @@ mod tests {
         assert_eq!(v["upstream_addr"], "unix:/run/app.sock");
         assert_eq!(v["upstream_status"], 503);
         assert_eq!(v["upstream_response_time"], 2.0);
+        assert_eq!(v["upstream_header_time"], 0.5);
         assert_eq!(v["upstream_connect"], "reused");
         e.upstream = Some(UpstreamEntry {
             addr: "127.0.0.1:9000",
             status: None,
             response_time_us: None,
+            header_time_us: None,
             connect: UpstreamConnect::New,
         });
         let v = json(&e);

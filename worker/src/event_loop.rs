@@ -161,6 +161,7 @@ impl EventLoop {
             exclusive: init.exclusive,
             conns: Slab::with_capacity(capacity.min(1024)),
             svc: Services {
+                temp: crate::spool::TempFiles::new(&config),
                 config,
                 routing,
                 cache: FileCache::default(),
@@ -375,6 +376,7 @@ impl EventLoop {
             .stats
             .sample(self.conns.len() as u64, reading, writing, idle);
         self.svc.stats.tunnels(tunnels);
+        self.svc.stats.temp_files(self.svc.temp.take_counts());
     }
 
     /// Publishes each upstream server's open and idle connections: idle ones are in
@@ -646,6 +648,7 @@ impl EventLoop {
         self.svc.stats.map_upstreams(&config);
         self.svc.checks.adopt(&config, &self.svc.stats);
         self.svc.overload.reconfigure(&config);
+        self.svc.temp.reconfigure(&config);
         self.svc.logs.set_formats(&config.servers);
         self.svc.config = config;
         self.generation = published;

@@ -17,6 +17,8 @@
 //! - `proxy`: the reverse proxy's sans-io parts (heads, bodies, pools, retries).
 //! - `checks`: active health checks and name re-resolution, run by one worker for
 //!   the daemon, read by all.
+//! - `spool`: proxied bodies held in memory and temporary files (request and
+//!   response buffering).
 //! - `tls`: HTTPS: the transport under a connection, SNI, shared session tickets.
 //! - [`busy`], [`file_cache`], [`out`], [`timers`], [`clock`], [`access_log`]:
 //!   the per-worker machinery those use.
@@ -40,6 +42,7 @@ pub mod proxy_protocol;
 pub mod real_ip;
 pub mod services;
 pub mod setup;
+pub mod spool;
 pub mod stats;
 pub mod timers;
 pub mod tls;

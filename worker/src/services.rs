@@ -70,6 +70,8 @@ pub struct Services {
     pub stats: Stats,
     /// Upstream connection pools and tokens (the reverse proxy).
     pub upstreams: Upstreams,
+    /// Where proxied bodies spill to temporary files, and the worker's budget for them.
+    pub temp: std::rc::Rc<crate::spool::TempFiles>,
     /// Active checks' verdicts and names' addresses (shared by every worker).
     pub checks: crate::checks::Checks,
     /// Readiness answers 503 (a stop was requested).

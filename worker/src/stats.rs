@@ -242,6 +242,19 @@ impl Stats {
         self.bump(counters::BYTES_IN, n);
     }
 
+    /// What the worker's temporary files did since the last call.
+    pub fn temp_files(&self, c: crate::spool::temp::TempCounts) {
+        if c.opened > 0 {
+            self.bump(counters::TEMP_FILES_OPENED, c.opened);
+        }
+        if c.closed > 0 {
+            self.bump(counters::TEMP_FILES_CLOSED, c.closed);
+        }
+        if c.bytes_written > 0 {
+            self.bump(counters::TEMP_FILE_BYTES, c.bytes_written);
+        }
+    }
+
     #[inline]
     pub fn bytes_out(&self, n: u64) {
         self.bump(counters::BYTES_OUT, n);

@@ -290,6 +290,21 @@ pub struct Proxied {
     pub in_flight: Option<crate::stats::InFlight>,
     /// The request's key for a `Hash` upstream, once computed.
     pub hash_key: Option<u64>,
+    /// Response buffering: the route asks for it and the response did not refuse it
+    /// (`X-Accel-Buffering: no`, an event stream).
+    pub buffering: bool,
+    /// The response bytes the client has not taken yet, read from the upstream as
+    /// fast as it sends them (memory, then a temporary file). Made when the client
+    /// first falls behind.
+    pub spool: Option<crate::spool::Spool>,
+    /// When the upstream side ended (its response read whole, or failed), precise:
+    /// the access log's `upstream_response_time` and the held-time stats.
+    pub upstream_done_at: Option<Micros>,
+    /// When the first upstream attempt began (the request went upstream).
+    pub upstream_started_at: Option<Micros>,
+    /// The client's part, once forkd had the response whole: when the last byte
+    /// went out. Counted once.
+    pub transfer_counted: bool,
     /// The `X-Request-Id` sent upstream.
     request_id: [u8; 32],
     request_id_len: u8,
@@ -338,6 +353,11 @@ impl Proxied {
             overload: None,
             in_flight: None,
             hash_key: None,
+            buffering: false,
+            spool: None,
+            upstream_done_at: None,
+            upstream_started_at: None,
+            transfer_counted: false,
             request_id: id,
             request_id_len: len as u8,
         }
@@ -358,9 +378,20 @@ impl Proxied {
         self.status
     }
 
-    /// Microseconds from the request's first byte to the upstream's response head.
+    /// Microseconds from the request going upstream (its body read first, with
+    /// request buffering) to the upstream's response head (nginx's
+    /// `$upstream_header_time`).
     pub fn time_to_head_us(&self) -> Option<Micros> {
-        self.head_at.map(|at| at.saturating_sub(self.started))
+        let from = self.upstream_started_at.unwrap_or(self.started);
+        self.head_at.map(|at| at.saturating_sub(from))
+    }
+
+    /// Microseconds from the request going upstream to the upstream's response read
+    /// whole (nginx's `$upstream_response_time`): what the upstream spent on it, the
+    /// client's own pace aside when the response was buffered.
+    pub fn upstream_time_us(&self) -> Option<Micros> {
+        let from = self.upstream_started_at.unwrap_or(self.started);
+        self.upstream_done_at.map(|at| at.saturating_sub(from))
     }
 
     /// The last attempt used a pooled connection (else a new one).

@@ -66,6 +66,12 @@ pub struct Config {
     pub upgrade_timeout: Duration,
     /// Bytes of compressed responses a worker keeps.
     pub compress_cache: usize,
+    /// Where proxied bodies that do not fit in memory are spooled.
+    pub temp_dir: PathBuf,
+    /// The most of one proxied response kept in a temporary file.
+    pub max_temp_file_size: u64,
+    /// The most temporary-file bytes one worker holds at once.
+    pub temp_max_bytes: u64,
     pub servers: Vec<Server>,
     /// `upstreams`, in file order; `Handler::Proxy` holds an index into it.
     pub upstreams: Vec<Upstream>,
@@ -207,6 +213,12 @@ pub enum Handler {
     Proxy {
         upstream: usize,
         upgrade: bool,
+        /// The response is read from the upstream as fast as it comes and the client
+        /// fed from memory and a temporary file (`buffering`).
+        buffering: bool,
+        /// The client's body is read whole before a server is chosen
+        /// (`request_buffering`).
+        request_buffering: bool,
     },
 }
 

@@ -52,6 +52,16 @@ pub struct RawConfig {
     /// Bytes of compressed responses each worker keeps (least recently used dropped).
     #[serde(default = "default_compress_cache")]
     pub compress_cache: ConfSize,
+    /// Where proxied bodies that do not fit in memory are spooled (files without a
+    /// name: nothing is left on disk after a crash).
+    #[serde(default = "default_temp_dir")]
+    pub temp_dir: String,
+    /// The most of one proxied response kept in a temporary file; the rest streams.
+    #[serde(default = "default_max_temp_file_size")]
+    pub max_temp_file_size: ConfSize,
+    /// The most temporary-file bytes one worker holds at once; past it, bodies stream.
+    #[serde(default = "default_temp_max_bytes")]
+    pub temp_max_bytes: ConfSize,
     /// Named groups of application servers that `Proxy` routes send requests to.
     #[serde(default)]
     pub upstreams: UpstreamMap,
@@ -218,6 +228,13 @@ pub enum RawHandler {
         upstream: String,
         #[serde(default)]
         upgrade: bool,
+        /// The upstream's response is read as fast as it comes (memory, then a
+        /// temporary file) and the client fed from there.
+        #[serde(default = "default_true")]
+        buffering: bool,
+        /// The client's body is read whole before an upstream server is chosen.
+        #[serde(default = "default_true")]
+        request_buffering: bool,
     },
 }
 
@@ -756,4 +773,16 @@ fn default_level() -> u32 {
 }
 fn default_compress_cache() -> ConfSize {
     ConfSize(16 << 20)
+}
+fn default_true() -> bool {
+    true
+}
+fn default_temp_dir() -> String {
+    "run/tmp".into()
+}
+fn default_max_temp_file_size() -> ConfSize {
+    ConfSize(1 << 30)
+}
+fn default_temp_max_bytes() -> ConfSize {
+    ConfSize(2 << 30)
 }

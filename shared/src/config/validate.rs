@@ -648,12 +648,19 @@ pub(super) fn validate(
                         content_type,
                     }
                 }
-                RawHandler::Proxy { upstream, upgrade } => {
+                RawHandler::Proxy {
+                    upstream,
+                    upgrade,
+                    buffering,
+                    request_buffering,
+                } => {
                     let (literal, nth) = occurrence(&upstream);
                     match upstreams.iter().position(|u| u.name == upstream) {
                         Some(i) => Handler::Proxy {
                             upstream: i,
                             upgrade,
+                            buffering,
+                            request_buffering,
                         },
                         None => {
                             let known: Vec<&str> =
@@ -674,6 +681,8 @@ pub(super) fn validate(
                             Handler::Proxy {
                                 upstream: 0,
                                 upgrade,
+                                buffering,
+                                request_buffering,
                             }
                         }
                     }
@@ -759,6 +768,16 @@ pub(super) fn validate(
         }
     }
 
+    let temp_dir = resolve(&base, &raw.temp_dir);
+    if let Err(why) = crate::temp_dir::check(&temp_dir) {
+        check.error(
+            "temp_dir",
+            0,
+            "temp_dir".into(),
+            format!("{}: {why}", temp_dir.display()),
+        );
+    }
+
     if !check.errors.is_empty() {
         check.errors.sort_by_key(|e| (e.line, e.col));
         return Err(ConfigErrors(check.errors));
@@ -783,6 +802,9 @@ pub(super) fn validate(
         shutdown_delay: raw.shutdown_delay.0,
         upgrade_timeout: raw.upgrade_timeout.0,
         compress_cache: raw.compress_cache.0 as usize,
+        temp_dir,
+        max_temp_file_size: raw.max_temp_file_size.0,
+        temp_max_bytes: raw.temp_max_bytes.0,
         servers,
         upstreams,
         listeners,

@@ -79,6 +79,15 @@ counters! { COUNTERS;
     11 ACCEPT_EMPTY_WAKEUPS   "accept_empty_wakeups"   "forkd_accept_empty_wakeups_total"           "Accept wake-ups that found no connection.";
     12 CONNECTION_LIMIT_HITS  "connection_limit_hits"  "forkd_connection_limit_hits_total"          "Times a worker reached worker_connections.";
     13 SLOW_CLIENTS_CLOSED    "slow_clients_closed"    "forkd_slow_clients_closed_total"            "Connections closed below min_body_rate or min_send_rate.";
+    // Proxy buffering (#20; ids 14..=21).
+    14 BODIES_IN_MEMORY       "proxy_bodies_in_memory" "forkd_proxy_buffered_bodies_total" kind = "memory" "Proxied bodies (requests read whole, responses a client fell behind on) buffered, by where they fit: memory only, or a temporary file too.";
+    15 BODIES_ON_DISK         "proxy_bodies_on_disk"   "forkd_proxy_buffered_bodies_total" kind = "disk"   "Proxied bodies (requests read whole, responses a client fell behind on) buffered, by where they fit: memory only, or a temporary file too.";
+    16 BUFFERING_FELL_BACK    "proxy_buffering_fell_back" "forkd_proxy_buffering_fell_back_total"      "Proxied bodies that streamed past a bound (max_temp_file_size, temp_max_bytes) or a temporary file that could not be written.";
+    17 TEMP_FILE_BYTES        "temp_file_bytes"        "forkd_temp_file_bytes_total"                "Bytes written to temporary files.";
+    18 TEMP_FILES_OPENED      "temp_files_opened"      "forkd_temp_files_total" event = "opened"    "Temporary files opened and closed (open now: the difference).";
+    19 TEMP_FILES_CLOSED      "temp_files_closed"      "forkd_temp_files_total" event = "closed"    "Temporary files opened and closed (open now: the difference).";
+    20 UPSTREAM_HELD_US       "proxy_upstream_held_us" "forkd_proxy_upstream_held_microseconds_total" "Microseconds upstream servers spent on proxied requests, from the request going upstream to the response read whole.";
+    21 CLIENT_TRANSFER_US     "proxy_client_transfer_us" "forkd_proxy_client_transfer_microseconds_total" "Microseconds clients took for the rest of a proxied response after the upstream was done with it.";
     // TLS (#14; ids 30..=39).
     30 TLS_HANDSHAKES_FULL    "tls_handshakes_full"    "forkd_tls_handshakes_total" kind = "full"        "TLS handshakes completed, by kind (full, resumed with a session ticket) or failed.";
     31 TLS_HANDSHAKES_RESUMED "tls_handshakes_resumed" "forkd_tls_handshakes_total" kind = "resumed"     "TLS handshakes completed, by kind (full, resumed with a session ticket) or failed.";

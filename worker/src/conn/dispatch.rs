@@ -26,6 +26,7 @@ use crate::proxy::session::Session;
 use crate::proxy::upgrade;
 use crate::proxy::upstream_request::{self, Forwarding, Framing, Scheme};
 use crate::services::Services;
+use crate::spool::{self, Spool};
 use crate::timers::Micros;
 use crate::upstreams::Proxied;
 use forkd_shared::config::overload::Priority;
@@ -138,15 +139,11 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
             svc.config.servers[server].max_header_bytes,
         ))),
     };
-    if let Some((upstream, upgrade, priority)) = proxy_route(svc, server, req, x.peer) {
+    if let Some((route, priority)) = proxy_route(svc, server, req, x.peer) {
         let now = svc.clock.precise_us();
-        return match svc.overload.admit(upstream, priority, now) {
+        return match svc.overload.admit(route.upstream, priority, now) {
             Admission::Admit(ticket) => {
-                let to = ProxyTo {
-                    upstream,
-                    upgrade,
-                    ticket,
-                };
+                let to = ProxyTo { route, ticket };
                 proxy(x, svc, req, head, server, to)
             }
             // Over the upstream's adaptive limit: refused at once, never queued.
@@ -309,15 +306,26 @@ fn stays_open(x: &Exchange, svc: &Services, req: &Request, server: &Server) -> b
         && (server.keepalive_requests == 0 || u64::from(*x.requests) < server.keepalive_requests)
 }
 
-/// The upstream of the route `req` goes to, whether it allows upgrades and the
-/// route's priority, if that route is a `Proxy` the client `peer` may use (a refused
-/// one is answered 403 by `respond`, like any route).
+/// What a `Proxy` route says of a request.
+#[derive(Debug, Clone, Copy)]
+struct ProxyRoute {
+    upstream: usize,
+    /// `Upgrade` requests are forwarded.
+    upgrade: bool,
+    /// The response is read as fast as the upstream sends it (`buffering`).
+    buffering: bool,
+    /// The body is read whole before a server is chosen (`request_buffering`).
+    request_buffering: bool,
+}
+
+/// The `Proxy` route `req` goes to and its priority, if that route is one the client
+/// `peer` may use (a refused one is answered 403 by `respond`, like any route).
 fn proxy_route(
     svc: &Services,
     server: usize,
     req: &Request,
     peer: IpAddr,
-) -> Option<(usize, bool, Priority)> {
+) -> Option<(ProxyRoute, Priority)> {
     let server = &svc.config.servers[server];
     let path = route_path(req.path).ok()?;
     let route = &server.routes[server.route_index(&path)?];
@@ -325,7 +333,20 @@ fn proxy_route(
         return None;
     }
     match route.handler {
-        Handler::Proxy { upstream, upgrade } => Some((upstream, upgrade, route.priority)),
+        Handler::Proxy {
+            upstream,
+            upgrade,
+            buffering,
+            request_buffering,
+        } => Some((
+            ProxyRoute {
+                upstream,
+                upgrade,
+                buffering,
+                request_buffering,
+            },
+            route.priority,
+        )),
         _ => None,
     }
 }
@@ -335,11 +356,10 @@ const PROXY_BUFFER: usize = 64 * 1024;
 /// The largest response head accepted from an upstream (more is a 502).
 const MAX_UPSTREAM_HEAD: usize = 32 * 1024;
 
-/// Where a proxied request goes: its upstream, whether the route allows an upgrade,
-/// and its place under the upstream's adaptive limit.
+/// Where a proxied request goes: its route, and its place under the upstream's
+/// adaptive limit.
 struct ProxyTo {
-    upstream: usize,
-    upgrade: bool,
+    route: ProxyRoute,
     ticket: Option<Ticket>,
 }
 
@@ -352,11 +372,8 @@ fn proxy(
     server: usize,
     to: ProxyTo,
 ) -> Next {
-    let ProxyTo {
-        upstream: upstream_index,
-        upgrade: allow_upgrade,
-        ticket,
-    } = to;
+    let ProxyTo { route, ticket } = to;
+    let (upstream_index, allow_upgrade) = (route.upstream, route.upgrade);
     *x.requests = x.requests.saturating_add(1);
     let srv = &svc.config.servers[server];
     let keep = stays_open(&x, svc, req, srv);
@@ -413,6 +430,10 @@ fn proxy(
         PROXY_BUFFER,
     );
     session.limit_client_body(srv.max_body_bytes);
+    if route.request_buffering && framing != Framing::None {
+        let spool = Spool::new(svc.temp.clone(), PROXY_BUFFER, spool::Mode::Replay);
+        session.buffer_request(spool);
+    }
     let expect = req.expect_continue && framing != Framing::None;
     let mut proxied = Box::new(Proxied::new(
         session,
@@ -426,6 +447,8 @@ fn proxy(
         &request_id,
     ));
     proxied.overload = ticket;
+    // A switched protocol is a tunnel, never held back.
+    proxied.buffering = route.buffering && protocol.is_none();
     Next::Proxy(proxied)
 }
 

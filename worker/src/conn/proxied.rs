@@ -22,6 +22,7 @@ use crate::proxy::response_head::ClientBody;
 use crate::proxy::retry::Failure;
 use crate::proxy::session::Step;
 use crate::services::Services;
+use crate::spool::{Mode, Spool};
 use crate::stats::CellId;
 use crate::timers::Micros;
 use crate::tls::Transport;
@@ -132,7 +133,12 @@ fn step(
             }
         }
     }
-    if p.server.is_none() && !p.upstream_done {
+    // With request buffering no server is chosen (nor a slot of it taken) before
+    // the body is here whole: a slow upload costs the application nothing.
+    if p.server.is_none() && !p.upstream_done && p.session.ready_to_send() {
+        if p.upstream_started_at.is_none() {
+            p.upstream_started_at = Some(svc.clock.precise_us());
+        }
         let step = next_server(p, c.key, c.peer, svc);
         if let Some(done) = act(p, c, busy, svc, step) {
             return done;
@@ -161,37 +167,8 @@ fn step(
             return Progress::Again;
         }
     }
-    let [head, body] = p.session.client_output_parts();
-    if !head.is_empty() || !body.is_empty() {
-        if *budget == 0 {
-            return Progress::Budget;
-        }
-        // A head and the body bytes after it leave in one `writev`, within the budget.
-        let mut allowed = usize::try_from(*budget).unwrap_or(usize::MAX);
-        let head = &head[..head.len().min(allowed)];
-        allowed -= head.len();
-        let body = &body[..body.len().min(allowed)];
-        let written = match (head.is_empty(), body.is_empty()) {
-            (false, false) => c
-                .stream
-                .write_vectored(&[IoSlice::new(head), IoSlice::new(body)]),
-            (false, true) => c.stream.write(head),
-            _ => c.stream.write(body),
-        };
-        return match written {
-            Ok(0) => Progress::Close,
-            Ok(n) => {
-                p.session.client_wrote(n);
-                p.sent += n as u64;
-                *budget = budget.saturating_sub(n as u64);
-                *c.progress = svc.clock.now_us;
-                svc.stats.bytes_out(n as u64);
-                Progress::Again
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Progress::Wait,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Progress::Again,
-            Err(_) => Progress::Close,
-        };
+    if let Some(progress) = write_client(p, c, svc, budget) {
+        return progress;
     }
     if p.truncated {
         return Progress::Truncated;
@@ -216,6 +193,103 @@ fn step(
         return Progress::ReadClient;
     }
     Progress::Wait
+}
+
+/// Writes what the response has for the client. Straight from the session while the
+/// client keeps up (head and body in one `writev`, as without buffering); once it
+/// falls behind and buffering is on, what the upstream sent goes to the exchange's
+/// spool (memory, then a temporary file) so the session reads the upstream on, and
+/// the client is fed from the spool (`sendfile` from the file). `None`: nothing is
+/// left to write.
+fn write_client(
+    p: &mut Proxied,
+    c: &mut Client,
+    svc: &mut Services,
+    budget: &mut u64,
+) -> Option<Progress> {
+    let mut blocked = false;
+    if let Some(spool) = p.spool.as_mut().filter(|s| !s.is_empty()) {
+        if *budget == 0 {
+            return Some(Progress::Budget);
+        }
+        match spool.write_to(&mut c.stream, *budget) {
+            Ok(w) => {
+                blocked = w.blocked;
+                if w.n > 0 {
+                    wrote(p, c, svc, budget, w.n);
+                }
+            }
+            Err(_) => return Some(Progress::Close),
+        }
+    }
+    let spooled = p.spool.as_ref().is_some_and(|s| !s.is_empty());
+    let [head, body] = p.session.client_output_parts();
+    if head.is_empty() && body.is_empty() {
+        return match (spooled, blocked) {
+            (false, _) => None,
+            (true, true) => Some(Progress::Wait),
+            (true, false) => Some(Progress::Budget),
+        };
+    }
+    if !spooled && !blocked {
+        if *budget == 0 {
+            return Some(Progress::Budget);
+        }
+        // A head and the body bytes after it leave in one `writev`, within the budget.
+        let mut allowed = usize::try_from(*budget).unwrap_or(usize::MAX);
+        let head = &head[..head.len().min(allowed)];
+        allowed -= head.len();
+        let body = &body[..body.len().min(allowed)];
+        let written = match (head.is_empty(), body.is_empty()) {
+            (false, false) => c
+                .stream
+                .write_vectored(&[IoSlice::new(head), IoSlice::new(body)]),
+            (false, true) => c.stream.write(head),
+            _ => c.stream.write(body),
+        };
+        match written {
+            Ok(0) => return Some(Progress::Close),
+            Ok(n) => {
+                p.session.client_wrote(n);
+                wrote(p, c, svc, budget, n);
+                return Some(Progress::Again);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => blocked = true,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Some(Progress::Again),
+            Err(_) => return Some(Progress::Close),
+        }
+    }
+    // The client is behind.
+    if p.buffering {
+        let spool = p
+            .spool
+            .get_or_insert_with(|| Spool::new(svc.temp.clone(), SPOOL_MEMORY, Mode::Fifo));
+        let mut n = spool.push(head);
+        if n == head.len() {
+            n += spool.push(body);
+        }
+        if n > 0 {
+            // The session has room again: it reads the upstream on.
+            p.session.client_wrote(n);
+            return Some(Progress::Again);
+        }
+    }
+    Some(if blocked {
+        Progress::Wait
+    } else {
+        Progress::Budget
+    })
+}
+
+/// Response bytes the client took buffered for it in memory before a temporary file.
+const SPOOL_MEMORY: usize = 64 * 1024;
+
+/// `n` bytes reached the client.
+fn wrote(p: &mut Proxied, c: &mut Client, svc: &Services, budget: &mut u64, n: usize) {
+    p.sent += n as u64;
+    *budget = budget.saturating_sub(n as u64);
+    *c.progress = svc.clock.now_us;
+    svc.stats.bytes_out(n as u64);
 }
 
 /// Acts on a step of the session; `Some` when `advance` returns that.
@@ -273,6 +347,7 @@ fn act(
                 return Some(fail(p, c, busy, svc, status, keep, &extra));
             }
             Step::CloseClient => {
+                p.upstream_done_at = Some(svc.clock.precise_us());
                 log_failure(p, svc, false, true);
                 forget_token(p, svc);
                 p.overload = None;
@@ -292,6 +367,7 @@ fn act(
             }
             Step::Done { pool } => {
                 p.upstream_done = true;
+                p.upstream_done_at = Some(svc.clock.precise_us());
                 p.in_flight = None;
                 observe(p, svc);
                 p.overload = None;
@@ -463,6 +539,9 @@ fn observe(p: &mut Proxied, svc: &Services) {
             let now = svc.clock.precise_us();
             p.head_at = Some(now);
             p.status = Some(head.status);
+            if let Some(said) = head.buffering {
+                p.buffering = said;
+            }
             if let Some(ticket) = p.overload.as_mut() {
                 ticket.completed(now);
             }
@@ -635,9 +714,34 @@ fn finish(p: &mut Proxied, c: &Client, svc: &mut Services) -> bool {
 /// Counts the response in the stats and writes its access-log line.
 fn account(p: &Proxied, c: &Client, svc: &mut Services) {
     let status = p.status.unwrap_or(502);
-    let latency = svc.clock.precise_us().saturating_sub(p.started);
+    let now = svc.clock.precise_us();
+    let latency = now.saturating_sub(p.started);
     svc.stats.response(status, Some(latency));
+    count_buffering(p, svc, now);
     log_line(p, c.peer, svc, status, latency);
+}
+
+/// The buffering counters of an exchange that ended: its bodies held in memory or a
+/// temporary file, fallbacks to streaming, how long the upstream was busy with it
+/// and how long the client took after that; and the temporary files' counts.
+fn count_buffering(p: &Proxied, svc: &Services, now: Micros) {
+    use forkd_shared::shm::counters;
+    let stats = &svc.stats;
+    for spool in [p.session.request_spool(), p.spool.as_ref()].into_iter().flatten() {
+        if spool.used_file() {
+            stats.bump(counters::BODIES_ON_DISK, 1);
+        } else if spool.held() > 0 {
+            stats.bump(counters::BODIES_IN_MEMORY, 1);
+        }
+        if spool.refused().is_some() && spool.held() > 0 {
+            stats.bump(counters::BUFFERING_FELL_BACK, 1);
+        }
+    }
+    if let (Some(start), Some(done)) = (p.upstream_started_at, p.upstream_done_at) {
+        stats.bump(counters::UPSTREAM_HELD_US, done.saturating_sub(start));
+        stats.bump(counters::CLIENT_TRANSFER_US, now.saturating_sub(done));
+    }
+    stats.temp_files(svc.temp.take_counts());
 }
 
 /// The exchange's access-log line, with `status`.
@@ -668,7 +772,8 @@ fn log_line(p: &Proxied, peer: IpAddr, svc: &mut Services, status: u16, latency:
         let upstream = label.as_deref().map(|addr| access_log::UpstreamEntry {
             addr,
             status: p.upstream_status(),
-            response_time_us: p.time_to_head_us(),
+            header_time_us: p.time_to_head_us(),
+            response_time_us: p.upstream_time_us(),
             connect: if p.reused_connection() {
                 access_log::UpstreamConnect::Reused
             } else {

@@ -10,7 +10,9 @@ use crate::timers::Micros;
 use crate::upstreams::Proxied;
 
 /// Whether the exchange waits on the client now: writing the response to it (bytes
-/// it has not taken), and waiting for its body (wanted, none buffered).
+/// the session holds that it has not taken: the upstream is held back by it; bytes
+/// in the exchange's spool are not the session's, and the upstream is read on), and
+/// waiting for its body (wanted, none buffered).
 fn client_waits(p: &Proxied, busy: &Busy) -> (bool, bool) {
     let writing = !busy.out.is_empty() || !p.session.client_output().is_empty();
     let waiting_body = p.session.wants_client_body() && !busy.has_input();
@@ -96,7 +98,8 @@ pub fn deadlines(
     let server = svc.server(p.client_server);
     let us = |d: std::time::Duration| d.as_micros() as Micros;
     let (writing, waiting_body) = client_waits(p, busy);
-    let client = if writing || p.upstream_done {
+    let spooled = p.spool.as_ref().is_some_and(|s| !s.is_empty());
+    let client = if writing || spooled || p.upstream_done {
         client_progress + us(server.send_timeout)
     } else if waiting_body {
         client_progress + us(server.body_timeout)

@@ -106,6 +106,18 @@ impl Write for UpstreamSocket {
     }
 }
 
+impl std::os::fd::AsFd for UpstreamSocket {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            UpstreamSocket::Tcp(s) => s.as_fd(),
+            UpstreamSocket::Unix(s) => s.as_fd(),
+        }
+    }
+}
+
+/// A buffered request body's file part goes to the upstream by `sendfile`.
+impl crate::out::Sink for UpstreamSocket {}
+
 impl event::Source for UpstreamSocket {
     fn register(
         &mut self,

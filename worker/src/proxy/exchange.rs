@@ -129,6 +129,7 @@ impl Exchange {
                 response_bytes_seen: false,
                 head_sent: false,
                 replayable: true,
+                whole_copy: false,
             },
             budget: Budget {
                 counted: 0,
@@ -151,6 +152,7 @@ impl Exchange {
             response_bytes_seen: false,
             head_sent: false,
             replayable: self.attempt.replayable,
+            whole_copy: self.attempt.whole_copy,
         };
         self.state = if reused {
             State::SendingHead { server }
@@ -204,6 +206,11 @@ impl Exchange {
     /// The connection in use came from a pool (for stats and the access log).
     pub fn reused(&self) -> bool {
         self.attempt.reused
+    }
+
+    /// The whole request is held for resends (a buffered body read to its end).
+    pub fn hold_whole_copy(&mut self, whole: bool) {
+        self.attempt.whole_copy = whole;
     }
 
     /// Request body bytes left the replay copy: a retry could not resend them.

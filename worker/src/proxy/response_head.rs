@@ -76,6 +76,10 @@ pub struct ResponseHead {
     pub upstream_reusable: bool,
     /// The client connection closes after this response.
     pub client_close: bool,
+    /// What the response says of buffering: `X-Accel-Buffering: yes` / `no`
+    /// (nginx's convention; the field is not forwarded), and `no` for a
+    /// `text/event-stream` body, which is never held back. `None`: the route decides.
+    pub buffering: Option<bool>,
 }
 
 /// One head read from the upstream.
@@ -174,6 +178,7 @@ pub fn parse(
             client_body: ClientBody::None,
             upstream_reusable: false,
             client_close: true,
+            buffering: Some(false),
         })));
     }
     if (100..200).contains(&status) {
@@ -239,8 +244,36 @@ pub fn parse(
         client_body,
         upstream_reusable,
         client_close,
+        buffering: buffering_of(headers),
     })))
 }
+
+/// `X-Accel-Buffering` and a `text/event-stream` `Content-Type`, see
+/// [`ResponseHead::buffering`].
+fn buffering_of(headers: &[httparse::Header]) -> Option<bool> {
+    let mut said = None;
+    for h in headers {
+        if h.name.eq_ignore_ascii_case(ACCEL_BUFFERING) {
+            let v = trim(h.value);
+            if v.eq_ignore_ascii_case(b"no") {
+                said = Some(false);
+            } else if v.eq_ignore_ascii_case(b"yes") {
+                said = said.or(Some(true));
+            }
+        } else if h.name.eq_ignore_ascii_case("content-type") {
+            let v = trim(h.value);
+            let essence = v.split(|&b| b == b';').next().map_or(&b""[..], trim);
+            if essence.eq_ignore_ascii_case(b"text/event-stream") {
+                return Some(false);
+            }
+        }
+    }
+    said
+}
+
+/// The response field an application sets to say whether its response may be held
+/// back (nginx's); it is for forkd, not forwarded.
+const ACCEL_BUFFERING: &str = "x-accel-buffering";
 
 /// The framing fields of a response, checked.
 struct Framing {
@@ -305,6 +338,7 @@ fn write_end_to_end(
         if is_hop_by_hop(name)
             || tokens.contains(name)
             || (drop_length && name.eq_ignore_ascii_case(b"content-length"))
+            || name.eq_ignore_ascii_case(ACCEL_BUFFERING.as_bytes())
         {
             continue;
         }

@@ -8,6 +8,10 @@
 //! - A failure on a *reused* pooled connection before any response byte is the race
 //!   with the upstream's idle close: retried once on a fresh connection to the same
 //!   server, if the method is idempotent or no request byte reached the socket.
+//!   A request whose body forkd holds whole (request buffering: the body was read
+//!   to its end before the request went upstream) is retried so for every method:
+//!   what the closing connection may have taken can be sent again byte for byte,
+//!   and no response byte says the application acted on it.
 //!   This one retry is allowed once per exchange on top of `retries` (so `retries: 0`
 //!   still never fails a request on a stale connection), and never loops: the retry
 //!   uses a fresh connection, which cannot be stale.
@@ -68,6 +72,9 @@ pub struct AttemptState {
     /// Everything sent so far can be sent again: the head always can, body bytes
     /// only while they are still in the exchange's replay copy.
     pub replayable: bool,
+    /// The whole request (head and body) is held, for any number of resends: a
+    /// buffered body read to its end.
+    pub whole_copy: bool,
 }
 
 /// What the exchange does so far.
@@ -134,7 +141,7 @@ pub fn decide(
             if attempt.reused
                 && !budget.stale_used
                 && attempt.replayable
-                && (idempotent || !attempt.request_bytes_sent) =>
+                && (idempotent || !attempt.request_bytes_sent || attempt.whole_copy) =>
         {
             Decision::RetryFresh
         }
@@ -178,6 +185,7 @@ mod tests {
         response_bytes_seen: false,
         head_sent: false,
         replayable: true,
+        whole_copy: false,
     };
     const REUSED: AttemptState = AttemptState {
         reused: true,
@@ -235,6 +243,35 @@ mod tests {
     }
 
     #[test]
+    fn a_request_held_whole_meets_the_stale_race_with_a_fresh_connection_whatever_its_method() {
+        let held = AttemptState {
+            whole_copy: true,
+            ..REUSED
+        };
+        assert_eq!(
+            decide(Failure::Reset, held, false, BUDGET, true),
+            Decision::RetryFresh
+        );
+        // Never to another server, never after a response byte, never on a new one.
+        let fresh = AttemptState {
+            whole_copy: true,
+            ..FRESH
+        };
+        assert_eq!(
+            decide(Failure::Reset, fresh, false, BUDGET, true),
+            Decision::Respond(502)
+        );
+        let answered = AttemptState {
+            response_bytes_seen: true,
+            ..held
+        };
+        assert_eq!(
+            decide(Failure::Reset, answered, false, BUDGET, true),
+            Decision::Respond(502)
+        );
+    }
+
+    #[test]
     fn an_idempotent_request_without_an_answer_moves_to_another_server() {
         for f in [Failure::Reset, Failure::Timeout] {
             assert_eq!(decide(f, FRESH, true, BUDGET, true), Decision::NextServer);
@@ -254,6 +291,7 @@ mod tests {
             // A body that left the replay copy cannot be sent again.
             let gone = AttemptState {
                 replayable: false,
+                whole_copy: false,
                 ..FRESH
             };
             assert_eq!(

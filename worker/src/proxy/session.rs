@@ -149,6 +149,7 @@ impl Session {
     /// requests it already served) or a new, connecting one (`None`).
     pub fn attach(&mut self, server: usize, socket: UpstreamSocket, pooled: Option<u64>) {
         self.exchange.start(server, pooled.is_some());
+        self.exchange.hold_whole_copy(self.request.held_whole());
         self.connecting = pooled.is_none();
         self.conn_requests = pooled.unwrap_or(0) + 1;
         self.response = ResponseStream::new(
@@ -173,7 +174,26 @@ impl Session {
     /// method. One that may not is checked before it goes on a pooled connection, and
     /// kept off those the upstream may be closing (`Pool::take_safe`).
     pub fn can_resend(&self) -> bool {
-        self.request.framing() == Framing::None && self.exchange.idempotent()
+        (self.request.framing() == Framing::None || self.request.held_whole())
+            && self.exchange.idempotent()
+    }
+
+    /// Request buffering: the body is held in `spool` until it was read whole (or
+    /// the spool takes no more), and no server is chosen before
+    /// [`Session::ready_to_send`].
+    pub fn buffer_request(&mut self, spool: crate::spool::Spool) {
+        self.request.buffer_into(spool);
+    }
+
+    /// Whether the request may go upstream: it streams, or its buffered body was
+    /// read whole (or the buffer is full: the rest streams).
+    pub fn ready_to_send(&self) -> bool {
+        self.request.ready_to_send()
+    }
+
+    /// The request's body spool, once buffering was asked for.
+    pub fn request_spool(&self) -> Option<&crate::spool::Spool> {
+        self.request.spool()
     }
 
     /// A connect attempt failed before there was a socket (`connect` itself failed).
@@ -220,7 +240,8 @@ impl Session {
     /// `Expect: 100-continue` (once), so the client sends its body only when it can
     /// go somewhere.
     pub fn ready_for_body(&self) -> bool {
-        self.socket.is_some() && !self.connecting
+        (self.socket.is_some() && !self.connecting)
+            || (self.request.spool().is_some() && !self.request.ready_to_send())
     }
 
     /// The client's body was read (and sent) whole. When the response ended first
@@ -328,7 +349,26 @@ impl Session {
         loop {
             let [head, body] = self.request.pending_parts();
             if head.is_empty() && body.is_empty() {
-                break;
+                if !self.request.file_pending() {
+                    break;
+                }
+                // A buffered body's file part: `sendfile`.
+                let socket = self.socket.as_mut()?;
+                match self.request.write_spooled_file(socket) {
+                    Ok(w) => {
+                        if w.n > 0 {
+                            self.progressed = true;
+                            if let Some(step) = self.apply(Event::Wrote { n: w.n }) {
+                                return Some(step);
+                            }
+                        }
+                        if w.blocked || w.n == 0 {
+                            break;
+                        }
+                    }
+                    Err(_) => return Some(self.fail(Failure::Reset)),
+                }
+                continue;
             }
             let socket = self.socket.as_mut()?;
             let written = if head.is_empty() {

@@ -14,6 +14,7 @@ use super::response_head::{
     self, ClientBody, Parsed, ResponseContext, ResponseError, ResponseHead, UpstreamBody,
 };
 use super::upstream_request::Framing;
+use crate::spool::{Spool, Written};
 
 /// The request on its way upstream.
 #[derive(Debug)]
@@ -24,8 +25,12 @@ pub struct RequestStream {
     framing: Framing,
     relay: Relay,
     capacity: usize,
-    /// Body bytes written upstream (after the head).
+    /// Body bytes written upstream (after the head) from the relay.
     body_sent: u64,
+    /// Request buffering: the body as the relay framed it, held whole (memory, then a
+    /// temporary file) before anything goes upstream, and kept for a resend. `None`:
+    /// the body streams through the relay.
+    spool: Option<Spool>,
 }
 
 impl RequestStream {
@@ -39,13 +44,64 @@ impl RequestStream {
             framing,
             capacity,
             body_sent: 0,
+            spool: None,
+        }
+    }
+
+    /// The body is held in `spool` (a `Replay` one) until it was read whole, or
+    /// until the spool takes no more (then the rest streams through the relay).
+    pub fn buffer_into(&mut self, spool: Spool) {
+        if self.framing != Framing::None {
+            self.spool = Some(spool);
         }
     }
 
     /// Takes client body bytes; returns how many (the rest is the client's next
     /// request, or does not fit yet).
     pub fn feed(&mut self, input: &[u8]) -> Result<usize, BodyError> {
-        self.relay.feed(input)
+        let mut taken = 0;
+        loop {
+            let n = self.relay.feed(&input[taken..])?;
+            taken += n;
+            let moved = self.spill();
+            if taken == input.len() || (n == 0 && moved == 0) {
+                return Ok(taken);
+            }
+        }
+    }
+
+    /// Moves what the relay framed into the spool while it takes bytes and nothing
+    /// of the relay was sent yet (after that, the relay's bytes follow the spool's).
+    fn spill(&mut self) -> usize {
+        let Some(spool) = self.spool.as_mut() else {
+            return 0;
+        };
+        if self.body_sent > 0 {
+            return 0;
+        }
+        let n = spool.push(self.relay.pending());
+        self.relay.advance(n);
+        n
+    }
+
+    /// Whether the request may go upstream now: it streams, or its body was read
+    /// whole into the spool, or the spool takes no more (the rest streams).
+    pub fn ready_to_send(&self) -> bool {
+        match &self.spool {
+            None => true,
+            Some(spool) => self.relay.is_finished() || !spool.has_room(),
+        }
+    }
+
+    /// The body is held whole (read to its end into the spool): it can be sent again
+    /// on any connection, whatever was sent of it before.
+    pub fn held_whole(&self) -> bool {
+        self.spool.is_some() && self.relay.is_complete() && self.body_sent == 0
+    }
+
+    /// The request spool, for the stats once the exchange ends.
+    pub fn spool(&self) -> Option<&Spool> {
+        self.spool.as_ref()
     }
 
     /// The client closed its side.
@@ -65,17 +121,45 @@ impl RequestStream {
 
     /// What to write upstream next: the rest of the head, then body bytes.
     pub fn pending(&self) -> &[u8] {
-        if self.head_sent < self.head.len() {
-            &self.head[self.head_sent..]
+        let [head, body] = self.pending_parts();
+        if head.is_empty() {
+            body
         } else {
-            self.relay.pending()
+            head
         }
     }
 
     /// What to write upstream next, as the rest of the head and the body bytes after
-    /// it: one `writev` sends both.
+    /// it: one `writev` sends both. With a spool, its bytes in memory; once they are
+    /// written, its file part goes by [`RequestStream::write_spooled_file`] (both
+    /// parts empty here while it is not through), then the relay's bytes.
     pub fn pending_parts(&self) -> [&[u8]; 2] {
-        [&self.head[self.head_sent..], self.relay.pending()]
+        let body = match &self.spool {
+            Some(spool) if !spool.mem_pending().is_empty() => spool.mem_pending(),
+            Some(spool) if !spool.is_empty() => &[],
+            _ => self.relay.pending(),
+        };
+        [&self.head[self.head_sent..], body]
+    }
+
+    /// Whether the spool's file part is what goes upstream next.
+    pub fn file_pending(&self) -> bool {
+        self.head_sent == self.head.len()
+            && self
+                .spool
+                .as_ref()
+                .is_some_and(|s| s.mem_pending().is_empty() && !s.is_empty())
+    }
+
+    /// Writes spooled file bytes to `sink` (`sendfile`).
+    pub fn write_spooled_file<S: crate::out::Sink>(
+        &mut self,
+        sink: &mut S,
+    ) -> std::io::Result<Written> {
+        match self.spool.as_mut() {
+            Some(spool) => spool.write_to(sink, u64::MAX),
+            None => Ok(Written::default()),
+        }
     }
 
     /// `n` bytes of [`RequestStream::pending_parts`] (or of `pending`) were written:
@@ -87,10 +171,17 @@ impl RequestStream {
             self.head_sent += h;
             n -= h;
         }
-        if n > 0 {
-            self.body_sent += n as u64;
-            self.relay.advance(n);
+        if n == 0 {
+            return;
         }
+        if let Some(spool) = self.spool.as_mut() {
+            if !spool.mem_pending().is_empty() {
+                spool.advance_mem(n);
+                return;
+            }
+        }
+        self.body_sent += n as u64;
+        self.relay.advance(n);
     }
 
     /// The head was written whole.
@@ -100,11 +191,12 @@ impl RequestStream {
 
     /// Head and body were written whole.
     pub fn is_complete(&self) -> bool {
-        self.head_written() && self.relay.is_complete()
+        self.head_written() && self.spool.as_ref().is_none_or(Spool::is_empty) && self.relay.is_complete()
     }
 
     /// Whether the request can be sent again from the start: no body byte has been
-    /// written (the head is kept; body bytes are not).
+    /// written from the relay (the head is kept, and so is a spooled body; bytes the
+    /// relay sent are not).
     pub fn replayable(&self) -> bool {
         self.body_sent == 0
     }
@@ -116,6 +208,9 @@ impl RequestStream {
             return false;
         }
         self.head_sent = 0;
+        if let Some(spool) = self.spool.as_mut() {
+            spool.rewind();
+        }
         true
     }
 

@@ -1,0 +1,83 @@
+//! `temp_dir`: the folder proxied bodies are spooled to when they do not fit in
+//! memory. The configuration checks it can be used ([`check`], for `-t` and every
+//! reload, run as the workers' user by the reload preflight); the master makes it
+//! and hands it to the workers' user before forking ([`prepare`]). The files in it
+//! have no name (`O_TMPFILE`; see `worker/src/spool/temp.rs`), so nothing is left
+//! in it after a crash or `kill -9`.
+
+use crate::config::Config;
+use nix::unistd::{access, AccessFlags};
+use std::io;
+use std::path::Path;
+
+/// Whether `dir` can hold the workers' temporary files: an existing folder this
+/// process may write to, or one it could create (its nearest existing ancestor is).
+pub fn check(dir: &Path) -> Result<(), String> {
+    let mut at = dir;
+    loop {
+        match std::fs::metadata(at) {
+            Ok(m) if m.is_dir() => {
+                return access(at, AccessFlags::W_OK | AccessFlags::X_OK).map_err(|e| {
+                    if at == dir {
+                        format!("not writable ({e})")
+                    } else {
+                        format!("cannot be created: {} is not writable ({e})", at.display())
+                    }
+                });
+            }
+            Ok(_) if at == dir => return Err("not a folder".into()),
+            Ok(_) => return Err(format!("cannot be created: {} is not a folder", at.display())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => match at.parent() {
+                Some(parent) => at = parent,
+                None => return Err("no existing ancestor".into()),
+            },
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// Creates `temp_dir` (mode 0700) if it is missing and, with `user`, gives it to the
+/// workers' user, so a worker that gave up root can create its files there.
+pub fn prepare(config: &Config) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let dir = &config.temp_dir;
+    if !dir.is_dir() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| io::Error::new(e.kind(), format!("mkdir {}: {e}", dir.display())))?;
+    }
+    let Some(name) = &config.user else {
+        return Ok(());
+    };
+    let user = nix::unistd::User::from_name(name)
+        .map_err(io::Error::from)?
+        .ok_or_else(|| io::Error::other(format!("no user named `{name}`")))?;
+    let meta = std::fs::metadata(dir)?;
+    use std::os::unix::fs::MetadataExt;
+    if meta.uid() != user.uid.as_raw() {
+        std::os::unix::fs::chown(dir, Some(user.uid.as_raw()), None)
+            .map_err(|e| io::Error::new(e.kind(), format!("chown {}: {e}", dir.display())))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check;
+
+    #[test]
+    fn a_missing_folder_under_a_writable_one_can_be_created() {
+        let base = std::env::temp_dir().join(format!("forkd-tempdir-{}", std::process::id()));
+        std::fs::create_dir_all(&base).unwrap();
+        assert_eq!(check(&base.join("a/b")), Ok(()));
+        assert_eq!(check(&base), Ok(()));
+        let file = base.join("file");
+        std::fs::write(&file, b"x").unwrap();
+        assert_eq!(check(&file), Err("not a folder".into()));
+        assert!(check(&file.join("sub")).unwrap_err().contains("is not a folder"));
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+}

@@ -26,11 +26,23 @@ pub fn check(dir: &Path) -> Result<(), String> {
                 });
             }
             Ok(_) if at == dir => return Err("not a folder".into()),
-            Ok(_) => return Err(format!("cannot be created: {} is not a folder", at.display())),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => match at.parent() {
-                Some(parent) => at = parent,
-                None => return Err("no existing ancestor".into()),
-            },
+            Ok(_) => {
+                return Err(format!(
+                    "cannot be created: {} is not a folder",
+                    at.display()
+                ))
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                ) =>
+            {
+                match at.parent() {
+                    Some(parent) => at = parent,
+                    None => return Err("no existing ancestor".into()),
+                }
+            }
             Err(e) => return Err(e.to_string()),
         }
     }
@@ -77,7 +89,9 @@ mod tests {
         let file = base.join("file");
         std::fs::write(&file, b"x").unwrap();
         assert_eq!(check(&file), Err("not a folder".into()));
-        assert!(check(&file.join("sub")).unwrap_err().contains("is not a folder"));
+        assert!(check(&file.join("sub"))
+            .unwrap_err()
+            .contains("is not a folder"));
         std::fs::remove_dir_all(&base).unwrap();
     }
 }

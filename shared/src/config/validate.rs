@@ -1006,9 +1006,29 @@ mod tests {
             c.servers[0].route(b"/api/x").unwrap().handler,
             Handler::Proxy {
                 upstream: 0,
-                upgrade: false
+                upgrade: false,
+                buffering: true,
+                request_buffering: true,
             }
         );
+        let off = PROXY.replace(
+            "Proxy(upstream: \"app\")",
+            "Proxy(upstream: \"app\", buffering: false, request_buffering: false)",
+        );
+        assert_eq!(
+            parse(&d.0, &off).unwrap().servers[0]
+                .route(b"/api/x")
+                .unwrap()
+                .handler,
+            Handler::Proxy {
+                upstream: 0,
+                upgrade: false,
+                buffering: false,
+                request_buffering: false,
+            }
+        );
+        assert_eq!(c.max_temp_file_size, 1 << 30);
+        assert!(c.temp_dir.ends_with("run/tmp"));
     }
 
     #[test]
@@ -1029,7 +1049,9 @@ mod tests {
             c.servers[0].route(b"/api/x").unwrap().handler,
             Handler::Proxy {
                 upstream: 0,
-                upgrade: true
+                upgrade: true,
+                buffering: true,
+                request_buffering: true,
             }
         );
         let bad = PROXY.replace("keepalive: 8,", "tunnel_idle_timeout: \"soon\",");

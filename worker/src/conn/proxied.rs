@@ -727,13 +727,16 @@ fn account(p: &Proxied, c: &Client, svc: &mut Services) {
 fn count_buffering(p: &Proxied, svc: &Services, now: Micros) {
     use forkd_shared::shm::counters;
     let stats = &svc.stats;
-    for spool in [p.session.request_spool(), p.spool.as_ref()].into_iter().flatten() {
+    for spool in [p.session.request_spool(), p.spool.as_ref()]
+        .into_iter()
+        .flatten()
+    {
         if spool.used_file() {
             stats.bump(counters::BODIES_ON_DISK, 1);
-        } else if spool.held() > 0 {
+        } else if spool.pushed() > 0 {
             stats.bump(counters::BODIES_IN_MEMORY, 1);
         }
-        if spool.refused().is_some() && spool.held() > 0 {
+        if spool.refused().is_some() && spool.pushed() > 0 {
             stats.bump(counters::BUFFERING_FELL_BACK, 1);
         }
     }

@@ -191,7 +191,9 @@ impl RequestStream {
 
     /// Head and body were written whole.
     pub fn is_complete(&self) -> bool {
-        self.head_written() && self.spool.as_ref().is_none_or(Spool::is_empty) && self.relay.is_complete()
+        self.head_written()
+            && self.spool.as_ref().is_none_or(Spool::is_empty)
+            && self.relay.is_complete()
     }
 
     /// Whether the request can be sent again from the start: no body byte has been

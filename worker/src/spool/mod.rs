@@ -21,12 +21,12 @@
 pub mod temp;
 
 use crate::out::Sink;
-pub use temp::{Refusal, TempFiles};
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::rc::Rc;
+pub use temp::{Refusal, TempFiles};
 
 /// The most one `sendfile` call is asked for.
 const SENDFILE_CHUNK: usize = 512 * 1024;
@@ -65,6 +65,8 @@ pub struct Spool {
     /// Bytes of this body that went to the file in all (against `max_temp_file_size`).
     file_total: u64,
     refused: Option<Refusal>,
+    /// Bytes ever pushed (for the stats: a body that was buffered at all).
+    pushed: u64,
     temp: Rc<TempFiles>,
 }
 
@@ -81,6 +83,7 @@ impl Spool {
             file_end: 0,
             file_total: 0,
             refused: None,
+            pushed: 0,
             temp,
         }
     }
@@ -134,10 +137,18 @@ impl Spool {
             self.mem.extend_from_slice(&bytes[..to_mem]);
         }
         let rest = &bytes[to_mem..];
-        if rest.is_empty() || self.refused.is_some() {
-            return to_mem;
-        }
-        to_mem + self.push_file(rest)
+        let taken = if rest.is_empty() || self.refused.is_some() {
+            to_mem
+        } else {
+            to_mem + self.push_file(rest)
+        };
+        self.pushed += taken as u64;
+        taken
+    }
+
+    /// Bytes that went through the spool in all.
+    pub fn pushed(&self) -> u64 {
+        self.pushed
     }
 
     /// Appends what the file may take of `bytes`; a refusal is remembered.
@@ -161,7 +172,9 @@ impl Spool {
         let Some(file) = self.file.as_ref() else {
             return 0;
         };
-        let want = &bytes[..bytes.len().min(usize::try_from(allowed).unwrap_or(usize::MAX))];
+        let want = &bytes[..bytes
+            .len()
+            .min(usize::try_from(allowed).unwrap_or(usize::MAX))];
         let mut done = 0;
         while done < want.len() {
             match file.write_at(&want[done..], self.file_end + done as u64) {
@@ -492,7 +505,11 @@ mod tests {
         assert_eq!(a.push(&data), 31_000);
         assert_eq!(a.refused(), Some(Refusal::WorkerLimit));
         let mut b = Spool::new(t.clone(), 1000, Mode::Fifo);
-        assert_eq!(b.push(&data), 1000, "memory only: the worker's budget is spent");
+        assert_eq!(
+            b.push(&data),
+            1000,
+            "memory only: the worker's budget is spent"
+        );
         drop(a);
         assert_eq!(t.used(), 0);
         let mut c = Spool::new(t, 1000, Mode::Fifo);

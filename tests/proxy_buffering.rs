@@ -1,0 +1,302 @@
+//! Request and response buffering, end to end, against an application server that
+//! serves one connection at a time (`support::serial`, like a gunicorn sync worker):
+//! a slow client must cost it nothing. Responses are checked byte for byte.
+//!
+//! Nothing here asserts timing: a client "stalls" by not reading or not sending,
+//! and the test waits (with a generous bound) for what the upstream must do anyway.
+
+mod support;
+
+use nix::sys::signal::Signal;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+use support::serial::SerialUpstream;
+use support::upstream::{pattern_byte, pattern_hash};
+use support::*;
+
+/// Far more than the socket buffers between the upstream and a client that reads
+/// nothing can hold.
+const BIG: u64 = 24 << 20;
+
+fn daemon(up: &SerialUpstream, top: &str, route: &str) -> TestDaemon {
+    builder(up, top, route).start()
+}
+
+fn builder(up: &SerialUpstream, top: &str, route: &str) -> Builder {
+    // `keepalive: 0`: one request per connection, as the serial upstream closes.
+    TestDaemon::builder()
+        .workers(1)
+        .top(&format!(
+            "upstreams: {{ \"app\": (servers: [\"{}\"], keepalive: 0, read_timeout: \"120s\", send_timeout: \"120s\") }}, {top}",
+            up.addr()
+        ))
+        .server("max_body_bytes: \"64M\", send_timeout: \"120s\", body_timeout: \"120s\",")
+        .routes(&format!(
+            r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/", handler: Proxy(upstream: "app"{route})),"#
+        ))
+}
+
+fn total(d: &TestDaemon, key: &str) -> u64 {
+    let stats = stats::stats_json(&d.config);
+    stats["totals"][key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {key} in {}", stats["totals"]))
+}
+
+/// A GET of `/tiny` on a new connection, bounded: `None` if no answer came.
+fn tiny(d: &TestDaemon) -> Option<Response> {
+    let mut s = d.connect();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(b"GET /tiny HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    if raw.is_empty() {
+        return None;
+    }
+    parse_head(&raw[..raw.windows(4).position(|w| w == b"\r\n\r\n")? + 4])
+        .ok()
+        .map(|mut r| {
+            r.body = raw[raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4..].to_vec();
+            r
+        })
+}
+
+/// Starts a GET of `path` and reads nothing yet.
+fn start_get(d: &TestDaemon, path: &str) -> TcpStream {
+    let mut s = d.connect();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    s
+}
+
+/// Reads the rest of a response to `/big/N` or `/held/N` and checks it byte for
+/// byte; returns its head.
+fn finish_pattern(s: &mut TcpStream, len: u64) -> String {
+    let raw = read_to_close(s);
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head")
+        + 4;
+    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+    let body = &raw[end..];
+    assert_eq!(body.len() as u64, len, "{head}");
+    let hash = body.iter().fold(support::upstream::FNV_START, |h, &b| {
+        support::upstream::fnv(h, &[b])
+    });
+    if hash != pattern_hash(len) {
+        let at = (0..len)
+            .find(|&i| body[i as usize] != pattern_byte(i))
+            .unwrap_or(0);
+        panic!("the body differs from byte {at}");
+    }
+    head
+}
+
+#[test]
+fn a_client_that_reads_slowly_does_not_hold_the_application() {
+    let up = SerialUpstream::start();
+    let d = daemon(&up, "", "");
+    let mut slow = start_get(&d, &format!("/big/{BIG}"));
+    // forkd reads the whole response while the client reads nothing: the upstream
+    // is done with it and serves the next client.
+    assert!(
+        wait_until(Duration::from_secs(60), || up.responses() >= 1),
+        "the upstream is still writing the response the client does not read"
+    );
+    let r = tiny(&d).expect("the next client is answered while the slow one reads nothing");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]));
+    let head = finish_pattern(&mut slow, BIG);
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(
+        head.contains(&format!("Content-Length: {BIG}\r\n")),
+        "{head}"
+    );
+    assert!(total(&d, "proxy_bodies_on_disk") >= 1);
+    assert!(total(&d, "temp_file_bytes") >= BIG / 2);
+    assert_eq!(
+        total(&d, "temp_files_opened"),
+        total(&d, "temp_files_closed"),
+        "every temporary file was closed"
+    );
+}
+
+#[test]
+fn a_client_that_uploads_slowly_does_not_hold_the_application() {
+    const LEN: usize = 2 << 20;
+    let up = SerialUpstream::start();
+    let d = daemon(&up, "", "");
+    let body = noise(LEN, 3);
+    let mut slow = d.connect();
+    slow.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    write!(
+        slow,
+        "POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: {LEN}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    slow.write_all(&body[..LEN / 2]).unwrap();
+    // Half the body is in: no server was chosen for it yet, so the next client is
+    // served at once.
+    let r = tiny(&d).expect("the next client is answered while the upload is under way");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]));
+    assert_eq!(
+        up.connections(),
+        1,
+        "only the other client reached the upstream"
+    );
+    slow.write_all(&body[LEN / 2..]).unwrap();
+    let r = read_response(&mut slow, false).expect("a response");
+    assert_eq!(r.status, 200, "{}", r.head);
+    let hash = support::upstream::fnv(support::upstream::FNV_START, &body);
+    assert_eq!(String::from_utf8_lossy(&r.body), format!("{LEN} {hash:x}"));
+    let heads = up.heads();
+    assert!(
+        heads[1].contains(&format!("Content-Length: {LEN}\r\n")),
+        "{}",
+        heads[1]
+    );
+}
+
+#[test]
+fn an_upload_the_client_gives_up_on_never_reaches_the_application() {
+    let up = SerialUpstream::start();
+    let d = daemon(&up, "", "");
+    let mut s = d.connect();
+    s.write_all(b"POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 100000\r\n\r\n")
+        .unwrap();
+    s.write_all(&noise(40_000, 1)).unwrap();
+    drop(s);
+    assert!(
+        wait_until(Duration::from_secs(30), || d
+            .access_log()
+            .contains("\"POST /upload HTTP/1.1\" 499")),
+        "the abandoned upload is logged 499:\n{}",
+        d.access_log()
+    );
+    let r = tiny(&d).expect("served");
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        up.heads().iter().filter(|h| h.starts_with("POST")).count(),
+        0,
+        "the upstream never saw the upload"
+    );
+}
+
+#[test]
+fn server_sent_events_arrive_one_by_one() {
+    let up = SerialUpstream::start();
+    let d = daemon(&up, "", "");
+    let mut s = start_get(&d, "/events/3");
+    let mut got = Vec::new();
+    for i in 0..3 {
+        up.release(1);
+        let want = format!("data: event {i}\n\n");
+        let mut byte = [0u8; 1];
+        while !String::from_utf8_lossy(&got).ends_with(&want) {
+            let n = s
+                .read(&mut byte)
+                .expect("the event arrives before the next is sent");
+            assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+            got.push(byte[0]);
+        }
+        if i < 2 {
+            assert_eq!(up.responses(), 0, "the stream is still under way");
+        }
+    }
+    let text = String::from_utf8_lossy(&got).into_owned();
+    assert!(
+        text.contains("Content-Type: text/event-stream\r\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn x_accel_buffering_no_streams_and_is_not_forwarded() {
+    let up = SerialUpstream::start();
+    let d = daemon(&up, "", "");
+    let len = BIG;
+    let mut s = start_get(&d, &format!("/held/{len}"));
+    std::thread::sleep(Duration::from_secs(1));
+    let head = finish_pattern(&mut s, len);
+    assert!(
+        !head.to_ascii_lowercase().contains("x-accel-buffering"),
+        "{head}"
+    );
+    assert_eq!(total(&d, "temp_file_bytes"), 0, "nothing was spooled");
+}
+
+#[test]
+fn a_route_without_buffering_streams_the_response() {
+    let up = SerialUpstream::start();
+    let d = daemon(&up, "", ", buffering: false");
+    let mut s = start_get(&d, &format!("/big/{BIG}"));
+    std::thread::sleep(Duration::from_secs(1));
+    finish_pattern(&mut s, BIG);
+    assert_eq!(total(&d, "temp_file_bytes"), 0, "nothing was spooled");
+}
+
+#[test]
+fn past_temp_max_bytes_the_response_streams_byte_exact() {
+    let up = SerialUpstream::start();
+    let d = daemon(&up, "temp_max_bytes: \"16KiB\",", "");
+    let mut s = start_get(&d, &format!("/big/{BIG}"));
+    std::thread::sleep(Duration::from_secs(1));
+    finish_pattern(&mut s, BIG);
+    assert!(total(&d, "proxy_buffering_fell_back") >= 1);
+    assert!(total(&d, "temp_file_bytes") <= 16 * 1024);
+}
+
+#[test]
+fn temporary_files_have_no_name_and_a_killed_worker_leaves_none() {
+    let up = SerialUpstream::start();
+    let d = builder(&up, "temp_dir: \"spool\",", "")
+        .expect_alerts()
+        .start();
+    let dir = d.path("spool");
+    let slow = start_get(&d, &format!("/big/{BIG}"));
+    assert!(
+        wait_until(Duration::from_secs(60), || up.responses() >= 1),
+        "the response was read whole into the spool"
+    );
+    let worker = d.workers()[0];
+    let spool_fds: Vec<String> = fd_links(worker)
+        .into_iter()
+        .filter(|l| l.starts_with(&dir.display().to_string()))
+        .collect();
+    assert!(
+        !spool_fds.is_empty() && spool_fds.iter().all(|l| l.ends_with("(deleted)")),
+        "the worker holds a temporary file without a name in {}: {spool_fds:?}",
+        dir.display()
+    );
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "no name on disk"
+    );
+    send_signal(worker, Signal::SIGKILL);
+    assert!(d.wait_replaced(&[worker], 1, Duration::from_secs(30)));
+    drop(slow.shutdown(std::net::Shutdown::Both));
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    let r = tiny(&d).expect("the replacement serves");
+    assert_eq!(r.status, 200);
+}
+
+#[test]
+fn temp_dir_that_cannot_be_made_is_an_error_in_dash_t() {
+    let up = SerialUpstream::start();
+    let d = builder(&up, "temp_dir: \"www/index.html/sub\",", "").prepare();
+    let (code, _out, err) = run_forkd(&d.config, &["-t"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("temp_dir") && err.contains("is not a folder"),
+        "{err}"
+    );
+}

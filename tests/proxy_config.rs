@@ -146,3 +146,37 @@ fn zero_keepalive_requests_is_an_error_at_the_key() {
     );
     assert!(err.contains(&want), "want {want}\ngot {err}");
 }
+
+#[test]
+fn unknown_keys_inside_a_handler_are_errors_at_the_key() {
+    for (written, misspelt) in [
+        (
+            r#"Proxy(upstream: "app")"#,
+            r#"Proxy(upstream: "app", bufering: false)"#,
+        ),
+        (
+            r#"Static(root: "www")"#,
+            r#"Static(root: "www", indx: ["x"])"#,
+        ),
+    ] {
+        let text = proxy_config(r#""127.0.0.1:9000""#, "app").replace(written, misspelt);
+        let (_dir, config) = write_config(&text);
+        let err = rejected(&config);
+        let typo = if misspelt.starts_with("Proxy") {
+            "bufering"
+        } else {
+            "indx"
+        };
+        let (line, text_line) = text
+            .lines()
+            .enumerate()
+            .find(|(_, l)| l.contains(typo))
+            .unwrap();
+        let (line, col) = (line + 1, text_line.find(typo).unwrap() + 1);
+        let want = format!("{}:{line}:{col}: ", config.display());
+        assert!(
+            err.contains(&want) && err.contains(&format!("`{typo}`")),
+            "want {want}... `{typo}`\ngot {err}"
+        );
+    }
+}

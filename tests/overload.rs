@@ -401,3 +401,44 @@ fn x_forwarded_for_from_a_trusted_peer_is_the_client_for_limits_and_the_log() {
     );
     assert!(!log().contains("192.0.2.50"), "{}", log());
 }
+
+#[test]
+fn ipv6_clients_of_one_prefix_share_a_client_ip_rate() {
+    let rate = |prefix: &str| {
+        format!(r#"limits: Some((rates: [(key: ClientIp, rate: "1/m", burst: 1{prefix})]))"#)
+    };
+    let d = TestDaemon::builder()
+        .server(r#"trusted_proxies: ["127.0.0.1"], real_ip_header: Some("X-Forwarded-For"),"#)
+        .routes(&format!(
+            r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/readyz", handler: Readiness),
+            (prefix: "/p48", handler: Return(status: 200), {}),
+            (prefix: "/", handler: Return(status: 200), {}),"#,
+            rate(", ipv6_prefix: 48"),
+            rate("")
+        ))
+        .start();
+    let get = |path: &str, client: &str| {
+        let mut c = Conn::connect_timeout(d.port, Duration::from_secs(30)).ok()?;
+        let req = format!(
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nX-Forwarded-For: {client}\r\nConnection: close\r\n\r\n"
+        );
+        c.exchange(req.as_bytes()).ok().map(|r| r.status)
+    };
+    // The default: one bucket per /64.
+    assert_eq!(get("/", "2001:db8:0:1::1"), Some(200));
+    assert_eq!(get("/", "2001:db8:0:1:ffff::2"), Some(429), "same /64");
+    assert_eq!(get("/", "2001:db8:0:2::1"), Some(200), "another /64");
+    // IPv4 clients, also written IPv4-mapped, keep one bucket per address.
+    assert_eq!(get("/", "192.0.2.1"), Some(200));
+    assert_eq!(get("/", "::ffff:192.0.2.2"), Some(200));
+    assert_eq!(
+        get("/", "::ffff:192.0.2.1"),
+        Some(429),
+        "the same IPv4 client"
+    );
+    // `ipv6_prefix: 48`: one bucket for both of those /64s.
+    assert_eq!(get("/p48", "2001:db8:0:1::1"), Some(200));
+    assert_eq!(get("/p48", "2001:db8:0:2::1"), Some(429), "same /48");
+    assert_eq!(get("/p48", "2001:db8:1::1"), Some(200), "another /48");
+}

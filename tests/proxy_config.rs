@@ -146,3 +146,63 @@ fn zero_keepalive_requests_is_an_error_at_the_key() {
     );
     assert!(err.contains(&want), "want {want}\ngot {err}");
 }
+
+#[test]
+fn unknown_keys_inside_a_handler_are_errors_at_the_key() {
+    for (written, misspelt) in [
+        (
+            r#"Proxy(upstream: "app")"#,
+            r#"Proxy(upstream: "app", bufering: false)"#,
+        ),
+        (
+            r#"Static(root: "www")"#,
+            r#"Static(root: "www", indx: ["x"])"#,
+        ),
+    ] {
+        let text = proxy_config(r#""127.0.0.1:9000""#, "app").replace(written, misspelt);
+        let (_dir, config) = write_config(&text);
+        let err = rejected(&config);
+        let typo = if misspelt.starts_with("Proxy") {
+            "bufering"
+        } else {
+            "indx"
+        };
+        let (line, text_line) = text
+            .lines()
+            .enumerate()
+            .find(|(_, l)| l.contains(typo))
+            .unwrap();
+        let (line, col) = (line + 1, text_line.find(typo).unwrap() + 1);
+        let want = format!("{}:{line}:{col}: ", config.display());
+        assert!(
+            err.contains(&want) && err.contains(&format!("`{typo}`")),
+            "want {want}... `{typo}`\ngot {err}"
+        );
+    }
+}
+
+#[test]
+fn more_upstream_servers_than_the_stats_region_has_cells_for_is_an_error_at_the_first_over() {
+    // The region has 64 upstream cells; server 65 would be neither counted nor checked.
+    let servers: Vec<String> = (0..66)
+        .map(|i| format!("\"127.0.0.1:{}\"", 10000 + i))
+        .collect();
+    let text = proxy_config(&servers.join(", "), "app");
+    let (_dir, config) = write_config(&text);
+    let err = rejected(&config);
+    let col = text
+        .lines()
+        .nth(3)
+        .unwrap()
+        .find("\"127.0.0.1:10064\"")
+        .unwrap()
+        + 1;
+    let want = format!(
+        "{}:4:{col}: upstreams.\"app\".servers: `127.0.0.1:10064` is upstream server 65 of 66",
+        config.display()
+    );
+    assert!(err.contains(&want), "want {want}\ngot {err}");
+    let (_dir, config) = write_config(&proxy_config(&servers[..64].join(", "), "app"));
+    let (code, out, err) = run_forkd(&config, &["-t"]);
+    assert_eq!(code, 0, "64 servers fit\nstdout: {out}\nstderr: {err}");
+}

@@ -2,6 +2,10 @@
 //! types are the validated ones): `limits: (conn_per_ip: Some(100), rates: [(key:
 //! ClientIp, rate: "100/s", burst: 50)], mode: Enforce)`, on a server and, overriding
 //! it, on a route.
+//!
+//! A `ClientIp` rate of an IPv6 client is kept per `ipv6_prefix` (default /64, the
+//! block one subscriber is given), not per address: a client with a /64 would
+//! otherwise have 2^64 buckets to spread its requests over.
 
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
@@ -29,13 +33,47 @@ pub enum LimitMode {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "RateFields")]
 pub struct RateLimit {
     pub key: LimitKey,
     pub rate: ReqRate,
     /// Requests admitted at once from a full bucket (at least 1).
-    #[serde(deserialize_with = "burst")]
     pub burst: u32,
+    /// `ClientIp`: an IPv6 client is keyed by its address masked to this many
+    /// leading bits (1..=128); IPv4 clients by the whole address.
+    pub ipv6_prefix: u8,
+}
+
+/// The default `ipv6_prefix`: the /64 a subscriber (or a cloud VM) is commonly given.
+pub const DEFAULT_IPV6_PREFIX: u8 = 64;
+
+/// A rate as written: `ipv6_prefix` is kept optional to refuse it on a `Header` rule.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RateFields {
+    key: LimitKey,
+    rate: ReqRate,
+    #[serde(deserialize_with = "burst")]
+    burst: u32,
+    #[serde(default, deserialize_with = "ipv6_prefix")]
+    ipv6_prefix: Option<u8>,
+}
+
+impl TryFrom<RateFields> for RateLimit {
+    type Error = String;
+    fn try_from(f: RateFields) -> Result<RateLimit, String> {
+        if let (LimitKey::Header(name), Some(_)) = (&f.key, f.ipv6_prefix) {
+            return Err(format!(
+                "ipv6_prefix applies to key: ClientIp, not to Header(\"{name}\")"
+            ));
+        }
+        Ok(RateLimit {
+            key: f.key,
+            rate: f.rate,
+            burst: f.burst,
+            ipv6_prefix: f.ipv6_prefix.unwrap_or(DEFAULT_IPV6_PREFIX),
+        })
+    }
 }
 
 /// What a bucket is kept per.
@@ -92,6 +130,15 @@ impl<'de> Deserialize<'de> for ReqRate {
     }
 }
 
+fn ipv6_prefix<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u8>, D::Error> {
+    match u64::deserialize(deserializer)? {
+        n @ 1..=128 => Ok(Some(n as u8)),
+        n => Err(de::Error::custom(format!(
+            "ipv6_prefix {n} is out of range 1..=128"
+        ))),
+    }
+}
+
 fn burst<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
     match u32::deserialize(deserializer)? {
         0 => Err(de::Error::custom("burst 0 would admit nothing: at least 1")),
@@ -126,5 +173,40 @@ mod tests {
             ron::from_str::<Limits>(r#"(rates: [(key: ClientIp, rate: "1/s", burst: 0)])"#)
                 .is_err()
         );
+        assert_eq!(l.rates[0].ipv6_prefix, DEFAULT_IPV6_PREFIX);
+    }
+
+    #[test]
+    fn ipv6_prefix_is_1_to_128_and_for_client_ip_only() {
+        let rate = |extra: &str| {
+            ron::Options::default().from_str::<Limits>(&format!(
+                "(rates: [(key: ClientIp, rate: \"1/s\", burst: 1{extra})])"
+            ))
+        };
+        assert_eq!(rate(", ipv6_prefix: 48").unwrap().rates[0].ipv6_prefix, 48);
+        assert_eq!(
+            rate(", ipv6_prefix: 128").unwrap().rates[0].ipv6_prefix,
+            128
+        );
+        for bad in [0, 129, 300] {
+            let e = rate(&format!(", ipv6_prefix: {bad}")).unwrap_err();
+            assert_eq!((e.span.start.line, e.span.start.col), (1, 62), "{bad}: {e}");
+            assert!(
+                e.code.to_string().contains("out of range 1..=128"),
+                "{bad}: {e}"
+            );
+        }
+        let header = ron::Options::default().from_str::<Limits>(
+            r#"(rates: [(key: Header("X-Key"), rate: "1/s", burst: 1, ipv6_prefix: 48)])"#,
+        );
+        let e = header.unwrap_err();
+        assert!(
+            e.code
+                .to_string()
+                .contains("ipv6_prefix applies to key: ClientIp"),
+            "{e}"
+        );
+        let e = rate(", ipv6_prefx: 48").unwrap_err();
+        assert_eq!((e.span.start.line, e.span.start.col), (1, 49), "{e}");
     }
 }

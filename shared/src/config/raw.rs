@@ -1,7 +1,10 @@
 //! The configuration file as written: a serde mirror of the RON text.
 //!
-//! Every struct rejects unknown keys, so a typo is an error with its position rather
-//! than a silently ignored setting. Values that can be checked on their own (durations,
+//! Every struct and every struct-like enum variant rejects unknown keys, so a typo is
+//! an error with its position rather than a silently ignored setting. serde's
+//! `deny_unknown_fields` is a container attribute: on `RawRoute` it covers the route's
+//! own keys and nothing inside `handler`, so an enum with struct variants (`Static(root:
+//! ...)`) needs it too (`shared/tests/unknown_keys.rs` walks every one). Values that can be checked on their own (durations,
 //! sizes, addresses, prefixes) are checked while deserializing, so that ron reports them
 //! at the line and column where they were written. Checks that relate several values
 //! live in `validate`.
@@ -180,6 +183,7 @@ pub struct RawRoute {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub enum RawHandler {
     /// Answers 200 while the process runs: for liveness probes.
     Liveness,
@@ -596,30 +600,34 @@ pub struct ProxyProtocol(pub bool);
 
 /// A listen entry as written: `"127.0.0.1:80"`, or `(addr: "0.0.0.0:80",
 /// proxy_protocol: true)`.
+///
+/// Either form by hand, as `RawUpstreamServer`: an untagged enum would lose ron's
+/// position and message, and would take an unknown key in the long form silently.
 #[derive(Deserialize)]
-#[serde(untagged)]
-enum ListenEntry {
-    Plain(String),
-    Full {
-        addr: String,
-        #[serde(default)]
-        proxy_protocol: bool,
-    },
+#[serde(deny_unknown_fields)]
+struct ListenFields {
+    addr: String,
+    #[serde(default)]
+    proxy_protocol: bool,
 }
 
 impl<'de> Deserialize<'de> for ListenAddr {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let (text, proxy) = match ListenEntry::deserialize(deserializer).map_err(|_| {
-            de::Error::custom(
-                "a listen entry is \"IP:PORT\" or (addr: \"IP:PORT\", proxy_protocol: true)",
-            )
-        })? {
-            ListenEntry::Plain(text) => (text, false),
-            ListenEntry::Full {
-                addr,
-                proxy_protocol,
-            } => (addr, proxy_protocol),
-        };
+        struct ListenVisitor;
+        impl<'de> de::Visitor<'de> for ListenVisitor {
+            type Value = (String, bool);
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("\"IP:PORT\" or (addr: \"IP:PORT\", proxy_protocol: true)")
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<(String, bool), E> {
+                Ok((text.to_string(), false))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<(String, bool), A::Error> {
+                let f = ListenFields::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok((f.addr, f.proxy_protocol))
+            }
+        }
+        let (text, proxy) = deserializer.deserialize_any(ListenVisitor)?;
         let normalized = match text.strip_prefix("*:") {
             Some(port) => format!("0.0.0.0:{port}"),
             None => text.clone(),

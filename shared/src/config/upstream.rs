@@ -9,6 +9,7 @@
 //! at its key (`"app": (`) or at the first matching text after it.
 
 use super::raw::{Balance, RawHealthCheck, RawUpstream, UpstreamAddr};
+use crate::capacity::{SERVER_LABEL_BYTES, UPSTREAM_CELLS, UPSTREAM_NAME_BYTES};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -219,6 +220,54 @@ pub(super) fn validate_upstream(
     })
 }
 
+/// Why a server would find no room in the region's upstream label table (and so be
+/// neither counted nor health-checked: a server without a cell is always usable).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum CapacityProblem {
+    /// The upstream's name is longer than [`UPSTREAM_NAME_BYTES`].
+    LongName,
+    /// The server's label (its address as written) is longer than
+    /// [`SERVER_LABEL_BYTES`].
+    LongLabel(String),
+    /// The first server beyond the region's [`UPSTREAM_CELLS`], and how many there are.
+    TooMany { label: String, total: usize },
+}
+
+/// What of `upstreams` the region has no room for: each problem with the index of
+/// its upstream. Counted as `shm::upstream::publish_labels` takes cells: one per
+/// distinct (upstream, label), all upstreams together.
+pub(super) fn over_capacity(upstreams: &[Upstream]) -> Vec<(usize, CapacityProblem)> {
+    let mut problems = Vec::new();
+    let mut cells: Vec<(&str, &str)> = Vec::new();
+    let mut first_over: Option<(usize, &str)> = None;
+    for (ui, u) in upstreams.iter().enumerate() {
+        if u.name.len() > UPSTREAM_NAME_BYTES {
+            problems.push((ui, CapacityProblem::LongName));
+            continue;
+        }
+        for s in &u.servers {
+            if s.label.len() > SERVER_LABEL_BYTES {
+                problems.push((ui, CapacityProblem::LongLabel(s.label.clone())));
+            } else if !cells.contains(&(&u.name, &s.label)) {
+                cells.push((&u.name, &s.label));
+                if cells.len() == UPSTREAM_CELLS + 1 {
+                    first_over = Some((ui, &s.label));
+                }
+            }
+        }
+    }
+    if let Some((ui, label)) = first_over {
+        problems.push((
+            ui,
+            CapacityProblem::TooMany {
+                label: label.to_string(),
+                total: cells.len(),
+            },
+        ));
+    }
+    problems
+}
+
 /// Every address `host:port` resolves to (at most [`MAX_RESOLVED`], in the resolver's
 /// order, duplicates dropped), or why it does not resolve.
 pub fn resolve_name(host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
@@ -234,8 +283,7 @@ pub fn resolve_name(host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
     Ok(out)
 }
 
-/// Addresses kept per server given by name (the region's address array holds as many).
-pub const MAX_RESOLVED: usize = 8;
+pub use crate::capacity::MAX_RESOLVED;
 
 /// Checks a `health_check` block; every problem with the key it is about.
 fn validate_check(raw: RawHealthCheck) -> Result<HealthCheck, Vec<UpstreamProblem>> {
@@ -397,5 +445,70 @@ mod tests {
         }
         parse("            servers: [\"127.0.0.1:9000\"],\n            max_fails: 0, fail_timeout: \"0s\",")
             .expect("max_fails: 0 needs no window");
+    }
+
+    /// A config with upstreams `a` (servers 127.0.0.1:10000.., `in_a` of them) and `b`
+    /// (127.0.0.2:10000.., `in_b`), one server a line.
+    fn upstreams(in_a: usize, in_b: usize, extra_b: &str) -> String {
+        let servers = |host: &str, n: usize| -> String {
+            (0..n)
+                .map(|i| format!("\n                \"{host}:{}\",", 10000 + i))
+                .collect()
+        };
+        format!(
+            "(\n    upstreams: {{\n        \"a\": (servers: [{}]),\n        \"b\": (servers: [{}{extra_b}]),\n    }},\n    servers: [(listen: [\"127.0.0.1:8080\"], routes: [(prefix: \"/\", handler: Proxy(upstream: \"a\"))])],\n)",
+            servers("127.0.0.1", in_a),
+            servers("127.0.0.2", in_b)
+        )
+    }
+
+    #[test]
+    fn servers_beyond_the_region_s_cells_are_an_error_at_the_first_one_over() {
+        let cells = crate::capacity::UPSTREAM_CELLS;
+        let file = Path::new("/etc/forkd/forkd.ron");
+        let ok = upstreams(40, cells - 40, "");
+        Config::parse(file, &ok).expect("exactly as many servers as cells");
+        // The same server twice in one upstream takes one cell.
+        let twice = upstreams(40, cells - 40, "\"127.0.0.2:10000\"");
+        Config::parse(file, &twice).expect("a repeated server takes no second cell");
+        let text = upstreams(40, cells - 40 + 2, "");
+        let err = Config::parse(file, &text).unwrap_err().to_string();
+        // Line 1 `(`, 2 `upstreams`, 3 `"a": (servers: [`, 40 lines of a's servers,
+        // 44 `"b": (servers: [`; b's 25th server (10024) is the 65th.
+        let want = format!(
+            "forkd.ron:{}:17: upstreams.\"b\".servers: `127.0.0.2:{}` is upstream server 65 of 66",
+            44 + cells - 40 + 1,
+            10000 + cells - 40
+        );
+        assert!(err.contains(&want), "want {want}\ngot {err}");
+        assert_eq!(
+            err.lines().count(),
+            1,
+            "one error, at the first over: {err}"
+        );
+    }
+
+    #[test]
+    fn names_and_labels_too_long_for_the_label_table_are_errors() {
+        let file = Path::new("/etc/forkd/forkd.ron");
+        let name = "n".repeat(crate::capacity::UPSTREAM_NAME_BYTES + 1);
+        let text = upstreams(1, 1, "").replace("\"b\": (", &format!("\"{name}\": ("));
+        let err = Config::parse(file, &text).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!(
+                "forkd.ron:5:9: upstreams.\"{name}\": the name is 65 bytes"
+            )),
+            "{err}"
+        );
+        let path = format!("unix:/{}", "p".repeat(crate::capacity::SERVER_LABEL_BYTES));
+        let err = Config::parse(file, &upstreams(1, 1, &format!("\"{path}\"")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!(
+                "forkd.ron:6:35: upstreams.\"b\".servers: `{path}` is 190 bytes"
+            )),
+            "{err}"
+        );
     }
 }

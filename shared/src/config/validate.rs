@@ -8,7 +8,7 @@ use super::error::{ConfigError, ConfigErrorKind, ConfigErrors};
 use super::locate::locate;
 use super::raw::{self, RawConfig, RawHandler, RawLogTarget, Workers};
 use super::site::{Access, HeaderField};
-use super::upstream::{validate_upstream, UpstreamProblem};
+use super::upstream::{over_capacity, validate_upstream, CapacityProblem, UpstreamProblem};
 use super::{Config, ErrorPage, Handler, Listener, LogTarget, Route, Server, Upstream};
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 /// Half the region's worker slots: a reload runs two generations side by side.
-const MAX_WORKERS: usize = crate::shm::layout::MAX_SLOTS / 2;
+const MAX_WORKERS: usize = crate::capacity::MAX_SLOTS / 2;
 
 struct Checker<'a> {
     file: &'a Path,
@@ -337,6 +337,41 @@ pub(super) fn validate(
                     slow_start: std::time::Duration::ZERO,
                 });
             }
+        }
+    }
+
+    for (ui, problem) in over_capacity(&upstreams) {
+        let name = &upstreams[ui].name;
+        let key = key_offset(text, name).unwrap_or(0);
+        let server = |label: &str| find_after(text, key, &format!("\"{label}\""));
+        match problem {
+            CapacityProblem::LongName => check.error_at(
+                key,
+                format!("upstreams.\"{name}\""),
+                format!(
+                    "the name is {} bytes; the stats region's label table holds {}",
+                    name.len(),
+                    crate::capacity::UPSTREAM_NAME_BYTES
+                ),
+            ),
+            CapacityProblem::LongLabel(label) => check.error_at(
+                server(&label),
+                format!("upstreams.\"{name}\".servers"),
+                format!(
+                    "`{label}` is {} bytes; the stats region's label table holds {}",
+                    label.len(),
+                    crate::capacity::SERVER_LABEL_BYTES
+                ),
+            ),
+            CapacityProblem::TooMany { label, total } => check.error_at(
+                server(&label),
+                format!("upstreams.\"{name}\".servers"),
+                format!(
+                    "`{label}` is upstream server {} of {total}: the stats region has cells for {} (all upstreams together), and a server without one would be neither counted nor health-checked",
+                    crate::capacity::UPSTREAM_CELLS + 1,
+                    crate::capacity::UPSTREAM_CELLS
+                ),
+            ),
         }
     }
 

@@ -34,8 +34,8 @@ use std::sync::atomic::{
     AtomicI32, AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
 };
 
-/// Addresses a cell holds (as many as `config::upstream::MAX_RESOLVED`).
-pub const MAX_ADDRS: usize = crate::config::MAX_RESOLVED;
+/// Addresses a cell holds (as many as a server given by name keeps).
+pub const MAX_ADDRS: usize = crate::capacity::MAX_RESOLVED;
 
 /// What the checks say about a server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

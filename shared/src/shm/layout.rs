@@ -41,8 +41,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering::Rel
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FORKDSHM");
 pub const LAYOUT_VERSION: u32 = 2;
-/// Worker slots in the region: live workers of every generation share them.
-pub const MAX_SLOTS: usize = 256;
+pub use crate::capacity::MAX_SLOTS;
 pub const MAX_LISTENERS: usize = 32;
 /// Bytes of configuration text the snapshot area holds.
 pub const SNAPSHOT_BYTES: usize = 256 * 1024;

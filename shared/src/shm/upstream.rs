@@ -19,11 +19,15 @@
 //! left and it holds no counts. A worker maps its configuration's `(upstream index,
 //! server index)` to cells when it adopts the configuration ([`lookup`]).
 //!
-//! **Capacity.** [`UPSTREAM_CELLS`] servers (all upstreams together); a
-//! configuration with more, or with a name or label too long for the table, starts
-//! and reloads with a warning per server left out, and those servers are not counted
-//! (their requests are still served). Memory: a cell is 384 bytes, a row 24 KiB, the
-//! area 6 MiB of file (pages are only touched for cells in use).
+//! **Capacity.** [`UPSTREAM_CELLS`] servers (all upstreams together, from
+//! `crate::capacity`); a configuration with more, or with a name or label too long for
+//! the table, is refused by `config` validation (`-t`, start, reload), since a server
+//! without a cell is neither counted nor health-checked (always "usable"). What is
+//! left here is a reload whose new servers find every cell configured or kept with
+//! counts: a warning per server left out, and those servers are not counted (their
+//! requests are still served). Memory: a cell is 384 bytes, a row 24 KiB, the area
+//! 6 MiB of file (pages are only touched for cells in use); growing it would change
+//! the layout a binary upgrade shares with the old master.
 
 use super::counters::Counter;
 use super::layout::{bump, CounterName, Layout, Text, MAX_SLOTS};
@@ -32,12 +36,7 @@ use std::sync::atomic::{
     AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
 };
 
-/// Upstream servers the region can count, all upstreams together.
-pub const UPSTREAM_CELLS: usize = 64;
-/// Longest upstream name the label table holds.
-pub const UPSTREAM_NAME_BYTES: usize = 64;
-/// Longest server label (the address as written) the label table holds.
-pub const SERVER_LABEL_BYTES: usize = 184;
+pub use crate::capacity::{SERVER_LABEL_BYTES, UPSTREAM_CELLS, UPSTREAM_NAME_BYTES};
 
 /// Buckets of the upstream response-time histogram: powers of two of microseconds,
 /// `[0, 128)`, `[128, 256)`, ..., `[2^28, 2^29)`, and `[2^29, ∞)` (2^29 µs ≈ 9 min).

@@ -6,7 +6,7 @@ use super::bucket::{self, Take};
 use super::table::{Held, Table, TooMany};
 use crate::services::Services;
 use crate::timers::Micros;
-use forkd_shared::config::limits::{LimitKey, LimitMode, Limits};
+use forkd_shared::config::limits::{LimitKey, LimitMode, Limits, RateLimit};
 use forkd_shared::shm::counters;
 use std::net::IpAddr;
 
@@ -61,11 +61,37 @@ fn in_force(svc: &Services, server: usize, route: Option<usize>) -> Option<(&Lim
         .map(|l| (l, (server as u64) << 32 | 0xffff << 16))
 }
 
-/// The value a request is keyed by under `key`, if it has one.
-fn key_value<'h>(key: &LimitKey, peer: &'h [u8], head: &'h [u8]) -> Option<&'h [u8]> {
-    match key {
-        LimitKey::ClientIp => Some(peer),
+/// The value a request is keyed by under `rule`, if it has one: for `ClientIp`, the
+/// client's address as [`client_ip_key`] masks it, in `ip` (which it borrows).
+fn key_value<'h>(
+    rule: &RateLimit,
+    peer: IpAddr,
+    ip: &'h mut [u8; 16],
+    head: &'h [u8],
+) -> Option<&'h [u8]> {
+    match &rule.key {
+        LimitKey::ClientIp => {
+            let len;
+            (*ip, len) = ip_bytes(client_ip_key(peer, rule.ipv6_prefix));
+            Some(&ip[..len])
+        }
         LimitKey::Header(name) => header(head, name.as_bytes()),
+    }
+}
+
+/// The address a `ClientIp` rate keeps its bucket per: an IPv6 client's address
+/// masked to `ipv6_prefix` leading bits, so that a client holding a whole /64 has one
+/// bucket and not 2^64; an IPv4 client's whole address, also when it comes
+/// IPv4-mapped (`::ffff:a.b.c.d`, as a dual-stack listener sees IPv4 clients), so
+/// that masking never puts every IPv4 client into one /64.
+fn client_ip_key(peer: IpAddr, ipv6_prefix: u8) -> IpAddr {
+    match peer.to_canonical() {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => {
+            let bits = u32::from(ipv6_prefix.min(128));
+            let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
+            IpAddr::V6((u128::from(v6) & mask).into())
+        }
     }
 }
 
@@ -118,10 +144,10 @@ pub fn request(
     }
     let table = Table::of(&svc.stats.region().layout().limits);
     let now = monotonic_us();
-    let (ip, ip_len) = ip_bytes(peer);
+    let mut ip = [0u8; 16];
     let mut over: Option<u64> = None;
     for (i, rule) in limits.rates.iter().enumerate() {
-        let Some(value) = key_value(&rule.key, &ip[..ip_len], head) else {
+        let Some(value) = key_value(rule, peer, &mut ip, head) else {
             continue;
         };
         let key = table.key(scope | i as u64, value);
@@ -210,5 +236,69 @@ mod tests {
         assert_eq!(header(head, b"Authorization"), None);
         // The request line is not a field.
         assert_eq!(header(b"GET /x: HTTP/1.1\r\n\r\n", b"GET /x"), None);
+    }
+
+    fn rule(ipv6_prefix: u8) -> RateLimit {
+        RateLimit {
+            key: LimitKey::ClientIp,
+            rate: forkd_shared::config::limits::ReqRate::parse("1/s").unwrap(),
+            burst: 1,
+            ipv6_prefix,
+        }
+    }
+
+    /// The bytes `rule` keys a request from `peer` by.
+    fn key_of(rule: &RateLimit, peer: &str) -> Vec<u8> {
+        let mut ip = [0u8; 16];
+        key_value(
+            rule,
+            peer.parse().unwrap(),
+            &mut ip,
+            b"GET / HTTP/1.1\r\n\r\n",
+        )
+        .unwrap()
+        .to_vec()
+    }
+
+    #[test]
+    fn ipv6_clients_of_one_prefix_share_a_key() {
+        let r = rule(64);
+        assert_eq!(
+            key_of(&r, "2001:db8:1:2::1"),
+            key_of(&r, "2001:db8:1:2:ffff::9")
+        );
+        assert_ne!(key_of(&r, "2001:db8:1:2::1"), key_of(&r, "2001:db8:1:3::1"));
+        assert_eq!(
+            key_of(&r, "2001:db8:1:2:aaaa:bbbb:cccc:dddd"),
+            "2001:db8:1:2::"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets()
+        );
+        let r = rule(48);
+        assert_eq!(
+            key_of(&r, "2001:db8:1:2::1"),
+            key_of(&r, "2001:db8:1:ffff::1")
+        );
+        assert_ne!(key_of(&r, "2001:db8:1::1"), key_of(&r, "2001:db8:2::1"));
+        let whole = rule(128);
+        assert_ne!(key_of(&whole, "2001:db8::1"), key_of(&whole, "2001:db8::2"));
+        let one = rule(1);
+        assert_eq!(key_of(&one, "2001:db8::1"), key_of(&one, "3fff::1"));
+        assert_ne!(key_of(&one, "2001:db8::1"), key_of(&one, "8000::1"));
+    }
+
+    #[test]
+    fn ipv4_clients_keep_their_whole_address_also_when_mapped() {
+        let r = rule(64);
+        assert_eq!(key_of(&r, "192.0.2.1"), [192, 0, 2, 1]);
+        assert_ne!(key_of(&r, "192.0.2.1"), key_of(&r, "192.0.2.2"));
+        // A dual-stack listener sees IPv4 clients as ::ffff:a.b.c.d: a /64 of those
+        // would be every IPv4 client at once.
+        assert_eq!(key_of(&r, "::ffff:192.0.2.1"), [192, 0, 2, 1]);
+        assert_ne!(
+            key_of(&r, "::ffff:192.0.2.1"),
+            key_of(&r, "::ffff:192.0.2.2")
+        );
     }
 }

@@ -6,6 +6,7 @@
 //! | module | owns |
 //! |---|---|
 //! | `daemon` | `Builder` (config + site), `TestDaemon` (start, wait, signal, reload, upgrade steps, cleanup), `TempDir` |
+//! | `gunicorn` | `Gunicorn`: a real application server (gunicorn, two sync workers, `wsgi_app.py`) in a shared venv |
 //! | `http` | the raw HTTP/1.1 client: `Response`, `read_response`, the fallible `Conn` |
 //! | `load` | the load client (`Load`, per-kind counts and failure reasons) and the site it asks for |
 //! | `port` | `PortReservation`: ports held until the daemon is gone |
@@ -18,6 +19,7 @@
 
 pub mod daemon;
 pub mod gate;
+pub mod gunicorn;
 pub mod http;
 pub mod load;
 pub mod port;

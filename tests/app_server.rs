@@ -119,3 +119,68 @@ fn forkd_serves_gunicorn_and_a_1_mb_upload_round_trips() {
     assert!(big.body == big_body(3), "/big?mb=3 through forkd differs");
     d.assert_log_clean();
 }
+
+/// Four clients that read a 20 MiB response slowly and four that upload slowly, twice
+/// as many as gunicorn has workers: with forkd buffering both ways, a normal client
+/// is still answered while they are under way (each holds a worker for its whole
+/// transfer without buffering, and the normal client waits for ever).
+#[test]
+fn slow_readers_and_uploaders_do_not_starve_gunicorns_workers() {
+    let g = Gunicorn::start();
+    let d = TestDaemon::builder()
+        .workers(1)
+        .top(&format!(
+            "upstreams: {{ \"app\": (servers: [\"{}\"]) }},",
+            g.addr()
+        ))
+        .server("max_body_bytes: \"4MiB\", body_timeout: \"120s\", send_timeout: \"120s\",")
+        .routes(
+            r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/", handler: Proxy(upstream: "app")),"#,
+        )
+        .start();
+    let mut readers = Vec::new();
+    for _ in 0..4 {
+        let mut s = d.connect();
+        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        s.write_all(b"GET /big?mb=20 HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        readers.push(s);
+    }
+    let body = noise(500_000, 9);
+    let mut uploaders = Vec::new();
+    for _ in 0..4 {
+        let mut s = d.connect();
+        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        let request = upload_request(&body);
+        // Everything but the last 100 KB: the upload is under way.
+        s.write_all(&request[..request.len() - 100_000]).unwrap();
+        uploaders.push((s, request));
+    }
+    // The readers' responses were read whole by forkd: gunicorn is free.
+    for _ in 0..3 {
+        let mut s = d.connect();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        s.write_all(b"GET /tiny HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let r = read_response(&mut s, false).expect("the normal client is answered");
+        assert_eq!(
+            (r.status, r.body.as_slice()),
+            (200, &b"tiny\n"[..]),
+            "{}",
+            r.head
+        );
+    }
+    for (mut s, request) in uploaders {
+        s.write_all(&request[request.len() - 100_000..]).unwrap();
+        let r = read_response(&mut s, false).expect("the upload is answered");
+        assert_eq!(r.body_str(), format!("500000 {:08x}\n", crc32(&body)));
+    }
+    let want = big_body(20);
+    for mut s in readers {
+        let r = read_response(&mut s, false).expect("the slow reader gets its response");
+        assert_eq!(r.status, 200, "{}", r.head);
+        assert!(r.body == want, "a slow reader's body differs");
+    }
+    d.assert_log_clean();
+}

@@ -5,6 +5,8 @@
 
 mod support;
 
+use nix::sys::signal::Signal;
+use std::io::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -441,4 +443,97 @@ fn ipv6_clients_of_one_prefix_share_a_client_ip_rate() {
     assert_eq!(get("/p48", "2001:db8:0:1::1"), Some(200));
     assert_eq!(get("/p48", "2001:db8:0:2::1"), Some(429), "same /48");
     assert_eq!(get("/p48", "2001:db8:1::1"), Some(200), "another /48");
+
+/// Two keep-alive connections, served (so counted under `conn_per_ip: 2`), on one
+/// worker; then the worker dies with them open: what it held is released once it is
+/// gone (they used to count for the life of the region: every later connection from
+/// the address was refused 503).
+fn two_held_connections(d: &TestDaemon) -> Vec<Conn> {
+    let req = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    let held: Vec<Conn> = (0..2)
+        .map(|_| {
+            let mut c = Conn::connect(d.port).unwrap();
+            assert_eq!(c.exchange(req).unwrap().status, 200);
+            c
+        })
+        .collect();
+    assert_eq!(
+        status_on_new_connection(d.port, ""),
+        Some(503),
+        "two held: a third is over conn_per_ip"
+    );
+    held
+}
+
+#[test]
+fn connections_counted_by_a_killed_worker_are_released() {
+    let d = TestDaemon::builder()
+        .workers(1)
+        .expect_alerts()
+        .server("limits: Some((conn_per_ip: Some(2))),")
+        .start();
+    let held = two_held_connections(&d);
+    let victim = d.workers()[0];
+    send_signal(victim, Signal::SIGKILL);
+    assert!(
+        d.wait_replaced(&[victim], 1, Duration::from_secs(30)),
+        "worker {victim} not respawned"
+    );
+    assert!(wait_until(Duration::from_secs(30), || workers_serving(
+        &d.shm(),
+        &d.workers()
+    )));
+    drop(held);
+    assert_eq!(
+        status_on_new_connection(d.port, ""),
+        Some(200),
+        "the dead worker's connections still count:\n{}",
+        d.error_log()
+    );
+    // And the limit still holds for the new worker's connections.
+    let again = two_held_connections(&d);
+    drop(again);
+}
+
+#[test]
+fn connections_left_open_at_drain_timeout_are_released() {
+    let mut d = TestDaemon::builder()
+        .workers(1)
+        .top(r#"drain_timeout: "1s","#)
+        .server("limits: Some((conn_per_ip: Some(2))),")
+        .file("big.bin", &noise(16 << 20, 0))
+        .start();
+    // Two downloads their clients do not read: far more than the socket buffers hold
+    // is left to send, so the old worker's drain ends at drain_timeout with both open.
+    let downloads: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = d.connect();
+            s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            assert_eq!(read_response(&mut s, true).expect("a head").status, 200);
+            s
+        })
+        .collect();
+    assert_eq!(status_on_new_connection(d.port, ""), Some(503));
+    let old = d.workers();
+    d.builder.workers = 2;
+    let (code, out, err) = d.reload();
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        d.wait_replaced(&old, 2, Duration::from_secs(60)),
+        "the old worker did not leave at drain_timeout:\n{}",
+        d.error_log()
+    );
+    assert!(
+        d.error_log().contains("drain_timeout reached"),
+        "{}",
+        d.error_log()
+    );
+    drop(downloads);
+    assert_eq!(
+        status_on_new_connection(d.port, ""),
+        Some(200),
+        "the drained worker's connections still count:\n{}",
+        d.error_log()
+    );
 }

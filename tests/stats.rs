@@ -1295,6 +1295,70 @@ fn stats_watch_repeats_json_readings() {
     assert_eq!(*seen.last().unwrap(), seen[0] + 1, "{seen:?}");
 }
 
+/// `forkd stats --watch` over the region of `d`, its stdout `stdout`.
+fn spawn_watch(d: &TestDaemon, json: bool, stdout: Stdio) -> std::process::Child {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["stats", "--shm"])
+        .arg(d.dir.path().join("forkd.shm"))
+        .arg("--watch=20ms");
+    if json {
+        cmd.arg("--json");
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn forkd stats --watch")
+}
+
+/// A watch whose consumer goes away (`| head -1`) ends, quietly and with 0, at its
+/// next reading, in both renderings. It used to ignore `EPIPE` and run for ever.
+#[test]
+fn stats_watch_ends_when_its_reader_goes_away() {
+    let d = TestDaemon::builder().routes(ROUTES).start();
+    wait_serving(&d);
+    for json in [true, false] {
+        let mut watch = spawn_watch(&d, json, Stdio::piped());
+        let mut first = String::new();
+        let mut out = std::io::BufReader::new(watch.stdout.take().unwrap());
+        std::io::BufRead::read_line(&mut out, &mut first).expect("a reading");
+        assert!(!first.is_empty());
+        drop(out);
+        let status = wait_child(&mut watch, Duration::from_secs(30));
+        if status.is_none() {
+            let _ = watch.kill();
+            let _ = watch.wait();
+        }
+        let status = status.unwrap_or_else(|| panic!("json {json}: still running"));
+        assert!(status.success(), "json {json}: {status}");
+        let mut err = String::new();
+        let _ = std::io::Read::read_to_string(&mut watch.stderr.take().unwrap(), &mut err);
+        assert!(err.is_empty(), "json {json}: {err}");
+    }
+}
+
+/// A watch that cannot write (a full disk, here `/dev/full`) says so and ends with 1.
+#[test]
+fn stats_watch_ends_when_its_output_fails() {
+    let d = TestDaemon::builder().routes(ROUTES).start();
+    wait_serving(&d);
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full");
+    let mut watch = spawn_watch(&d, true, Stdio::from(full));
+    let status = wait_child(&mut watch, Duration::from_secs(30));
+    if status.is_none() {
+        let _ = watch.kill();
+        let _ = watch.wait();
+    }
+    let status = status.expect("still running");
+    assert_eq!(status.code(), Some(1));
+    let mut err = String::new();
+    let _ = std::io::Read::read_to_string(&mut watch.stderr.take().unwrap(), &mut err);
+    assert!(err.contains("writing to stdout failed"), "{err}");
+}
+
 // ---------------------------------------------------------------------------------
 // Counters never go backwards, in either rendering, across reloads
 // ---------------------------------------------------------------------------------

@@ -94,7 +94,12 @@ fn kill_one_of_three(keys: &str) {
         }),
         "never marked down: {row:#}"
     );
-    assert_eq!(row["marked_down"], 1, "{row:#}");
+    // How many failures, and whether a response already under way when the server
+    // died was read between them (it resets the run of failures, and after the mark
+    // would bring the server up for its next failure to mark it again), is a matter
+    // of timing: asserted are what a user sees (marked down, then sent nothing, and
+    // no request failed), not those counts.
+    assert!(row["marked_down"].as_u64() >= Some(1), "{row:#}");
     assert!(
         matches!(
             row["last_down_reason"].as_str(),
@@ -117,10 +122,6 @@ fn kill_one_of_three(keys: &str) {
         "the dead server was still sent requests after it was marked down: {after:#}"
     );
     assert_eq!(after["state"], "down", "{after:#}");
-    assert!(
-        after["consecutive_failures"].as_u64() >= Some(3),
-        "{after:#}"
-    );
     assert_eq!(after["in_flight"], 0, "{after:#}");
     for (i, b) in backends.iter().enumerate() {
         if i != 1 {

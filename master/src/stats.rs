@@ -1,6 +1,13 @@
 //! `forkd stats`: maps the region read-only and prints it. Works with or without a
 //! running master (a stopped master's last state is still in the file). A region left
 //! inconsistent by a master killed mid-write is reported, never waited on for ever.
+//!
+//! Output: a reading is written whole, blocking while the consumer is slower than the
+//! interval (back-pressure: the reader maps the region read-only and holds no lock
+//! while it waits, so nothing of the daemon's waits on it, and `SIGINT`/`SIGTERM` end
+//! it as ever). A write that fails ends it: a consumer gone (`EPIPE`, as when piped
+//! to `head`) with 0 and nothing said, any other error (a full disk) with 1 and the
+//! error. `--watch` used to ignore both and run for ever.
 
 use crate::cli::StatsArgs;
 use forkd_shared::shm::report::{Inconsistent, Report};
@@ -24,38 +31,61 @@ pub fn run(path: &Path, args: &StatsArgs) -> i32 {
             return 1;
         }
     };
-    let mut stdout = std::io::stdout();
+    match print(&region, args) {
+        Ok(code) => code,
+        Err(Stopped::ConsumerGone) => 0,
+        Err(Stopped::Write(e)) => {
+            eprintln!("forkd stats: writing to stdout failed: {e}");
+            1
+        }
+    }
+}
+
+/// Why printing stopped early.
+enum Stopped {
+    /// stdout's reader has gone (`EPIPE`).
+    ConsumerGone,
+    Write(std::io::Error),
+}
+
+/// Writes `text` whole to stdout and flushes it.
+fn emit(text: &str) -> Result<(), Stopped> {
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::BrokenPipe => Stopped::ConsumerGone,
+            _ => Stopped::Write(e),
+        })
+}
+
+/// The readings `args` ask for; the exit code, unless a write failed.
+fn print(region: &RegionReader, args: &StatsArgs) -> Result<i32, Stopped> {
     if args.json {
+        let Some(interval) = args.watch else {
+            let Some(report) = reading(region) else {
+                return Ok(1);
+            };
+            emit(&report.to_json())?;
+            return Ok(0);
+        };
         loop {
-            match args.watch {
-                Some(interval) => {
-                    match region.report() {
-                        Ok(report) => {
-                            let _ = stdout.write_all(report.to_json().as_bytes());
-                            let _ = stdout.flush();
-                        }
-                        Err(e) => eprintln!("forkd stats: {e}; retrying"),
-                    }
-                    std::thread::sleep(interval);
-                }
-                None => {
-                    let Some(report) = reading(&region) else {
-                        return 1;
-                    };
-                    let _ = stdout.write_all(report.to_json().as_bytes());
-                    return 0;
-                }
+            match region.report() {
+                Ok(report) => emit(&report.to_json())?,
+                Err(e) => eprintln!("forkd stats: {e}; retrying"),
             }
+            std::thread::sleep(interval);
         }
     }
     let interval = args.watch.unwrap_or(RATE_INTERVAL);
-    let Some(mut previous) = reading(&region) else {
-        return 1;
+    let Some(mut previous) = reading(region) else {
+        return Ok(1);
     };
     let mut taken = Instant::now();
     if args.watch.is_none() && !previous.master_alive {
-        let _ = stdout.write_all(previous.to_table(None, 0.0).as_bytes());
-        return 0;
+        emit(&previous.to_table(None, 0.0))?;
+        return Ok(0);
     }
     loop {
         std::thread::sleep(interval.saturating_sub(taken.elapsed()));
@@ -66,20 +96,20 @@ pub fn run(path: &Path, args: &StatsArgs) -> i32 {
                 continue;
             }
             Err(_) => {
-                let Some(now) = reading(&region) else {
-                    return 1;
+                let Some(now) = reading(region) else {
+                    return Ok(1);
                 };
                 now
             }
         };
         let elapsed = taken.elapsed().as_secs_f64();
         taken = Instant::now();
-        let _ = stdout.write_all(now.to_table(Some(&previous), elapsed).as_bytes());
-        let _ = stdout.flush();
+        let table = now.to_table(Some(&previous), elapsed);
         if args.watch.is_none() {
-            return 0;
+            emit(&table)?;
+            return Ok(0);
         }
-        let _ = stdout.write_all(b"\n");
+        emit(&(table + "\n"))?;
         previous = now;
     }
 }

@@ -192,6 +192,7 @@ impl EventLoop {
         };
         let config = &event_loop.svc.config;
         event_loop.svc.stats.map_upstreams(config);
+        crate::limits::admit::adopt_row(&event_loop.svc);
         event_loop
             .resume_accepting()
             .map_err(|source| InitError::Register {

@@ -190,6 +190,12 @@ impl Stats {
         c.idle.store(idle, Relaxed);
     }
 
+    /// This worker's row of the region (its slot's index, not its worker number).
+    #[inline]
+    pub fn row(&self) -> usize {
+        self.index
+    }
+
     #[inline]
     pub fn slot(&self) -> &WorkerSlot {
         &self.region.layout().slots[self.index]

@@ -194,6 +194,7 @@ fn finish_fold(layout: &Layout, index: usize) {
     slot.tunnels_open.store(0, Relaxed);
     upstream::clear_gauges(&layout.upstreams, index);
     super::upstream_state::clear_slot(&layout.upstream_state, index);
+    super::limits::release_row(&layout.limits, &layout.limits_held, index);
     slot.state.store(WorkerState::Exited as u32, Release);
     layout.header.fold_row.store(0, Release);
 }

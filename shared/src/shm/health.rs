@@ -387,6 +387,20 @@ pub struct HealthReport {
     pub resolve_failing: bool,
 }
 
+impl HealthReport {
+    /// The verdict as the balancer takes it: only `down` keeps client requests away.
+    pub fn active(&self) -> super::upstream_state::ActiveVerdict {
+        use super::upstream_state::ActiveVerdict;
+        if self.verdict == Verdict::Down.name() {
+            ActiveVerdict::Failing
+        } else if self.verdict == Verdict::Up.name() {
+            ActiveVerdict::Passing
+        } else {
+            ActiveVerdict::NotChecked
+        }
+    }
+}
+
 /// The health of `(upstream, server)` in `cell`, if the owner has written results
 /// for it. Nothing while the region is an older build's without this area.
 pub fn read(layout: &Layout, cell: usize, upstream: &str, server: &str) -> Option<HealthReport> {

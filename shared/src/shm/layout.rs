@@ -22,7 +22,9 @@
 //!  ├── upstream_state appended area (`upstream_state`): per upstream server, shared
 //!  │                  by the workers (in flight, passive health)
 //!  ├── tls_keys       appended area (`tls_keys`): session-ticket keys, master-written
-//!  └── tls_certs      appended area (`tls_certs`): certificates in force, their expiry
+//!  ├── tls_certs      appended area (`tls_certs`): certificates in force, their expiry
+//!  └── limits_held    appended area (`limits`): per worker row, the connections it
+//!                     counted under each limits entry (released when the row retires)
 //! ```
 //!
 //! Growing: an area is appended at the end, never inserted, so every offset of an
@@ -378,6 +380,9 @@ pub struct Layout {
     pub tls_keys: super::tls_keys::TlsKeysArea,
     /// The certificates in force and their expiry (`tls_certs`).
     pub tls_certs: super::tls_certs::TlsCertsArea,
+    /// Per worker row, the connections it counted under each `limits` entry, so a
+    /// dead worker's are released (`limits`).
+    pub limits_held: super::limits::HeldArea,
 }
 
 /// Bytes of a version-2 region of a build before the upstream area: where that area

@@ -417,35 +417,49 @@ pub fn publish_settings(layout: &Layout, config: &crate::config::Config) {
 /// A server's health as `forkd stats` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ServerHealth {
-    /// `up`, `down` or `backup` (a backup that is up: used only when no other is).
+    /// The effective state, from both kinds of health ([`usability`]): `down` when
+    /// either the passive side (failures) or the active checks say so, else `up`, or
+    /// `backup` (a backup that is up: used only when no other is).
     pub state: &'static str,
+    /// Why it is `down` now ("" when it is not): the active checks' verdict
+    /// ("health check failed") wins, as it does for the balancer.
+    pub down_reason: &'static str,
     pub weight: u32,
     pub weight_now: u32,
     pub in_flight: u64,
     pub consecutive_failures: u32,
-    /// Why it was last marked down ("" if never).
+    /// Why the passive side last marked it down ("" if never).
     pub last_down_reason: &'static str,
     pub marked_down: u64,
 }
 
-/// `cell`'s health at `now_ms` (a reader's view; the active verdict is not known
-/// here, so `down` is the passive side's).
-pub fn read_health(area: &UpstreamStateArea, cell: usize, now_ms: u64) -> ServerHealth {
+/// `cell`'s health at `now_ms`, given the active checks' verdict on it (a reader's
+/// view: `NotChecked` for a server without checks or results).
+pub fn read_health(
+    area: &UpstreamStateArea,
+    cell: usize,
+    now_ms: u64,
+    active: ActiveVerdict,
+) -> ServerHealth {
     let s = &area.servers[cell];
-    let state = if s.down.load(Acquire) == 1 {
-        "down"
-    } else if s.backup() {
-        "backup"
-    } else {
-        "up"
+    let passive_reason = DownReason::from_u32(s.reason.load(Relaxed));
+    let (state, down_reason) = match (usability(s.passive(now_ms), active), active) {
+        // A due trial is still down until its request passes.
+        (Usability::Unusable { .. } | Usability::Trial, ActiveVerdict::Failing) => {
+            ("down", DownReason::HealthCheck)
+        }
+        (Usability::Unusable { .. } | Usability::Trial, _) => ("down", passive_reason),
+        (Usability::Usable, _) if s.backup() => ("backup", DownReason::None),
+        (Usability::Usable, _) => ("up", DownReason::None),
     };
     ServerHealth {
         state,
+        down_reason: down_reason.name(),
         weight: s.weight(),
         weight_now: s.weight_now(now_ms),
         in_flight: area.in_flight(cell),
         consecutive_failures: s.consecutive_fails.load(Relaxed),
-        last_down_reason: DownReason::from_u32(s.reason.load(Relaxed)).name(),
+        last_down_reason: passive_reason.name(),
         marked_down: s.marked_down.load(Relaxed),
     }
 }
@@ -554,6 +568,37 @@ mod tests {
             usability(Passive::TrialDue, Failing),
             Usability::Unusable { retry_at_ms: None }
         );
+    }
+
+    #[test]
+    fn the_state_shown_is_the_effective_one_from_both_sides() {
+        let tmp = TempRegion::new("state-effective");
+        let region = Region::create(&tmp.0, 1, None).unwrap();
+        let a = &region.layout().upstream_state;
+        let show = |cell, active| {
+            let h = read_health(a, cell, 5_000, active);
+            (h.state, h.down_reason, h.last_down_reason)
+        };
+        use ActiveVerdict::*;
+        assert_eq!(show(0, NotChecked), ("up", "", ""));
+        // Down by its checks alone: the passive side is up, the server is not.
+        assert_eq!(show(0, Failing), ("down", "health check failed", ""));
+        a.server(1)
+            .mark_down(DownReason::ConnectRefused, 1_000, 9_000);
+        assert_eq!(
+            show(1, Passing),
+            ("down", "connect refused", "connect refused")
+        );
+        assert_eq!(
+            show(1, Failing),
+            ("down", "health check failed", "connect refused")
+        );
+        // Its trial is due: still down until the trial passes.
+        a.server(2).mark_down(DownReason::Timeout, 1_000, 2_000);
+        assert_eq!(show(2, NotChecked), ("down", "timed out", "timed out"));
+        a.server(3).flags.store(FLAG_BACKUP, Relaxed);
+        assert_eq!(show(3, Passing), ("backup", "", ""));
+        assert_eq!(show(3, Failing), ("down", "health check failed", ""));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use super::counters::{Counter, CounterDef};
 use super::layout::Layout;
 use super::upstream::{time_bucket_high, LabelState, UpstreamCell, TIME_BUCKETS};
 use super::upstream_counters::{self as uc, UPSTREAM_COUNTERS, UPSTREAM_COUNTER_CELLS};
-use super::upstream_state::{read_health, ServerHealth};
+use super::upstream_state::{read_health, ActiveVerdict, ServerHealth};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -147,8 +147,13 @@ pub fn read(layout: &Layout) -> Vec<UpstreamReport> {
             cell,
             configured,
             values,
+            state: shared.map(|a| {
+                let active = health
+                    .as_ref()
+                    .map_or(ActiveVerdict::NotChecked, |h| h.active());
+                read_health(a, cell, now_ms, active)
+            }),
             health,
-            state: shared.map(|a| read_health(a, cell, now_ms)),
         });
     }
     out
@@ -259,7 +264,12 @@ pub fn table(o: &mut String, upstreams: &[UpstreamReport]) {
             h.map_or_else(dash, |h| h.weight_now.to_string()),
             h.map_or_else(dash, |h| h.in_flight.to_string()),
             h.map_or_else(dash, |h| h.consecutive_failures.to_string()),
-            h.map_or("", |h| h.last_down_reason)
+            // Why it is down now, else why it last was.
+            h.map_or("", |h| if h.down_reason.is_empty() {
+                h.last_down_reason
+            } else {
+                h.down_reason
+            })
         );
     }
 }
@@ -412,7 +422,7 @@ fn state_prometheus(o: &mut String, upstreams: &[UpstreamReport], labels: &[Stri
     }
     let _ = writeln!(
         o,
-        "# HELP forkd_upstream_up Whether the upstream server may take requests (0: marked down).\n# TYPE forkd_upstream_up gauge"
+        "# HELP forkd_upstream_up Whether the upstream server may take requests (0: down, by its failures or by its active checks).\n# TYPE forkd_upstream_up gauge"
     );
     for (h, l) in &with {
         let up = u8::from(h.state != "down");

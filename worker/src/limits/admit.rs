@@ -3,7 +3,7 @@
 //! the counters, and the throttled log line. The table and the bucket do the counting.
 
 use super::bucket::{self, Take};
-use super::table::{Held, Table, TooMany};
+use super::table::{Held, Refused, Table};
 use crate::services::Services;
 use crate::timers::Micros;
 use forkd_shared::config::limits::{LimitKey, LimitMode, Limits, RateLimit};
@@ -142,7 +142,7 @@ pub fn request(
     if limits.rates.is_empty() {
         return None;
     }
-    let table = Table::of(&svc.stats.region().layout().limits);
+    let table = Table::of(svc.stats.region().layout(), svc.stats.row());
     let now = monotonic_us();
     let mut ip = [0u8; 16];
     let mut over: Option<u64> = None;
@@ -195,26 +195,41 @@ pub fn connection(svc: &mut Services, server: usize, peer: IpAddr) -> Connection
     let Some(limit) = limits.conn_per_ip else {
         return Connection::Admit(None);
     };
-    let table = Table::of(&svc.stats.region().layout().limits);
+    let table = Table::of(svc.stats.region().layout(), svc.stats.row());
     let (ip, ip_len) = ip_bytes(peer);
     let key = table.key(scope | 0xffff, &ip[..ip_len]);
     let now_s = (monotonic_us() / 1_000_000) as u32;
     let mode = limits.mode;
     let now_us = svc.clock.now_us;
-    match (table.hold(key, limit, now_s), mode) {
-        (Ok(held), _) => Connection::Admit(held),
-        (Err(TooMany(open)), LimitMode::Enforce) => {
-            svc.stats.bump(counters::CONN_LIMITED, 1);
-            svc.limit_log.note(now_us, || {
-                format!("client {peer} has {open} connections open, conn_per_ip {limit}: 503")
-            });
+    let refused = match table.hold(key, limit, now_s) {
+        Ok(held) => return Connection::Admit(Some(held)),
+        Err(refused) => refused,
+    };
+    let why = match refused {
+        Refused::TooMany(open) => {
+            format!("client {peer} has {open} connections open, conn_per_ip {limit}")
+        }
+        Refused::TableFull => format!(
+            "client {peer}: every limits-table entry it may use holds other clients' \
+             connections, so its conn_per_ip cannot be counted"
+        ),
+    };
+    match mode {
+        LimitMode::Enforce => {
+            svc.stats.bump(
+                match refused {
+                    Refused::TooMany(_) => counters::CONN_LIMITED,
+                    Refused::TableFull => counters::CONN_TABLE_FULL,
+                },
+                1,
+            );
+            svc.limit_log.note(now_us, || format!("{why}: 503"));
             Connection::Refuse
         }
-        (Err(TooMany(open)), LimitMode::DryRun) => {
+        LimitMode::DryRun => {
             svc.stats.bump(counters::LIMITS_DRY_RUN_HITS, 1);
-            svc.limit_log.note(now_us, || {
-                format!("client {peer} has {open} connections open, conn_per_ip {limit} (DryRun: admitted)")
-            });
+            svc.limit_log
+                .note(now_us, || format!("{why} (DryRun: admitted)"));
             Connection::Admit(None)
         }
     }
@@ -222,7 +237,19 @@ pub fn connection(svc: &mut Services, server: usize, peer: IpAddr) -> Connection
 
 /// Uncounts a connection `connection` counted.
 pub fn release(svc: &Services, held: Held) {
-    Table::of(&svc.stats.region().layout().limits).release(held);
+    Table::of(svc.stats.region().layout(), svc.stats.row()).release(held);
+}
+
+/// At the worker's start: releases what its row's previous worker left counted.
+pub fn adopt_row(svc: &Services) {
+    let released = super::table::adopt_row(svc.stats.region().layout(), svc.stats.row());
+    if released > 0 {
+        forkd_shared::warn!(
+            "released {released} conn_per_ip connection(s) still counted by the previous \
+             worker of stats row {}",
+            svc.stats.row()
+        );
+    }
 }
 
 #[cfg(test)]

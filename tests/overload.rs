@@ -332,23 +332,13 @@ fn proxied_daemon() -> (TestDaemon, u16) {
     (d, proxied)
 }
 
-fn v2_header(client: [u8; 4], port: u16) -> Vec<u8> {
-    let mut h = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
-    h.extend_from_slice(&[0x21, 0x11, 0, 12]);
-    h.extend_from_slice(&client);
-    h.extend_from_slice(&[127, 0, 0, 1]);
-    h.extend_from_slice(&port.to_be_bytes());
-    h.extend_from_slice(&80u16.to_be_bytes());
-    h
-}
-
 #[test]
 fn a_proxy_protocol_header_names_the_client_in_the_access_log() {
     let (d, port) = proxied_daemon();
     let req = b"GET / HTTP/1.1\r\nHost: proxied\r\nConnection: close\r\n\r\n";
     let mut v1 = b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 80\r\n".to_vec();
     v1.extend_from_slice(req);
-    let mut v2 = v2_header([198, 51, 100, 23], 6666);
+    let mut v2 = proxy_v2_header([198, 51, 100, 23], 6666);
     v2.extend_from_slice(req);
     for raw in [v1, v2] {
         let mut c = Conn::connect(port).unwrap();

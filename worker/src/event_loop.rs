@@ -175,6 +175,7 @@ impl EventLoop {
                 not_ready: false,
                 draining: false,
                 limit_log: Default::default(),
+                proxy_log: Default::default(),
                 tls,
                 resumption,
             },

@@ -370,6 +370,85 @@ fn without_a_valid_proxy_header_the_connection_is_closed_unanswered() {
     assert_eq!(total(&stats, "proxy_header_refused"), 2);
 }
 
+/// `forkd -t` on two servers of one address, the first with `first` in its listen
+/// entry, the second with `second` (issue #21): the exit code and what it printed,
+/// with the `FILE:LINE:COL` of the second entry the error must name.
+fn check_listen_pair(first: &str, second: &str) -> (i32, String, String) {
+    let dir = TempDir::new();
+    std::fs::create_dir_all(dir.path().join("www")).unwrap();
+    let addr = format!("\"127.0.0.1:{}\"", free_port());
+    let text = format!(
+        r#"(
+    servers: [
+        (
+            listen: [(addr: {addr}{first})],
+            names: ["a"],
+            routes: [(prefix: "/", handler: Liveness)],
+        ),
+        (
+            listen: [(addr: {addr}{second})],
+            names: ["b"],
+            routes: [(prefix: "/", handler: Liveness)],
+        ),
+    ],
+)
+"#
+    );
+    let config = dir.path().join("forkd.ron");
+    std::fs::write(&config, &text).unwrap();
+    let (code, out, err) = run_forkd(&config, &["-t"]);
+    // The second entry's address: line 9 of the text, after `listen: [(addr: `.
+    let line = text.lines().nth(8).unwrap();
+    let at = format!("{}:9:{}:", config.display(), line.find(&addr).unwrap() + 1);
+    (code, format!("{out}{err}"), at)
+}
+
+/// Servers that share an address but disagree on the PROXY protocol are refused by
+/// `-t` at the second one's entry, instead of the address taking the header for all
+/// of them (issue #21); agreeing ones pass.
+#[test]
+fn check_refuses_servers_of_one_address_that_disagree_on_the_proxy_protocol() {
+    let pp = ", proxy_protocol: true";
+    let (code, said, at) = check_listen_pair(pp, "");
+    assert_eq!(code, 1, "{said}");
+    assert!(
+        said.contains(&at)
+            && said.contains("`proxy_protocol: true` in servers[0] and not in this one"),
+        "{at}\n{said}"
+    );
+    let from = |blocks: &str| format!("{pp}, proxy_protocol_from: [{blocks}]");
+    let (code, said, at) = check_listen_pair(&from(r#""10.0.0.0/8""#), &from(r#""10.0.0.0/16""#));
+    assert_eq!(code, 1, "{said}");
+    assert!(
+        said.contains(&at) && said.contains("another `proxy_protocol_from` in servers[0]"),
+        "{at}\n{said}"
+    );
+    // The header without a list, and a list without the header, are not the same.
+    let (code, said, _) = check_listen_pair(pp, &from(r#""10.0.0.0/8""#));
+    assert_eq!(code, 1, "{said}");
+    let (code, said, at) = check_listen_pair("", r#", proxy_protocol_from: ["10.0.0.0/8"]"#);
+    assert_eq!(code, 1, "{said}");
+    assert!(
+        said.contains(&at) && said.contains("without `proxy_protocol: true`"),
+        "{at}\n{said}"
+    );
+    // The same blocks in another order agree.
+    let (code, said, _) = check_listen_pair(
+        &from(r#""10.0.0.0/8", "192.0.2.1""#),
+        &from(r#""192.0.2.1", "10.0.0.0/8""#),
+    );
+    assert_eq!(code, 0, "{said}");
+    let (code, said, _) = check_listen_pair(
+        ", proxy_protocol_from: [\"ten/8\"], proxy_protocol: true",
+        "",
+    );
+    assert_eq!(code, 1, "{said}");
+    assert!(
+        said.contains("proxy_protocol_from: `ten/8` is not an address"),
+        "{said}"
+    );
+}
+
 #[test]
 fn x_forwarded_for_from_a_trusted_peer_is_the_client_for_limits_and_the_log() {
     let d = TestDaemon::builder()

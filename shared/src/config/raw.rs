@@ -570,15 +570,26 @@ pub enum LogLevel {
 }
 
 /// A listen address: `"127.0.0.1:8080"`, `"[::1]:8080"`, or `"*:8080"` for every IPv4 address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ListenAddr(pub SocketAddr, pub ProxyProtocol);
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenAddr {
+    pub addr: SocketAddr,
+    /// The address as written (`"*:8080"`), to locate errors about the entry.
+    pub written: String,
+    pub proxy: ProxyProtocol,
+}
 
-/// Whether connections to a listen address start with a PROXY protocol header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ProxyProtocol(pub bool);
+/// Whether connections to a listen address start with a PROXY protocol header, and
+/// from which peers.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProxyProtocol {
+    pub on: bool,
+    /// `proxy_protocol_from`: the peers that may send the header; `None` when not
+    /// written (any peer may).
+    pub from: Option<Vec<Cidr>>,
+}
 
 /// A listen entry as written: `"127.0.0.1:80"`, or `(addr: "0.0.0.0:80",
-/// proxy_protocol: true)`.
+/// proxy_protocol: true, proxy_protocol_from: ["10.0.0.0/8"])`.
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum ListenEntry {
@@ -587,30 +598,49 @@ enum ListenEntry {
         addr: String,
         #[serde(default)]
         proxy_protocol: bool,
+        /// Strings, parsed below: inside an untagged enum a bad block would only say
+        /// that the entry matches no variant.
+        #[serde(default)]
+        proxy_protocol_from: Option<Vec<String>>,
     },
 }
 
 impl<'de> Deserialize<'de> for ListenAddr {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let (text, proxy) = match ListenEntry::deserialize(deserializer).map_err(|_| {
+        let (text, on, from) = match ListenEntry::deserialize(deserializer).map_err(|_| {
             de::Error::custom(
-                "a listen entry is \"IP:PORT\" or (addr: \"IP:PORT\", proxy_protocol: true)",
+                "a listen entry is \"IP:PORT\" or (addr: \"IP:PORT\", proxy_protocol: true, proxy_protocol_from: [\"CIDR\", ...])",
             )
         })? {
-            ListenEntry::Plain(text) => (text, false),
+            ListenEntry::Plain(text) => (text, false, None),
             ListenEntry::Full {
                 addr,
                 proxy_protocol,
-            } => (addr, proxy_protocol),
+                proxy_protocol_from,
+            } => (addr, proxy_protocol, proxy_protocol_from),
         };
+        let from = from
+            .map(|blocks| {
+                blocks
+                    .iter()
+                    .map(|b| Cidr::parse(b))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()
+            .map_err(|e| de::Error::custom(format!("proxy_protocol_from: {e}")))?;
         let normalized = match text.strip_prefix("*:") {
             Some(port) => format!("0.0.0.0:{port}"),
             None => text.clone(),
         };
-        normalized.parse().map(|a| ListenAddr(a, ProxyProtocol(proxy))).map_err(|_| {
+        let addr = normalized.parse().map_err(|_| {
             de::Error::custom(format!(
                 "listen address `{text}` is not IP:PORT (e.g. \"127.0.0.1:8080\", \"[::1]:8080\", \"*:8080\")"
             ))
+        })?;
+        Ok(ListenAddr {
+            addr,
+            written: text,
+            proxy: ProxyProtocol { on, from },
         })
     }
 }

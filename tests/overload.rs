@@ -308,6 +308,11 @@ fn conn_per_ip_is_one_limit_over_all_workers_and_frees_on_close() {
 /// A daemon with a second server on its own port whose listen entry speaks PROXY
 /// protocol (the harness's probes use the first, plain one). Returns it and the port.
 fn proxied_daemon() -> (TestDaemon, u16) {
+    proxied_daemon_with("")
+}
+
+/// Likewise, with `extra` (`, proxy_protocol_from: [...]`) in the listen entry.
+fn proxied_daemon_with(extra: &str) -> (TestDaemon, u16) {
     let mut d = TestDaemon::builder().prepare();
     let proxied = d.reserve_port();
     // The routes text ends the first server and opens the second, whose routes the
@@ -318,7 +323,7 @@ fn proxied_daemon() -> (TestDaemon, u16) {
             (prefix: "/", handler: Static(root: "www", index: ["index.html"])),
         ],
     ), (
-        listen: [(addr: "127.0.0.1:{proxied}", proxy_protocol: true)],
+        listen: [(addr: "127.0.0.1:{proxied}", proxy_protocol: true{extra})],
         names: ["proxied"],
         header_timeout: "1s",
         access_log: Some(File("proxied.log")),
@@ -368,6 +373,48 @@ fn without_a_valid_proxy_header_the_connection_is_closed_unanswered() {
     assert!(read_to_close(&mut quiet.s).is_empty());
     let stats = stats_json(&d.config);
     assert_eq!(total(&stats, "proxy_header_refused"), 2);
+}
+
+/// `proxy_protocol_from` (issue #21): only the balancers it lists may name a client;
+/// a connection from any other peer is closed before anything is read, counted and
+/// logged. 127.0.0.1 is the only peer a test has: outside the list, then in it.
+#[test]
+fn a_peer_outside_proxy_protocol_from_is_refused_and_one_inside_is_served() {
+    let req = b"GET / HTTP/1.1\r\nHost: proxied\r\nConnection: close\r\n\r\n";
+    let mut v1 = b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 80\r\n".to_vec();
+    v1.extend_from_slice(req);
+    let (d, port) = proxied_daemon_with(r#", proxy_protocol_from: ["10.0.0.0/8", "192.0.2.1"]"#);
+    for _ in 0..2 {
+        let mut c = Conn::connect_timeout(port, Duration::from_secs(30)).unwrap();
+        // The write may meet the close already: only what comes back matters.
+        let _ = c.send(&v1);
+        assert!(
+            read_to_close(&mut c.s).is_empty(),
+            "an untrusted peer was answered"
+        );
+    }
+    assert!(wait_until(Duration::from_secs(20), || {
+        total(&stats_json(&d.config), "proxy_header_refused") == 2
+    }));
+    assert!(
+        d.wait_for_log("not in its proxy_protocol_from", Duration::from_secs(20)),
+        "{}",
+        d.error_log()
+    );
+    let served = std::fs::read_to_string(d.path("proxied.log")).unwrap_or_default();
+    assert!(served.is_empty(), "{served}");
+    drop(d);
+    let (d, port) = proxied_daemon_with(r#", proxy_protocol_from: ["::1", "127.0.0.0/8"]"#);
+    let mut c = Conn::connect(port).unwrap();
+    assert_eq!(c.exchange(&v1).unwrap().status, 200);
+    let log = d.path("proxied.log");
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        wait_until(Duration::from_secs(20), || read().contains("203.0.113.9")),
+        "{}",
+        read()
+    );
+    assert_eq!(total(&stats_json(&d.config), "proxy_header_refused"), 0);
 }
 
 /// `forkd -t` on two servers of one address, the first with `first` in its listen

@@ -988,7 +988,7 @@ fn versions_limit_what_is_offered_and_an_address_is_all_tls_or_all_plain() {
     );
 }
 
-/// A TLS server whose address takes a PROXY protocol header, with
+/// A TLS server whose address takes a PROXY protocol header from loopback peers, with
 /// its own access log and a rate limit of one request a minute per client.
 fn proxied_tls() -> Https {
     let server = tls_server(
@@ -1000,7 +1000,7 @@ fn proxied_tls() -> Https {
     )
     .replace(
         r#"listen: ["127.0.0.1:{tls}"]"#,
-        r#"listen: [(addr: "127.0.0.1:{tls}", proxy_protocol: true)]"#,
+        r#"listen: [(addr: "127.0.0.1:{tls}", proxy_protocol: true, proxy_protocol_from: ["127.0.0.0/8"])]"#,
     );
     Https::start(TestDaemon::builder(), "Shared", &server, |ca, dir| {
         ca.issue(&["a.test"], 90).write(dir, "a")

@@ -333,6 +333,22 @@ impl Conn {
         self.phase = Phase::Write(After::Linger);
     }
 
+    /// The listener speaks PROXY protocol, but the peer is not in its
+    /// `proxy_protocol_from`: it may not name a client. Closed unread (counted with
+    /// the refused headers; logged at most once a second).
+    pub fn refuse_untrusted_peer(&self, svc: &mut Services) -> Verdict {
+        svc.stats.bump(counters::PROXY_HEADER_REFUSED, 1);
+        let addr = svc.config.listeners.get(usize::from(self.listener));
+        let addr = addr.map(|l| l.addr.to_string()).unwrap_or_default();
+        let peer = self.peer;
+        svc.proxy_log.note(svc.clock.now_us, || {
+            format!(
+                "connection from {peer} to {addr}, a peer not in its proxy_protocol_from: closing"
+            )
+        });
+        Verdict::Close
+    }
+
     /// Reads the PROXY header from the socket itself, not the transport: on an HTTPS
     /// address it comes before the TLS handshake, and rustls must not see it. The
     /// socket is peeked at until the header is complete, then exactly its bytes are

@@ -310,6 +310,11 @@ fn conn_per_ip_is_one_limit_over_all_workers_and_frees_on_close() {
 /// A daemon with a second server on its own port whose listen entry speaks PROXY
 /// protocol (the harness's probes use the first, plain one). Returns it and the port.
 fn proxied_daemon() -> (TestDaemon, u16) {
+    proxied_daemon_with("")
+}
+
+/// Likewise, with `extra` (`, proxy_protocol_from: [...]`) in the listen entry.
+fn proxied_daemon_with(extra: &str) -> (TestDaemon, u16) {
     let mut d = TestDaemon::builder().prepare();
     let proxied = d.reserve_port();
     // The routes text ends the first server and opens the second, whose routes the
@@ -320,7 +325,7 @@ fn proxied_daemon() -> (TestDaemon, u16) {
             (prefix: "/", handler: Static(root: "www", index: ["index.html"])),
         ],
     ), (
-        listen: [(addr: "127.0.0.1:{proxied}", proxy_protocol: true)],
+        listen: [(addr: "127.0.0.1:{proxied}", proxy_protocol: true{extra})],
         names: ["proxied"],
         header_timeout: "1s",
         access_log: Some(File("proxied.log")),
@@ -334,23 +339,13 @@ fn proxied_daemon() -> (TestDaemon, u16) {
     (d, proxied)
 }
 
-fn v2_header(client: [u8; 4], port: u16) -> Vec<u8> {
-    let mut h = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
-    h.extend_from_slice(&[0x21, 0x11, 0, 12]);
-    h.extend_from_slice(&client);
-    h.extend_from_slice(&[127, 0, 0, 1]);
-    h.extend_from_slice(&port.to_be_bytes());
-    h.extend_from_slice(&80u16.to_be_bytes());
-    h
-}
-
 #[test]
 fn a_proxy_protocol_header_names_the_client_in_the_access_log() {
     let (d, port) = proxied_daemon();
     let req = b"GET / HTTP/1.1\r\nHost: proxied\r\nConnection: close\r\n\r\n";
     let mut v1 = b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 80\r\n".to_vec();
     v1.extend_from_slice(req);
-    let mut v2 = v2_header([198, 51, 100, 23], 6666);
+    let mut v2 = proxy_v2_header([198, 51, 100, 23], 6666);
     v2.extend_from_slice(req);
     for raw in [v1, v2] {
         let mut c = Conn::connect(port).unwrap();
@@ -380,6 +375,127 @@ fn without_a_valid_proxy_header_the_connection_is_closed_unanswered() {
     assert!(read_to_close(&mut quiet.s).is_empty());
     let stats = stats_json(&d.config);
     assert_eq!(total(&stats, "proxy_header_refused"), 2);
+}
+
+/// `proxy_protocol_from` (issue #21): only the balancers it lists may name a client;
+/// a connection from any other peer is closed before anything is read, counted and
+/// logged. 127.0.0.1 is the only peer a test has: outside the list, then in it.
+#[test]
+fn a_peer_outside_proxy_protocol_from_is_refused_and_one_inside_is_served() {
+    let req = b"GET / HTTP/1.1\r\nHost: proxied\r\nConnection: close\r\n\r\n";
+    let mut v1 = b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 80\r\n".to_vec();
+    v1.extend_from_slice(req);
+    let (d, port) = proxied_daemon_with(r#", proxy_protocol_from: ["10.0.0.0/8", "192.0.2.1"]"#);
+    for _ in 0..2 {
+        let mut c = Conn::connect_timeout(port, Duration::from_secs(30)).unwrap();
+        // The write may meet the close already: only what comes back matters.
+        let _ = c.send(&v1);
+        assert!(
+            read_to_close(&mut c.s).is_empty(),
+            "an untrusted peer was answered"
+        );
+    }
+    assert!(wait_until(Duration::from_secs(20), || {
+        total(&stats_json(&d.config), "proxy_header_refused") == 2
+    }));
+    assert!(
+        d.wait_for_log("not in its proxy_protocol_from", Duration::from_secs(20)),
+        "{}",
+        d.error_log()
+    );
+    let served = std::fs::read_to_string(d.path("proxied.log")).unwrap_or_default();
+    assert!(served.is_empty(), "{served}");
+    drop(d);
+    let (d, port) = proxied_daemon_with(r#", proxy_protocol_from: ["::1", "127.0.0.0/8"]"#);
+    let mut c = Conn::connect(port).unwrap();
+    assert_eq!(c.exchange(&v1).unwrap().status, 200);
+    let log = d.path("proxied.log");
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        wait_until(Duration::from_secs(20), || read().contains("203.0.113.9")),
+        "{}",
+        read()
+    );
+    assert_eq!(total(&stats_json(&d.config), "proxy_header_refused"), 0);
+}
+
+/// `forkd -t` on two servers of one address, the first with `first` in its listen
+/// entry, the second with `second` (issue #21): the exit code and what it printed,
+/// with the `FILE:LINE:COL` of the second entry the error must name.
+fn check_listen_pair(first: &str, second: &str) -> (i32, String, String) {
+    let dir = TempDir::new();
+    std::fs::create_dir_all(dir.path().join("www")).unwrap();
+    let addr = format!("\"127.0.0.1:{}\"", free_port());
+    let text = format!(
+        r#"(
+    servers: [
+        (
+            listen: [(addr: {addr}{first})],
+            names: ["a"],
+            routes: [(prefix: "/", handler: Liveness)],
+        ),
+        (
+            listen: [(addr: {addr}{second})],
+            names: ["b"],
+            routes: [(prefix: "/", handler: Liveness)],
+        ),
+    ],
+)
+"#
+    );
+    let config = dir.path().join("forkd.ron");
+    std::fs::write(&config, &text).unwrap();
+    let (code, out, err) = run_forkd(&config, &["-t"]);
+    // The second entry's address: line 9 of the text, after `listen: [(addr: `.
+    let line = text.lines().nth(8).unwrap();
+    let at = format!("{}:9:{}:", config.display(), line.find(&addr).unwrap() + 1);
+    (code, format!("{out}{err}"), at)
+}
+
+/// Servers that share an address but disagree on the PROXY protocol are refused by
+/// `-t` at the second one's entry, instead of the address taking the header for all
+/// of them (issue #21); agreeing ones pass.
+#[test]
+fn check_refuses_servers_of_one_address_that_disagree_on_the_proxy_protocol() {
+    let pp = ", proxy_protocol: true";
+    let (code, said, at) = check_listen_pair(pp, "");
+    assert_eq!(code, 1, "{said}");
+    assert!(
+        said.contains(&at)
+            && said.contains("`proxy_protocol: true` in servers[0] and not in this one"),
+        "{at}\n{said}"
+    );
+    let from = |blocks: &str| format!("{pp}, proxy_protocol_from: [{blocks}]");
+    let (code, said, at) = check_listen_pair(&from(r#""10.0.0.0/8""#), &from(r#""10.0.0.0/16""#));
+    assert_eq!(code, 1, "{said}");
+    assert!(
+        said.contains(&at) && said.contains("another `proxy_protocol_from` in servers[0]"),
+        "{at}\n{said}"
+    );
+    // The header without a list, and a list without the header, are not the same.
+    let (code, said, _) = check_listen_pair(pp, &from(r#""10.0.0.0/8""#));
+    assert_eq!(code, 1, "{said}");
+    let (code, said, at) = check_listen_pair("", r#", proxy_protocol_from: ["10.0.0.0/8"]"#);
+    assert_eq!(code, 1, "{said}");
+    assert!(
+        said.contains(&at) && said.contains("without `proxy_protocol: true`"),
+        "{at}\n{said}"
+    );
+    // The same blocks in another order agree.
+    let (code, said, _) = check_listen_pair(
+        &from(r#""10.0.0.0/8", "192.0.2.1""#),
+        &from(r#""192.0.2.1", "10.0.0.0/8""#),
+    );
+    assert_eq!(code, 0, "{said}");
+    let (code, said, _) = check_listen_pair(
+        ", proxy_protocol_from: [\"ten/8\"], proxy_protocol: true",
+        "",
+    );
+    assert_eq!(code, 1, "{said}");
+    assert!(
+        said.contains("proxy_protocol_from: `ten/8` is not an address"),
+        "{said}"
+    );
 }
 
 #[test]
@@ -443,6 +559,7 @@ fn ipv6_clients_of_one_prefix_share_a_client_ip_rate() {
     assert_eq!(get("/p48", "2001:db8:0:1::1"), Some(200));
     assert_eq!(get("/p48", "2001:db8:0:2::1"), Some(429), "same /48");
     assert_eq!(get("/p48", "2001:db8:1::1"), Some(200), "another /48");
+}
 
 /// Two keep-alive connections, served (so counted under `conn_per_ip: 2`), on one
 /// worker; then the worker dies with them open: what it held is released once it is

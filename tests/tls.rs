@@ -988,6 +988,73 @@ fn versions_limit_what_is_offered_and_an_address_is_all_tls_or_all_plain() {
     );
 }
 
+/// A TLS server whose address takes a PROXY protocol header from loopback peers, with
+/// its own access log and a rate limit of one request a minute per client.
+fn proxied_tls() -> Https {
+    let server = tls_server(
+        &["a.test"],
+        "a",
+        r#"access_log: Some(File("tls.log")),
+            limits: Some((rates: [(key: ClientIp, rate: "1/m", burst: 1)])),"#,
+        STATIC,
+    )
+    .replace(
+        r#"listen: ["127.0.0.1:{tls}"]"#,
+        r#"listen: [(addr: "127.0.0.1:{tls}", proxy_protocol: true, proxy_protocol_from: ["127.0.0.0/8"])]"#,
+    );
+    Https::start(TestDaemon::builder(), "Shared", &server, |ca, dir| {
+        ca.issue(&["a.test"], 90).write(dir, "a")
+    })
+}
+
+/// The PROXY header comes before the TLS handshake on the connection (issue #21): it
+/// is read from the socket, the handshake then starts, and the header's client is the
+/// one the access log and the limits see.
+#[test]
+fn a_proxy_header_before_the_tls_handshake_names_the_client() {
+    let h = proxied_tls();
+    let client = h.ca.client_without_resumption();
+    let get = |preface: &[u8]| {
+        let mut c = TlsConn::connect_after(h.tls_port, "a.test", &client, preface)?;
+        c.get("a.test", "/").map(|r| r.status)
+    };
+    let v1 = b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 443\r\n";
+    let v2 = proxy_v2_header([198, 51, 100, 23], 6666);
+    assert_eq!(get(v1), Ok(200), "PROXY v1, then TLS");
+    assert_eq!(get(&v2), Ok(200), "PROXY v2, then TLS");
+    // The limit counts the header's client, not the balancer (127.0.0.1).
+    assert_eq!(get(v1), Ok(429), "203.0.113.9 again, over its rate");
+    assert_eq!(
+        get(b"PROXY TCP4 192.0.2.80 127.0.0.1 7777 443\r\n"),
+        Ok(200)
+    );
+    assert_eq!(h.total("tls_handshakes_full"), 4, "{}", h.totals());
+    let log = || std::fs::read_to_string(h.d.path("tls.log")).unwrap_or_default();
+    assert!(
+        wait_until(SETTLE, || {
+            let text = log();
+            ["203.0.113.9", "198.51.100.23", "192.0.2.80"]
+                .iter()
+                .all(|client| text.contains(client))
+        }),
+        "{}",
+        log()
+    );
+    assert!(!log().contains("127.0.0.1 "), "{}", log());
+    // A handshake without the header first is refused: the header is required.
+    let err = TlsConn::connect(h.tls_port, "a.test", &client).err();
+    assert!(
+        err.is_some(),
+        "a TLS client without a PROXY header was served"
+    );
+    assert!(
+        wait_until(SETTLE, || h.total("proxy_header_refused") == 1),
+        "{}",
+        h.totals()
+    );
+    h.d.assert_log_clean();
+}
+
 /// What the server sent before it closed the connection (an EOF or a reset both
 /// count as closed); panics with `what` if the read ends any other way.
 fn read_until_closed(s: &mut std::net::TcpStream, what: &str) -> Vec<u8> {

@@ -346,3 +346,15 @@ pub fn read_until_close(s: &mut TcpStream) -> Vec<u8> {
         }
     }
 }
+
+/// A PROXY protocol v2 header (PROXY command, TCP over IPv4) naming `client`:`port`
+/// as the client, as a balancer puts it before the client's bytes.
+pub fn proxy_v2_header(client: [u8; 4], port: u16) -> Vec<u8> {
+    let mut h = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+    h.extend_from_slice(&[0x21, 0x11, 0, 12]);
+    h.extend_from_slice(&client);
+    h.extend_from_slice(&[127, 0, 0, 1]);
+    h.extend_from_slice(&port.to_be_bytes());
+    h.extend_from_slice(&80u16.to_be_bytes());
+    h
+}

@@ -181,10 +181,24 @@ impl TlsConn {
     /// Connects to 127.0.0.1:`port`, verifying the certificate for `name` (sent as SNI
     /// unless the config disables it), and completes the handshake.
     pub fn connect(port: u16, name: &str, config: &Arc<ClientConfig>) -> Result<TlsConn, String> {
-        let tcp = TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
+        TlsConn::connect_after(port, name, config, &[])
+    }
+
+    /// Like [`TlsConn::connect`], writing `preface` on the TCP connection before the
+    /// handshake starts (a PROXY protocol header, as a balancer sends it).
+    pub fn connect_after(
+        port: u16,
+        name: &str,
+        config: &Arc<ClientConfig>,
+        preface: &[u8],
+    ) -> Result<TlsConn, String> {
+        let mut tcp =
+            TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
         tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         tcp.set_write_timeout(Some(Duration::from_secs(20)))
             .unwrap();
+        tcp.write_all(preface)
+            .map_err(|e| format!("write the preface: {e}"))?;
         let server_name = ServerName::try_from(name.to_string()).map_err(|e| e.to_string())?;
         let conn = ClientConnection::new(config.clone(), server_name)
             .map_err(|e| format!("client: {e}"))?;

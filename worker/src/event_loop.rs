@@ -16,7 +16,7 @@ use crate::setup::InitError;
 use crate::stats::Stats;
 use crate::timers::Timers;
 use crate::upstreams::{upstream_key, Owner, Upstreams};
-use forkd_shared::config::Config;
+use forkd_shared::config::{Config, ProxyHeader};
 use forkd_shared::exit;
 use forkd_shared::shm::counters;
 use forkd_shared::shm::layout::WorkerState;
@@ -176,6 +176,7 @@ impl EventLoop {
                 not_ready: false,
                 draining: false,
                 limit_log: Default::default(),
+                proxy_log: Default::default(),
                 tls,
                 resumption,
             },
@@ -712,28 +713,29 @@ impl EventLoop {
                 continue;
             };
             let mut conn = Conn::new(stream, tls, peer.ip(), index, server, self.svc.clock.now_us);
-            let proxied = self
+            let proxy = self
                 .svc
                 .config
                 .listeners
                 .get(index)
-                .is_some_and(|l| l.proxy_protocol);
-            let admission = if proxied {
+                .map_or(ProxyHeader::Off, |l| l.proxy_header(peer.ip()));
+            let verdict = match proxy {
+                ProxyHeader::Untrusted => conn.refuse_untrusted_peer(&mut self.svc),
                 // The client is named by the PROXY header: limits apply once it is read.
-                conn.expect_proxy_header();
-                admit::Connection::Admit(None)
-            } else {
-                admit::connection(&mut self.svc, server, conn.client())
-            };
-            let verdict = match admission {
-                admit::Connection::Admit(held) => {
-                    conn.hold(held);
-                    // The request usually arrives with the connection (TCP_DEFER_ACCEPT):
-                    // answer it before paying for registration, which a one-request
-                    // connection skips.
+                ProxyHeader::Expected => {
+                    conn.expect_proxy_header();
                     conn.drive(key, &mut self.svc)
                 }
-                admit::Connection::Refuse => conn.refuse_over_limit(key, &mut self.svc),
+                ProxyHeader::Off => match admit::connection(&mut self.svc, server, conn.client()) {
+                    admit::Connection::Admit(held) => {
+                        conn.hold(held);
+                        // The request usually arrives with the connection
+                        // (TCP_DEFER_ACCEPT): answer it before paying for registration,
+                        // which a one-request connection skips.
+                        conn.drive(key, &mut self.svc)
+                    }
+                    admit::Connection::Refuse => conn.refuse_over_limit(key, &mut self.svc),
+                },
             };
             match verdict {
                 Verdict::Close => {

@@ -5,6 +5,11 @@
 //!
 //! A `LOCAL` command (v2) or `UNKNOWN` protocol (v1) means the balancer speaks for
 //! itself (health checks): the socket's address stands.
+//!
+//! Every header [`parse`] accepts fits in [`V2_MAX`] bytes, and it decides on any
+//! `V2_MAX` bytes (a header, or an error): the connection peeks at the socket through
+//! a buffer that size and reads exactly the header's `len`, leaving what follows
+//! (under TLS, the ClientHello) in the socket.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -12,8 +17,10 @@ const V1_PREFIX: &[u8] = b"PROXY ";
 /// The longest v1 header, CRLF included (spec §2.1).
 const V1_MAX: usize = 107;
 const V2_SIGNATURE: &[u8; 12] = b"\r\n\r\n\0\r\nQUIT\n";
-/// Addresses plus TLVs (AWS adds its VPC endpoint id): generous, but bounded.
+/// Addresses plus TLVs (AWS adds its VPC endpoint id): generous, but bounded. The
+/// longest header of either version.
 pub const V2_MAX: usize = 16 + 1024;
+const _: () = assert!(V1_MAX <= V2_MAX);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Parsed {
@@ -260,6 +267,21 @@ mod tests {
             parse(&v2(1, 0x11, &[0; 4], &[])),
             Err(ProxyError::Malformed(_))
         ));
+    }
+
+    /// What a connection peeks at (at most `V2_MAX` bytes) always decides: never
+    /// `Incomplete` with the buffer full, whatever follows the signature.
+    #[test]
+    fn a_full_peek_buffer_always_decides() {
+        let mut v1 = b"PROXY TCP4 ".to_vec();
+        v1.resize(V2_MAX, b'1');
+        let mut v2 = V2_SIGNATURE.to_vec();
+        v2.extend_from_slice(&[0x21, 0x11]);
+        v2.extend_from_slice(&((V2_MAX - 16) as u16).to_be_bytes());
+        v2.resize(V2_MAX, 0);
+        for buf in [v1, v2] {
+            assert_ne!(parse(&buf), Ok(Parsed::Incomplete));
+        }
     }
 
     #[test]

@@ -80,6 +80,9 @@ pub struct Services {
     pub draining: bool,
     /// When limits may log next (see `limits::admit`).
     pub limit_log: crate::limits::admit::LimitLog,
+    /// Likewise for connections refused for their PROXY protocol header, or at accept
+    /// for coming from a peer not in `proxy_protocol_from`.
+    pub proxy_log: crate::limits::admit::LimitLog,
     /// The adaptive concurrency limits of upstream groups (see `overload`).
     pub overload: crate::overload::Overload,
     /// The TLS configuration of each listener (rebuilt when a configuration is adopted).

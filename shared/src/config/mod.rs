@@ -31,7 +31,7 @@ pub use upstream::{
     resolve_name, HealthCheck, Upstream, UpstreamAddress, UpstreamServer, MAX_RESOLVED,
 };
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -90,12 +90,41 @@ pub enum LogTarget {
     Syslog,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listener {
     pub addr: SocketAddr,
     pub backlog: u32,
     /// Connections start with a PROXY protocol header (v1 or v2) naming the client.
     pub proxy_protocol: bool,
+    /// `proxy_protocol_from`: the peers that may send it (empty: any peer).
+    pub proxy_protocol_from: Vec<cidr::Cidr>,
+}
+
+/// What a listener expects of a new connection from a given peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyHeader {
+    /// A plain address: the request (or the TLS handshake) comes first.
+    Off,
+    /// A PROXY protocol header, before anything else.
+    Expected,
+    /// A PROXY protocol address, but the peer is not in `proxy_protocol_from`: it
+    /// may not name a client, and the connection is refused.
+    Untrusted,
+}
+
+impl Listener {
+    /// What a connection from `peer` (the socket's address) must start with.
+    pub fn proxy_header(&self, peer: IpAddr) -> ProxyHeader {
+        if !self.proxy_protocol {
+            ProxyHeader::Off
+        } else if self.proxy_protocol_from.is_empty()
+            || self.proxy_protocol_from.iter().any(|c| c.contains(peer))
+        {
+            ProxyHeader::Expected
+        } else {
+            ProxyHeader::Untrusted
+        }
+    }
 }
 
 /// `access_log_format`: the line format of a server's access log.
@@ -253,7 +282,7 @@ impl Config {
     /// change needs new worker processes (a new generation).
     pub fn needs_new_workers(&self, new: &Config) -> Option<&'static str> {
         if self.listeners != new.listeners {
-            Some("listen addresses or backlogs changed")
+            Some("listen addresses, backlogs or PROXY protocol settings changed")
         } else if self.workers_setting != new.workers_setting {
             Some("the number of workers changed")
         } else if self.cpu_affinity != new.cpu_affinity {

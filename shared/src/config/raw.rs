@@ -591,15 +591,26 @@ pub enum LogLevel {
 }
 
 /// A listen address: `"127.0.0.1:8080"`, `"[::1]:8080"`, or `"*:8080"` for every IPv4 address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ListenAddr(pub SocketAddr, pub ProxyProtocol);
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenAddr {
+    pub addr: SocketAddr,
+    /// The address as written (`"*:8080"`), to locate errors about the entry.
+    pub written: String,
+    pub proxy: ProxyProtocol,
+}
 
-/// Whether connections to a listen address start with a PROXY protocol header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ProxyProtocol(pub bool);
+/// Whether connections to a listen address start with a PROXY protocol header, and
+/// from which peers.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProxyProtocol {
+    pub on: bool,
+    /// `proxy_protocol_from`: the peers that may send the header; `None` when not
+    /// written (any peer may).
+    pub from: Option<Vec<Cidr>>,
+}
 
 /// A listen entry as written: `"127.0.0.1:80"`, or `(addr: "0.0.0.0:80",
-/// proxy_protocol: true)`.
+/// proxy_protocol: true, proxy_protocol_from: ["10.0.0.0/8"])`.
 ///
 /// Either form by hand, as `RawUpstreamServer`: an untagged enum would lose ron's
 /// position and message, and would take an unknown key in the long form silently.
@@ -609,33 +620,51 @@ struct ListenFields {
     addr: String,
     #[serde(default)]
     proxy_protocol: bool,
+    /// Strings, parsed below, so a bad block is reported with its text.
+    #[serde(default)]
+    proxy_protocol_from: Option<Vec<String>>,
 }
 
 impl<'de> Deserialize<'de> for ListenAddr {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        type Entry = (String, bool, Option<Vec<String>>);
         struct ListenVisitor;
         impl<'de> de::Visitor<'de> for ListenVisitor {
-            type Value = (String, bool);
+            type Value = Entry;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("\"IP:PORT\" or (addr: \"IP:PORT\", proxy_protocol: true)")
+                f.write_str("\"IP:PORT\" or (addr: \"IP:PORT\", proxy_protocol: true, proxy_protocol_from: [\"CIDR\", ...])")
             }
-            fn visit_str<E: de::Error>(self, text: &str) -> Result<(String, bool), E> {
-                Ok((text.to_string(), false))
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Entry, E> {
+                Ok((text.to_string(), false, None))
             }
-            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<(String, bool), A::Error> {
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Entry, A::Error> {
                 let f = ListenFields::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok((f.addr, f.proxy_protocol))
+                Ok((f.addr, f.proxy_protocol, f.proxy_protocol_from))
             }
         }
-        let (text, proxy) = deserializer.deserialize_any(ListenVisitor)?;
+        let (text, on, from) = deserializer.deserialize_any(ListenVisitor)?;
+        let from = from
+            .map(|blocks| {
+                blocks
+                    .iter()
+                    .map(|b| Cidr::parse(b))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()
+            .map_err(|e| de::Error::custom(format!("proxy_protocol_from: {e}")))?;
         let normalized = match text.strip_prefix("*:") {
             Some(port) => format!("0.0.0.0:{port}"),
             None => text.clone(),
         };
-        normalized.parse().map(|a| ListenAddr(a, ProxyProtocol(proxy))).map_err(|_| {
+        let addr = normalized.parse().map_err(|_| {
             de::Error::custom(format!(
                 "listen address `{text}` is not IP:PORT (e.g. \"127.0.0.1:8080\", \"[::1]:8080\", \"*:8080\")"
             ))
+        })?;
+        Ok(ListenAddr {
+            addr,
+            written: text,
+            proxy: ProxyProtocol { on, from },
         })
     }
 }

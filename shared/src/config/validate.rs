@@ -93,6 +93,53 @@ fn resolve_log(base: &Path, target: &RawLogTarget) -> LogTarget {
     }
 }
 
+/// What a listen entry says of the PROXY protocol, as a `Listener` (its backlog left
+/// 0); `refuse` is told what is wrong with it.
+fn listen_proxy(entry: &raw::ListenAddr, refuse: &mut dyn FnMut(String)) -> Listener {
+    let proxy = &entry.proxy;
+    match &proxy.from {
+        Some(_) if !proxy.on => refuse(format!(
+            "{}: `proxy_protocol_from` without `proxy_protocol: true` has no effect",
+            entry.written
+        )),
+        Some(from) if from.is_empty() => refuse(format!(
+            "{}: `proxy_protocol_from: []` lets no peer connect (leave it out to accept the header from any peer)",
+            entry.written
+        )),
+        _ => {}
+    }
+    Listener {
+        addr: entry.addr,
+        backlog: 0,
+        proxy_protocol: proxy.on,
+        proxy_protocol_from: proxy.from.clone().unwrap_or_default(),
+    }
+}
+
+/// Why `wanted` (a later server's entry) cannot share `l`'s address, first listed by
+/// servers[`first`]: the PROXY header is read before the request (and before TLS), so
+/// before the `Host` or SNI that would say which server's setting applies.
+fn proxy_disagreement(l: &Listener, wanted: &Listener, first: usize) -> Option<String> {
+    let addr = l.addr;
+    if l.proxy_protocol != wanted.proxy_protocol {
+        let (with, without) = match l.proxy_protocol {
+            true => (format!("servers[{first}]"), "this one".to_string()),
+            false => ("this one".to_string(), format!("servers[{first}]")),
+        };
+        return Some(format!(
+            "{addr} has `proxy_protocol: true` in {with} and not in {without}: the header comes before the request, so every server on an address must say the same"
+        ));
+    }
+    let same = |a: &[super::cidr::Cidr], b: &[super::cidr::Cidr]| a.iter().all(|c| b.contains(c));
+    let (a, b) = (&l.proxy_protocol_from, &wanted.proxy_protocol_from);
+    if !(same(a, b) && same(b, a)) {
+        return Some(format!(
+            "{addr} has another `proxy_protocol_from` in servers[{first}]: the header comes before the request, so every server on an address must list the same peers"
+        ));
+    }
+    None
+}
+
 /// The certificate `running` loaded from the same two files, if any.
 fn running_certificate(
     running: &Config,
@@ -378,6 +425,8 @@ pub(super) fn validate(
     let mut servers = Vec::with_capacity(raw.servers.len());
     let mut warnings: Vec<String> = Vec::new();
     let mut listeners: Vec<Listener> = Vec::new();
+    // address -> index of the first server that listens on it
+    let mut first_on: HashMap<std::net::SocketAddr, usize> = HashMap::new();
     // (address, name) -> index of the server that claimed it first
     let mut claimed: HashMap<(std::net::SocketAddr, String), usize> = HashMap::new();
     // How often each quoted literal has been met so far, to locate the n-th one.
@@ -440,17 +489,38 @@ pub(super) fn validate(
                 );
             }
         }
-        for (addr, proxy) in s.listen.iter().map(|l| (l.0, l.1 .0)) {
+        for entry in &s.listen {
+            let addr = entry.addr;
+            let (literal, nth) = occurrence(&entry.written);
+            let wanted = listen_proxy(entry, &mut |message| {
+                check.error(&literal, nth, field("listen"), message)
+            });
             match listeners.iter_mut().find(|l| l.addr == addr) {
                 Some(l) => {
                     l.backlog = l.backlog.max(s.backlog);
-                    l.proxy_protocol |= proxy;
+                    let first = first_on.get(&addr).copied().unwrap_or(si);
+                    if let Some(message) = proxy_disagreement(l, &wanted, first) {
+                        check.error(&literal, nth, field("listen"), message);
+                    }
                 }
-                None => listeners.push(Listener {
-                    addr,
-                    backlog: s.backlog,
-                    proxy_protocol: proxy,
-                }),
+                None => {
+                    first_on.insert(addr, si);
+                    // Loopback: only this host's processes (a local balancer) reach it.
+                    let open = !addr.ip().is_loopback();
+                    if open && wanted.proxy_protocol && wanted.proxy_protocol_from.is_empty() {
+                        let (line, col) = locate(text, &literal, nth).unwrap_or((1, 1));
+                        warnings.push(format!(
+                            "{}:{line}:{col}: warning: {}: {addr} takes a PROXY protocol header from any peer, which may then name any client: list the balancers in proxy_protocol_from",
+                            file.display(),
+                            field("listen"),
+                        ));
+                    }
+                    listeners.push(Listener {
+                        addr,
+                        backlog: s.backlog,
+                        ..wanted
+                    });
+                }
             }
             for name in &names {
                 if let Some(first) = claimed.insert((addr, name.clone()), si) {
@@ -763,7 +833,7 @@ pub(super) fn validate(
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
 
         servers.push(Server {
-            listen: s.listen.iter().map(|l| l.0).collect(),
+            listen: s.listen.iter().map(|l| l.addr).collect(),
             names,
             tls,
             access_log: s.access_log.as_ref().map(|t| resolve_log(&base, t)),
@@ -996,6 +1066,36 @@ mod tests {
         assert_eq!(c.listeners.len(), 2);
         assert_eq!(c.listeners[0].backlog, 200);
         assert_eq!(c.listeners[1].addr, "0.0.0.0:9090".parse().unwrap());
+    }
+
+    #[test]
+    fn proxy_protocol_from_is_kept_per_address_and_its_absence_warned_off_loopback() {
+        use super::super::ProxyHeader;
+        let d = site();
+        let text = r#"(
+    servers: [
+        (listen: [(addr: "*:9090", proxy_protocol: true, proxy_protocol_from: ["10.0.0.0/8", "::1"])], names: ["a"], routes: [(prefix: "/", handler: Liveness)]),
+        (listen: [(addr: "0.0.0.0:9090", proxy_protocol: true, proxy_protocol_from: ["::1", "10.0.0.0/8"])], names: ["b"], routes: [(prefix: "/", handler: Liveness)]),
+        (listen: ["127.0.0.1:8080", (addr: "127.0.0.1:8081", proxy_protocol: true), (addr: "0.0.0.0:8082", proxy_protocol: true)], routes: [(prefix: "/", handler: Liveness)]),
+    ],
+)"#;
+        let c = parse(&d.0, text).unwrap();
+        let header = |l: usize, peer: &str| c.listeners[l].proxy_header(peer.parse().unwrap());
+        assert_eq!(header(0, "10.1.2.3"), ProxyHeader::Expected);
+        assert_eq!(header(0, "::ffff:10.1.2.3"), ProxyHeader::Expected);
+        assert_eq!(header(0, "127.0.0.1"), ProxyHeader::Untrusted);
+        assert_eq!(header(1, "10.1.2.3"), ProxyHeader::Off);
+        assert_eq!(header(2, "192.0.2.1"), ProxyHeader::Expected);
+        // Only the address others can reach is warned of, at its entry.
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+        assert!(c.warnings[0].contains("forkd.ron:5:"), "{:?}", c.warnings);
+        assert!(c.warnings[0].contains("0.0.0.0:8082"), "{:?}", c.warnings);
+        let none = text.replace(r#"["::1", "10.0.0.0/8"]"#, "[]");
+        let err = parse(&d.0, &none).unwrap_err();
+        assert!(
+            err.contains("forkd.ron:4:") && err.contains("lets no peer connect"),
+            "{err}"
+        );
     }
 
     const PROXY: &str = r#"(

@@ -109,7 +109,7 @@ counters! { COUNTERS;
     51 RATE_LIMITED           "rate_limited"           "forkd_limited_total" limit = "rate"         "Requests answered 429 over a rate limit.";
     52 CONN_LIMITED           "conn_limited"           "forkd_limited_total" limit = "conn_per_ip"  "Connections answered 503 over conn_per_ip.";
     53 LIMITS_DRY_RUN_HITS    "limits_dry_run_hits"    "forkd_limits_dry_run_hits_total"            "Requests or connections over a DryRun limit (counted, not rejected).";
-    54 PROXY_HEADER_REFUSED   "proxy_header_refused"   "forkd_proxy_header_refused_total"           "Connections closed for a missing or invalid PROXY protocol header.";
+    54 PROXY_HEADER_REFUSED   "proxy_header_refused"   "forkd_proxy_header_refused_total"           "Connections closed for a missing or invalid PROXY protocol header, or from a peer not in proxy_protocol_from.";
     55 CONN_TABLE_FULL        "conn_table_full"        "forkd_limited_total" limit = "table_full"   "Connections answered 503 under conn_per_ip because every limits-table entry their client may use held other clients' connections.";
 }
 

@@ -41,7 +41,7 @@ use forkd_shared::config::Server;
 use forkd_shared::shm::counters;
 use mio::net::TcpStream;
 use nix::sys::socket::sockopt;
-use std::io;
+use std::io::{self, Read};
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -334,24 +334,66 @@ impl Conn {
         self.phase = Phase::Write(After::Linger);
     }
 
-    /// Reads the PROXY header: `None` when it is done (the client address set, the
-    /// connection counted under `conn_per_ip`) or more has been read; `Some` when the
-    /// drive stops here.
+    /// The listener speaks PROXY protocol, but the peer is not in its
+    /// `proxy_protocol_from`: it may not name a client. Closed unread (counted with
+    /// the refused headers; logged at most once a second).
+    pub fn refuse_untrusted_peer(&self, svc: &mut Services) -> Verdict {
+        svc.stats.bump(counters::PROXY_HEADER_REFUSED, 1);
+        let addr = svc.config.listeners.get(usize::from(self.listener));
+        let addr = addr.map(|l| l.addr.to_string()).unwrap_or_default();
+        let peer = self.peer;
+        svc.proxy_log.note(svc.clock.now_us, || {
+            format!(
+                "connection from {peer} to {addr}, a peer not in its proxy_protocol_from: closing"
+            )
+        });
+        Verdict::Close
+    }
+
+    /// Reads the PROXY header from the socket itself, not the transport: on an HTTPS
+    /// address it comes before the TLS handshake, and rustls must not see it. The
+    /// socket is peeked at until the header is complete, then exactly its bytes are
+    /// read, so what follows (a request, or a ClientHello) is left for the transport.
+    /// `None` when it is done (the client address set, the connection counted under
+    /// `conn_per_ip`); `Some` when the drive stops here.
     fn proxy_header(&mut self, svc: &mut Services) -> Option<Verdict> {
-        let busy = self.busy.get_or_insert_with(|| svc.take_busy());
-        match proxy_protocol::parse(&busy.inbuf[busy.in_start..busy.in_end]) {
-            Ok(Parsed::Incomplete) => match self.fill(svc) {
-                Ok(true) => None,
-                Ok(false) => Some(Verdict::Keep),
-                Err(_) => Some(Verdict::Close),
-            },
+        if !self.readable {
+            return Some(Verdict::Keep);
+        }
+        // Any complete header fits: a v1 line is at most 107 bytes.
+        let mut buf = [0u8; proxy_protocol::V2_MAX];
+        let seen = loop {
+            match self.stream.peek(&mut buf) {
+                Ok(0) => return Some(Verdict::Close),
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.readable = false;
+                    return Some(Verdict::Keep);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return Some(Verdict::Close),
+            }
+        };
+        match proxy_protocol::parse(&buf[..seen]) {
+            Ok(Parsed::Incomplete) => {
+                // Everything the socket holds was seen: the next edge says more came.
+                self.readable = false;
+                Some(Verdict::Keep)
+            }
             Ok(Parsed::Done { len, client }) => {
-                busy.consume(len);
+                if self.stream.read_exact(&mut buf[..len]).is_err() {
+                    return Some(Verdict::Close);
+                }
+                let now = svc.clock.now_us;
+                svc.stats.bytes_in(len as u64);
+                self.progress = now;
                 if let Some(client) = client {
                     self.peer = client.ip();
                 }
                 self.phase = Phase::ReadHead;
-                self.idle_since = svc.clock.now_us;
+                self.idle_since = now;
+                // The bytes after the header are still in the socket.
+                self.readable = true;
                 let server = usize::from(self.server);
                 match crate::limits::admit::connection(svc, server, self.peer) {
                     crate::limits::admit::Connection::Admit(held) => self.hold(held),
@@ -361,10 +403,10 @@ impl Conn {
             }
             Err(e) => {
                 svc.stats.bump(counters::PROXY_HEADER_REFUSED, 1);
-                forkd_shared::info!(
-                    "connection from {} without a valid PROXY header ({e:?}): closing",
-                    self.peer
-                );
+                let peer = self.peer;
+                svc.proxy_log.note(svc.clock.now_us, || {
+                    format!("connection from {peer} without a valid PROXY header ({e:?}): closing")
+                });
                 Some(Verdict::Close)
             }
         }
@@ -1025,10 +1067,10 @@ impl Conn {
             Phase::Linger => Verdict::Close,
             Phase::ProxyHeader => {
                 svc.stats.bump(counters::PROXY_HEADER_REFUSED, 1);
-                forkd_shared::info!(
-                    "connection from {} sent no PROXY header within header_timeout: closing",
-                    self.peer
-                );
+                let peer = self.peer;
+                svc.proxy_log.note(svc.clock.now_us, || {
+                    format!("connection from {peer} sent no PROXY header within header_timeout: closing")
+                });
                 Verdict::Close
             }
             Phase::Proxy => self.proxy_timeout(key, svc),

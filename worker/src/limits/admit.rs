@@ -23,7 +23,8 @@ pub struct LimitLog {
 }
 
 impl LimitLog {
-    fn note(&mut self, now: Micros, line: impl FnOnce() -> String) {
+    /// Logs `line` unless a line was logged less than a second ago (then counts it).
+    pub fn note(&mut self, now: Micros, line: impl FnOnce() -> String) {
         if now < self.next_at {
             self.suppressed += 1;
             return;

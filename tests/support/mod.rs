@@ -10,6 +10,7 @@
 //! | `load` | the load client (`Load`, per-kind counts and failure reasons) and the site it asks for |
 //! | `port` | `PortReservation`: ports held until the daemon is gone |
 //! | `process` | /proc (children, state, descriptors, sockets), signals, `forkd` as a CLI |
+//! | `scripted` | `ScriptedUpstream`: raw bytes per connection, a script of reads and writes (a misbehaving upstream) |
 //! | `stats` | `forkd stats --json`, parsed |
 //! | `upstream` | `TestUpstream`: a threaded HTTP/1.1 upstream with faults on demand |
 //! | `wait` | polling with a deadline |
@@ -21,6 +22,7 @@ pub mod http;
 pub mod load;
 pub mod port;
 pub mod process;
+pub mod scripted;
 pub mod stats;
 pub mod upstream;
 pub mod wait;

@@ -106,7 +106,6 @@ pub struct Session {
     head_reported: bool,
     body_reported: bool,
     progressed: bool,
-    last_failure: Option<Failure>,
 }
 
 impl Session {
@@ -141,7 +140,6 @@ impl Session {
             head_reported: false,
             body_reported: false,
             progressed: false,
-            last_failure: None,
         }
     }
 
@@ -191,9 +189,10 @@ impl Session {
         self.socket.as_mut()
     }
 
-    /// The failure that ended the last attempt, for the error log.
+    /// The failure that ended the last attempt, for the error log: the exchange's,
+    /// so one it found itself (an event its state did not expect) is named too.
     pub fn last_failure(&self) -> Option<Failure> {
-        self.last_failure
+        self.exchange.last_failure()
     }
 
     /// Whether bytes moved since the last call (re-arm a `rearm_on_progress` deadline).
@@ -503,7 +502,6 @@ impl Session {
     }
 
     fn fail(&mut self, failure: Failure) -> Step {
-        self.last_failure = Some(failure);
         let action = self.exchange.on(Event::Failed(failure));
         self.act(action)
     }

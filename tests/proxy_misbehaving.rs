@@ -1,7 +1,8 @@
 //! Upstreams that do what HTTP allows but few do, or what it does not allow, end to
 //! end against one worker (so a pooled connection is the next request's), each
 //! scripted byte for byte (`support::scripted`): a response that begins before the
-//! request body is sent whole.
+//! request body is sent whole, bytes past a response without a body, and a head
+//! split over two reads with bytes past its body.
 
 mod support;
 use std::io::{ErrorKind, Read, Write};
@@ -116,4 +117,82 @@ fn a_response_that_ends_before_the_upload_closes_the_client_after_it_and_is_not_
     assert!(matches!(up.wait_ended(0, WAIT), Some(Ended::Finished)));
     let r = d.get("/after");
     assert_eq!((r.status, r.body_str().as_str()), (200, "fresh"));
+}
+
+#[test]
+fn bytes_after_a_response_to_head_are_never_pooled() {
+    // The upstream answers HEAD with a head and then 100 000 bytes nobody asked for:
+    // more than one read, so some are still in the socket when the response ends.
+    let mut junk = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n".to_vec();
+    junk.extend(std::iter::repeat_n(b'x', 100_000));
+    let up = ScriptedUpstream::start(vec![
+        Script::new().read_head().write(&junk).await_close(),
+        Script::new()
+            .read_head()
+            .write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh")
+            .await_close(),
+    ]);
+    let d = proxy_daemon(&up, "");
+    let mut s = d.connect();
+    s.write_all(b"HEAD /h HTTP/1.1\r\nHost: h\r\n\r\n").unwrap();
+    let mut got = Vec::new();
+    read_through(&mut s, &mut got, b"\r\n\r\n").unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n"
+    );
+    // The next request on the worker goes on a new upstream connection.
+    s.write_all(b"GET /next HTTP/1.1\r\nHost: h\r\n\r\n").unwrap();
+    let mut next = Vec::new();
+    read_through(&mut s, &mut next, b"fresh").unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&next),
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh"
+    );
+    assert_eq!(up.connections(), 2);
+    assert!(
+        matches!(up.wait_ended(0, WAIT), Some(Ended::Finished)),
+        "forkd closed the connection with bytes left over"
+    );
+}
+
+#[test]
+fn a_head_split_over_two_reads_with_bytes_past_its_body_ends_the_exchange() {
+    // The head arrives in two reads; the second brings the body and 4 bytes more.
+    let up = ScriptedUpstream::start(vec![
+        Script::new()
+            .read_head()
+            .write_split(
+                &[b"HTTP/1.1 200 OK\r\nContent-", b"Length: 2\r\n\r\nokJUNK"],
+                Duration::from_millis(200),
+            )
+            .await_close(),
+        Script::new()
+            .read_head()
+            .write(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond")
+            .await_close(),
+    ]);
+    // Before the fix the exchange waited for `read_timeout`, then closed the client.
+    let d = proxy_daemon(&up, "read_timeout: \"2s\",");
+    let mut s = d.connect();
+    s.write_all(b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n").unwrap();
+    let mut got = Vec::new();
+    read_through(&mut s, &mut got, b"ok").unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    );
+    s.write_all(b"GET /b HTTP/1.1\r\nHost: h\r\n\r\n").unwrap();
+    let mut next = Vec::new();
+    read_through(&mut s, &mut next, b"second").unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&next),
+        "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond"
+    );
+    assert!(
+        matches!(up.wait_ended(0, WAIT), Some(Ended::Finished)),
+        "the connection with bytes left over was closed, not pooled"
+    );
+    let log = d.error_log();
+    assert!(!log.contains("[error]"), "{log}");
 }

@@ -2,7 +2,7 @@
 //! end against one worker (so a pooled connection is the next request's), each
 //! scripted byte for byte (`support::scripted`): a response that begins before the
 //! request body is sent whole, bytes past a response without a body, and a head
-//! split over two reads with bytes past its body.
+//! split over two reads with bytes past its body, a trailer line that is not a field.
 
 mod support;
 use std::io::{ErrorKind, Read, Write};
@@ -76,7 +76,8 @@ fn a_response_that_streams_while_the_upload_is_read_gets_the_whole_upload_and_re
     assert!(received.ends_with("\r\n\r\nhello"), "{received:?}");
     // The request and the response were both whole: both connections go on, the
     // upstream one from its pool.
-    s.write_all(b"GET /next HTTP/1.1\r\nHost: h\r\n\r\n").unwrap();
+    s.write_all(b"GET /next HTTP/1.1\r\nHost: h\r\n\r\n")
+        .unwrap();
     let mut next = Vec::new();
     read_through(&mut s, &mut next, b"again").unwrap();
     assert_eq!(
@@ -142,7 +143,8 @@ fn bytes_after_a_response_to_head_are_never_pooled() {
         "HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n"
     );
     // The next request on the worker goes on a new upstream connection.
-    s.write_all(b"GET /next HTTP/1.1\r\nHost: h\r\n\r\n").unwrap();
+    s.write_all(b"GET /next HTTP/1.1\r\nHost: h\r\n\r\n")
+        .unwrap();
     let mut next = Vec::new();
     read_through(&mut s, &mut next, b"fresh").unwrap();
     assert_eq!(
@@ -195,4 +197,42 @@ fn a_head_split_over_two_reads_with_bytes_past_its_body_ends_the_exchange() {
     );
     let log = d.error_log();
     assert!(!log.contains("[error]"), "{log}");
+}
+
+#[test]
+fn a_trailer_line_that_is_not_a_field_never_reaches_the_client() {
+    // A folded line in the trailer section: a receiver could read it as a field of
+    // its own, or as part of the one before.
+    let up = ScriptedUpstream::start(vec![Script::new()
+        .read_head()
+        .write(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n\
+              0\r\nX-Sum: 1\r\n Injected: yes\r\n\r\n",
+        )
+        .await_close()]);
+    let d = proxy_daemon(&up, "");
+    let mut s = d.connect();
+    s.write_all(b"GET /t HTTP/1.1\r\nHost: h\r\nTE: trailers\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    // Read with the head: a 502 of forkd's own. Read after the head went out: the
+    // response is cut after its data. Never the trailers.
+    let got = String::from_utf8_lossy(&read_to_close(&mut s)).into_owned();
+    let cut =
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n";
+    assert!(
+        got.starts_with("HTTP/1.1 502 Bad Gateway\r\n") || got == cut,
+        "{got:?}"
+    );
+    assert!(
+        !got.contains("X-Sum") && !got.contains("Injected"),
+        "{got:?}"
+    );
+    assert!(
+        d.wait_for_log("upstream app 127.0.0.1", Duration::from_secs(10)),
+        "{}",
+        d.error_log()
+    );
+    let log = d.error_log();
+    assert_eq!(log.matches("[error]").count(), 1, "logged once: {log}");
+    assert!(log.contains("invalid or truncated response body"), "{log}");
 }

@@ -1,8 +1,8 @@
 //! Upstreams that do what HTTP allows but few do, or what it does not allow, end to
 //! end against one worker (so a pooled connection is the next request's), each
 //! scripted byte for byte (`support::scripted`): a response that begins before the
-//! request body is sent whole, bytes past a response without a body, and a head
-//! split over two reads with bytes past its body, a trailer line that is not a field.
+//! request body is sent whole, bytes past a response without a body, a head split
+//! over two reads with bytes past its body, and a trailer line that is not a field.
 
 mod support;
 use std::io::{ErrorKind, Read, Write};

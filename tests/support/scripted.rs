@@ -320,9 +320,7 @@ impl Runner<'_> {
                 Ok(n) => {
                     self.buf.extend_from_slice(&chunk[..n]);
                     let mut conns = self.shared.connections.lock().unwrap();
-                    conns[self.index]
-                        .received
-                        .extend_from_slice(&chunk[..n]);
+                    conns[self.index].received.extend_from_slice(&chunk[..n]);
                     return Ok(());
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,

@@ -617,7 +617,10 @@ mod tests {
                 Event::ResponseBytes,
             ],
         );
-        assert!(actions.iter().all(|a| *a == Action::Continue), "{actions:?}");
+        assert!(
+            actions.iter().all(|a| *a == Action::Continue),
+            "{actions:?}"
+        );
         assert_eq!(x.state, State::StreamingResponseBody { server: 0 });
         assert!(x.request_complete());
         assert_eq!(

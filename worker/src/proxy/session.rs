@@ -938,10 +938,8 @@ mod tests {
         assert!(matches!(step, Step::Done { pool: None }), "{step:?}");
 
         // The same without bytes past it is pooled.
-        let (addr, _open) = raw_upstream(vec![
-            b"HTTP/1.1 200 OK\r\nContent-",
-            b"Length: 2\r\n\r\nok",
-        ]);
+        let (addr, _open) =
+            raw_upstream(vec![b"HTTP/1.1 200 OK\r\nContent-", b"Length: 2\r\n\r\nok"]);
         let mut s = session(1024, 1);
         s.attach(0, connect(addr), None);
         let (_, step) = drive(&mut s, addr, usize::MAX);

@@ -249,8 +249,7 @@ impl ResponseStream {
                         // Every input byte joins the head so far.
                         partial.extend_from_slice(&input[fed.consumed..]);
                         fed.consumed = input.len();
-                        if partial.len() < self.ctx.max_head && !head_may_end(partial, *scanned)
-                        {
+                        if partial.len() < self.ctx.max_head && !head_may_end(partial, *scanned) {
                             *scanned = partial.len();
                             return Ok(fed);
                         }
@@ -753,7 +752,11 @@ mod tests {
             fed += 1;
         }
         assert_eq!(result, Err(StreamError::Head(ResponseError::TooLarge)));
-        assert_eq!(fed + 20, CTX.max_head, "refused when the head reached max_head");
+        assert_eq!(
+            fed + 20,
+            CTX.max_head,
+            "refused when the head reached max_head"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! | `port` | `PortReservation`: ports held until the daemon is gone |
 //! | `process` | /proc (children, state, descriptors, sockets), signals, `forkd` as a CLI |
 //! | `serial` | `SerialUpstream`: an application server that serves one connection at a time (gunicorn's sync worker), to see what a slow client costs it |
+//! | `scripted` | `ScriptedUpstream`: raw bytes per connection, a script of reads and writes (a misbehaving upstream) |
 //! | `stats` | `forkd stats --json`, parsed |
 //! | `upstream` | `TestUpstream`: a threaded HTTP/1.1 upstream with faults on demand |
 //! | `wait` | polling with a deadline |
@@ -25,6 +26,7 @@ pub mod load;
 pub mod port;
 pub mod process;
 pub mod serial;
+pub mod scripted;
 pub mod stats;
 pub mod upstream;
 pub mod wait;

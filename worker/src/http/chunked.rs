@@ -14,6 +14,12 @@
 //!   `max_trailer_bytes` (the server's `max_header_bytes`) and [`MAX_HEADERS`] fields;
 //!   more is 431.
 //!
+//! Trailer lines must be fields (RFC 9110 §5.5, RFC 9112 §5): a token, a colon, a
+//! value of visible characters, spaces and tabs. A line that starts with whitespace
+//! (obs-fold), has no colon, or a NUL or other control character in it is 400: a
+//! relayed body is re-encoded with its trailers, and the receiver must never get a
+//! line it could read as something else.
+//!
 //! Every limit is checked on the byte that crosses it, so the answer goes out at once
 //! instead of after the client has sent the rest.
 //!
@@ -49,13 +55,18 @@ pub enum ChunkedError {
     ExtensionTooLong,
     /// The trailer section over `max_trailer_bytes`, or more than [`MAX_HEADERS`] fields.
     TrailersTooLarge,
+    /// A trailer line that is not a field: leading whitespace, no `name:`, or a
+    /// control character.
+    BadTrailer,
 }
 
 impl ChunkedError {
     /// The status that answers the request.
     pub fn status(self) -> Status {
         match self {
-            ChunkedError::BadFraming | ChunkedError::ExtensionTooLong => Status::BAD_REQUEST,
+            ChunkedError::BadFraming
+            | ChunkedError::ExtensionTooLong
+            | ChunkedError::BadTrailer => Status::BAD_REQUEST,
             ChunkedError::TooLarge => Status::CONTENT_TOO_LARGE,
             ChunkedError::TrailersTooLarge => Status::HEADER_FIELDS_TOO_LARGE,
         }
@@ -68,6 +79,7 @@ impl ChunkedError {
             ChunkedError::TooLarge => "chunked body too large",
             ChunkedError::ExtensionTooLong => "chunk extension too long",
             ChunkedError::TrailersTooLarge => "trailer section too large",
+            ChunkedError::BadTrailer => "invalid trailer field",
         }
     }
 }
@@ -92,8 +104,10 @@ enum State {
     DataLf,
     /// At the start of a trailer line (or the final empty line).
     TrailerStart,
-    /// Inside a trailer field line, skipping to CR.
-    TrailerLine,
+    /// In a trailer field's name, up to its colon.
+    TrailerName,
+    /// In a trailer field's value, up to CR.
+    TrailerValue,
     /// Expecting LF of a trailer field line.
     TrailerLf,
     /// Expecting LF of the final empty line.
@@ -219,7 +233,11 @@ impl ChunkedDecoder {
     fn framing_byte(&mut self, b: u8) -> Result<(), ChunkedError> {
         if matches!(
             self.state,
-            State::TrailerStart | State::TrailerLine | State::TrailerLf | State::EndLf
+            State::TrailerStart
+                | State::TrailerName
+                | State::TrailerValue
+                | State::TrailerLf
+                | State::EndLf
         ) {
             self.trailer_bytes += 1;
             if self.trailer_bytes > self.max_trailer_bytes {
@@ -272,22 +290,38 @@ impl ChunkedDecoder {
             State::TrailerStart => match b {
                 b'\r' => State::EndLf,
                 b'\n' => return Err(ChunkedError::BadFraming),
-                _ => {
+                // A name starts the line: whitespace here is obs-fold (or a name
+                // that starts with a space), either is refused.
+                _ if is_tchar(b) => {
                     self.trailer_fields += 1;
                     if self.trailer_fields > MAX_HEADERS {
                         return Err(ChunkedError::TrailersTooLarge);
                     }
                     self.keep_trailer(b);
-                    State::TrailerLine
+                    State::TrailerName
                 }
+                _ => return Err(ChunkedError::BadTrailer),
             },
-            State::TrailerLine => match b {
+            State::TrailerName => match b {
+                b':' => {
+                    self.keep_trailer(b);
+                    State::TrailerValue
+                }
+                _ if is_tchar(b) => {
+                    self.keep_trailer(b);
+                    State::TrailerName
+                }
+                // Whitespace before the colon, a line without one, a NUL.
+                _ => return Err(ChunkedError::BadTrailer),
+            },
+            State::TrailerValue => match b {
                 b'\r' => State::TrailerLf,
                 b'\n' => return Err(ChunkedError::BadFraming),
-                _ => {
+                _ if is_field_value_byte(b) => {
                     self.keep_trailer(b);
-                    State::TrailerLine
+                    State::TrailerValue
                 }
+                _ => return Err(ChunkedError::BadTrailer),
             },
             State::TrailerLf if b == b'\n' => {
                 if let Some(kept) = self.trailers.as_mut() {
@@ -317,6 +351,17 @@ impl ChunkedDecoder {
         }
         Ok(State::Extension { len: len + 1 })
     }
+}
+
+/// A byte of a token (RFC 9110 §5.6.2): a field name.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// A byte a field value may hold (RFC 9110 §5.5): visible characters, obs-text,
+/// space and tab; never NUL, CR, LF or another control character.
+fn is_field_value_byte(b: u8) -> bool {
+    b == b' ' || b == b'\t' || (0x21..=0x7e).contains(&b) || b >= 0x80
 }
 
 fn hex_value(b: u8) -> Option<u8> {
@@ -521,6 +566,52 @@ mod tests {
         let mut d = ChunkedDecoder::new(100, 1024);
         d.decode(b"0\r\nX: 1\r\n\r\n").unwrap();
         assert!(d.is_done() && d.trailers().is_empty());
+    }
+
+    #[test]
+    fn trailer_lines_must_be_fields() {
+        for good in [
+            &b"0\r\nX-Sum: 1\r\n\r\n"[..],
+            b"0\r\nX:\r\n\r\n",
+            b"0\r\nX:v\r\n\r\n",
+            b"0\r\nX: a\tb \xe9\r\n\r\n",
+            b"0\r\n!#$%&'*+-.^_`|~09az: 1\r\n\r\n",
+        ] {
+            let mut d = ChunkedDecoder::new(100, TRAILERS).keeping_trailers();
+            assert_eq!(d.decode(good), Ok(good.len()), "{good:?}");
+            assert!(d.is_done());
+            assert_eq!(d.trailers(), &good[3..good.len() - 2], "kept as sent");
+        }
+        for bad in [
+            &b"0\r\n folded: 1\r\n\r\n"[..],
+            b"0\r\nX: 1\r\n\tcontinued\r\n\r\n",
+            b"0\r\nno colon\r\n\r\n",
+            b"0\r\nnocolon\r\n\r\n",
+            b"0\r\nX : 1\r\n\r\n",
+            b"0\r\n: 1\r\n\r\n",
+            b"0\r\nX\0: 1\r\n\r\n",
+            b"0\r\nX: a\0b\r\n\r\n",
+            b"0\r\nX: \x7f\r\n\r\n",
+            b"0\r\nX: \x1b[2J\r\n\r\n",
+        ] {
+            for keep in [false, true] {
+                let mut d = ChunkedDecoder::new(100, TRAILERS);
+                if keep {
+                    d = d.keeping_trailers();
+                }
+                assert_eq!(
+                    d.decode(bad),
+                    Err(ChunkedError::BadTrailer),
+                    "{:?}",
+                    String::from_utf8_lossy(bad)
+                );
+            }
+        }
+        assert_eq!(ChunkedError::BadTrailer.status(), Status::BAD_REQUEST);
+        // A bare LF or CR is still a framing error.
+        for bad in [&b"0\r\nX: 1\n\r\n"[..], b"0\r\nX: a\rb\r\n\r\n"] {
+            assert_eq!(decode_all(bad, 100), Err(ChunkedError::BadFraming));
+        }
     }
 
     #[test]

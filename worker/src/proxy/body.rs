@@ -23,7 +23,8 @@ pub const MAX_TRAILERS: usize = 8 * 1024;
 /// Why a body could not be relayed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyError {
-    /// Bad chunk framing (size, line ends, extensions or trailers too large).
+    /// Bad chunk framing (size, line ends, extensions or trailers too large, a
+    /// trailer line that is not a field).
     BadChunk,
     /// The sender closed before the end of a `Content-Length` or chunked body.
     Truncated,
@@ -38,7 +39,8 @@ impl From<ChunkedError> for BodyError {
             ChunkedError::TooLarge => BodyError::TooLarge,
             ChunkedError::BadFraming
             | ChunkedError::ExtensionTooLong
-            | ChunkedError::TrailersTooLarge => BodyError::BadChunk,
+            | ChunkedError::TrailersTooLarge
+            | ChunkedError::BadTrailer => BodyError::BadChunk,
         }
     }
 }
@@ -308,6 +310,22 @@ mod tests {
             at += n;
         }
         (out, at)
+    }
+
+    #[test]
+    fn a_trailer_line_that_is_not_a_field_is_a_bad_chunk_and_never_relayed() {
+        for bad in [
+            &b"0\r\nX: 1\r\n folded\r\n\r\n"[..],
+            b"0\r\nX: a\0b\r\n\r\n",
+            b"0\r\nHTTP/1.1 200 OK\r\n\r\n",
+        ] {
+            let mut body = b"3\r\nabc\r\n".to_vec();
+            body.extend_from_slice(bad);
+            let mut relay = Relay::new(Decoder::chunked(), Encoder::Chunked, 1024);
+            assert_eq!(relay.feed(&body), Err(BodyError::BadChunk), "{bad:?}");
+            assert_eq!(relay.pending(), b"3\r\nabc\r\n", "no end, no trailer");
+            assert!(!relay.is_finished());
+        }
     }
 
     #[test]

@@ -19,8 +19,13 @@
 //! sit beside it in the client connection's busy state; a request whose body bytes
 //! already left the relay is not replayable.
 //!
-//! The response may start before the request body is complete (an application may
-//! answer early, e.g. 413): `ResponseBytes` is accepted in every sending state.
+//! The response may start before the request body is complete: an application may
+//! answer early (a 413) or stream while it reads the upload (an echo, a progress
+//! report). `ResponseBytes` and the heads are accepted in every sending state, and
+//! once the response began the rest of the request goes on in
+//! `StreamingResponseBody` (`HeadWritten`, `RequestBodyDone` still come): both
+//! directions move at once. A response that ends before the request was sent whole
+//! releases the connection unpooled (its framing is off) and the request stops there.
 
 use super::retry::{self, AttemptState, Budget, Decision, Failure};
 use forkd_shared::config::Upstream;
@@ -36,7 +41,8 @@ pub enum State {
     StreamingRequestBody { server: usize },
     /// Request sent; waiting for the (final) response head.
     AwaitingHead { server: usize },
-    /// Relaying the response body to the client.
+    /// Relaying the response body to the client (and the rest of the request body
+    /// upstream, when the response began first).
     StreamingResponseBody { server: usize },
     /// Finished; `reusable`: the upstream connection may go back to its pool.
     Done { reusable: bool },
@@ -111,6 +117,9 @@ pub struct Exchange {
     tried: u64,
     attempt: AttemptState,
     budget: Budget,
+    /// The failure that ended the last attempt (the current one's once it failed),
+    /// whoever reported it: an event the state does not expect fails here too.
+    last_failure: Option<Failure>,
 }
 
 impl Exchange {
@@ -136,6 +145,7 @@ impl Exchange {
                 stale_used: false,
                 retries,
             },
+            last_failure: None,
         }
     }
 
@@ -213,6 +223,17 @@ impl Exchange {
         self.attempt.whole_copy = whole;
     }
 
+    /// The failure that ended the last failed attempt, for the error log and the
+    /// server's failure count.
+    pub fn last_failure(&self) -> Option<Failure> {
+        self.last_failure
+    }
+
+    /// The request was written whole (head and body).
+    pub fn request_complete(&self) -> bool {
+        self.request_complete
+    }
+
     /// Request body bytes left the replay copy: a retry could not resend them.
     pub fn body_not_replayable(&mut self) {
         self.attempt.replayable = false;
@@ -258,6 +279,12 @@ impl Exchange {
                 self.state = State::AwaitingHead { server };
                 Action::Continue
             }
+            // The response began first; the request goes on beside it.
+            (State::StreamingResponseBody { .. }, Event::HeadWritten) => Action::Continue,
+            (State::StreamingResponseBody { .. }, Event::RequestBodyDone) => {
+                self.request_complete = true;
+                Action::Continue
+            }
             (_, Event::ResponseBytes) => {
                 self.attempt.response_bytes_seen = true;
                 Action::Continue
@@ -294,6 +321,7 @@ impl Exchange {
     }
 
     fn fail(&mut self, failure: Failure) -> Action {
+        self.last_failure = Some(failure);
         let server = self.server().unwrap_or(0);
         let servers_left = (self.tried.count_ones() as usize) < self.servers;
         let decision = retry::decide(
@@ -574,6 +602,63 @@ mod tests {
             });
             assert_eq!(done, Action::Release { reusable });
         }
+    }
+
+    #[test]
+    fn a_response_that_begins_before_the_body_is_sent_goes_on_beside_it() {
+        // The upstream streams while it reads the upload: head, body, then the end.
+        let mut x = Exchange::new("POST", 1, 1);
+        x.start(0, true);
+        let actions = run(
+            &mut x,
+            &[
+                Event::Wrote { n: 40 },
+                Event::ResponseBytes,
+                Event::FinalHead {
+                    has_body: true,
+                    reusable: true,
+                },
+                Event::HeadWritten,
+                Event::Wrote { n: 5 },
+                Event::RequestBodyDone,
+                Event::ResponseBytes,
+            ],
+        );
+        assert!(
+            actions.iter().all(|a| *a == Action::Continue),
+            "{actions:?}"
+        );
+        assert_eq!(x.state, State::StreamingResponseBody { server: 0 });
+        assert!(x.request_complete());
+        assert_eq!(
+            x.on(Event::ResponseDone { reusable: true }),
+            Action::Release { reusable: true },
+            "both directions whole: the connection may be pooled"
+        );
+        assert_eq!(x.last_failure(), None);
+    }
+
+    #[test]
+    fn an_event_the_state_does_not_expect_is_a_failure_the_exchange_records() {
+        let mut x = Exchange::new("GET", 1, 1);
+        x.start(0, false);
+        assert_eq!(x.last_failure(), None);
+        assert_eq!(
+            x.on(Event::ResponseDone { reusable: true }),
+            Action::Respond(502)
+        );
+        assert_eq!(x.last_failure(), Some(Failure::BadResponse));
+        let mut y = Exchange::new("GET", 2, 1);
+        y.start(0, false);
+        y.on(Event::Failed(Failure::ConnectRefused));
+        y.start(1, false);
+        assert_eq!(
+            y.last_failure(),
+            Some(Failure::ConnectRefused),
+            "the last failed attempt's until another fails"
+        );
+        y.on(Event::Failed(Failure::Reset));
+        assert_eq!(y.last_failure(), Some(Failure::Reset));
     }
 
     #[test]

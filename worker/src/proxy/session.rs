@@ -106,7 +106,6 @@ pub struct Session {
     head_reported: bool,
     body_reported: bool,
     progressed: bool,
-    last_failure: Option<Failure>,
 }
 
 impl Session {
@@ -141,7 +140,6 @@ impl Session {
             head_reported: false,
             body_reported: false,
             progressed: false,
-            last_failure: None,
         }
     }
 
@@ -211,9 +209,10 @@ impl Session {
         self.socket.as_mut()
     }
 
-    /// The failure that ended the last attempt, for the error log.
+    /// The failure that ended the last attempt, for the error log: the exchange's,
+    /// so one it found itself (an event its state did not expect) is named too.
     pub fn last_failure(&self) -> Option<Failure> {
-        self.last_failure
+        self.exchange.last_failure()
     }
 
     /// Whether bytes moved since the last call (re-arm a `rearm_on_progress` deadline).
@@ -458,7 +457,8 @@ impl Session {
     /// Feeds inbox bytes to the response stream.
     fn deliver(&mut self) -> Option<Step> {
         if self.response.is_read_whole() && self.inbox_at == self.inbox_end {
-            return Some(self.complete(true));
+            let clean = self.nothing_past_response();
+            return Some(self.complete(clean));
         }
         let fed = match self
             .response
@@ -480,20 +480,43 @@ impl Session {
                 return Some(self.switched());
             }
             let has_body = head.upstream_body != super::response_head::UpstreamBody::None;
-            let event = Event::FinalHead {
-                has_body,
-                reusable: head.upstream_reusable,
-            };
+            // Without a body the response ends here: pooled only if nothing follows
+            // it (else the next request on the connection would read those bytes as
+            // its response).
+            let reusable = head.upstream_reusable && (has_body || self.nothing_past_response());
+            let event = Event::FinalHead { has_body, reusable };
             if let Some(step) = self.apply(event) {
                 return Some(step);
             }
         }
         if self.response.is_read_whole() {
-            // Bytes beyond the response: nobody asked for them, do not pool.
-            let clean = self.inbox_at == self.inbox_end;
+            let clean = self.nothing_past_response();
             return Some(self.complete(clean));
         }
         None
+    }
+
+    /// Whether nothing came past the response just read whole: no bytes left in the
+    /// inbox or held back by the stream, and none in the socket. Bytes nobody asked
+    /// for mean the connection must not be pooled. The socket is looked at only
+    /// when the last read did not empty it (a full read, or an edge since); bytes
+    /// that come later raise an edge on the idle pooled connection, which evicts it.
+    fn nothing_past_response(&mut self) -> bool {
+        if self.inbox_at < self.inbox_end || self.response.has_excess() || self.hung_up {
+            return false;
+        }
+        if !self.readable {
+            return true;
+        }
+        let mut byte = [0u8; 1];
+        match self.socket.as_ref().map(|s| s.peek(&mut byte)) {
+            Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.readable = false;
+                true
+            }
+            // Bytes, the close, or an error: not a connection to pool.
+            _ => false,
+        }
     }
 
     /// The exchange ends in a switch: the socket and the bytes read past the 101 head
@@ -543,7 +566,6 @@ impl Session {
     }
 
     fn fail(&mut self, failure: Failure) -> Step {
-        self.last_failure = Some(failure);
         let action = self.exchange.on(Event::Failed(failure));
         self.act(action)
     }
@@ -638,11 +660,16 @@ mod tests {
     }
 
     /// An upstream that, per accepted connection, answers the requests with the
-    /// listed responses, then closes and reports it on the channel.
-    fn upstream(per_connection: Vec<Vec<&'static [u8]>>) -> (SocketAddr, mpsc::Receiver<usize>) {
+    /// listed responses, then closes once told (a message on the sender it returns,
+    /// or its drop) and reports it on the channel. A connection the upstream closed
+    /// is never pooled, so a test that wants one pooled holds the sender.
+    fn upstream(
+        per_connection: Vec<Vec<&'static [u8]>>,
+    ) -> (SocketAddr, mpsc::Receiver<usize>, mpsc::Sender<()>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = mpsc::channel();
+        let (close, close_rx) = mpsc::channel::<()>();
         std::thread::spawn(move || {
             for (i, responses) in per_connection.into_iter().enumerate() {
                 let Ok((mut s, _)) = listener.accept() else {
@@ -654,11 +681,12 @@ mod tests {
                     }
                     s.write_all(r).unwrap();
                 }
+                let _ = close_rx.recv();
                 drop(s);
                 let _ = tx.send(i);
             }
         });
-        (addr, rx)
+        (addr, rx, close)
     }
 
     fn session(capacity: usize, servers: usize) -> Session {
@@ -760,7 +788,7 @@ mod tests {
 
     #[test]
     fn a_get_on_a_new_connection_ends_with_the_connection_poolable() {
-        let (addr, _) = upstream(vec![vec![
+        let (addr, _, _open) = upstream(vec![vec![
             b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
         ]]);
         let mut s = session(1024, 1);
@@ -778,9 +806,10 @@ mod tests {
     #[test]
     fn a_pooled_connection_the_upstream_closed_is_replaced_transparently() {
         let ok: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
-        let (addr, closed) = upstream(vec![vec![ok], vec![ok]]);
+        let (addr, closed, close) = upstream(vec![vec![ok], vec![ok]]);
         let (pooled, requests) = pooled_connection(addr);
         // The upstream closes the idle connection (its idle timeout).
+        close.send(()).unwrap();
         assert_eq!(closed.recv_timeout(Duration::from_secs(10)), Ok(0));
         let mut second = session(1024, 1);
         second.attach(0, pooled, Some(requests));
@@ -797,9 +826,10 @@ mod tests {
     #[test]
     fn a_post_meeting_a_pooled_connection_the_upstream_closed_goes_to_a_fresh_one() {
         let ok: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
-        let (addr, closed) = upstream(vec![vec![ok], vec![ok]]);
+        let (addr, closed, close) = upstream(vec![vec![ok], vec![ok]]);
         let (pooled, requests) = pooled_connection(addr);
         // The upstream closes the idle connection before its close is handled here.
+        close.send(()).unwrap();
         assert_eq!(closed.recv_timeout(Duration::from_secs(10)), Ok(0));
         std::thread::sleep(Duration::from_millis(50)); // the FIN is in
         let head = b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\n".to_vec();
@@ -847,7 +877,8 @@ mod tests {
                 .concat()
                 .into_boxed_slice(),
         );
-        let (addr, _) = upstream(vec![vec![response]]);
+        let (addr, _, close) = upstream(vec![vec![response]]);
+        close.send(()).unwrap(); // the close ends the body
         let mut s = session(4096, 1);
         s.attach(0, connect(addr), None);
         let (client, step) = drive(&mut s, addr, 1000);
@@ -872,7 +903,7 @@ mod tests {
     fn a_101_to_an_upgrade_hands_over_the_socket_and_the_bytes_after_the_head() {
         let switch: &[u8] = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
             Connection: Upgrade\r\n\r\n\x81\x02hi";
-        let (addr, _) = upstream(vec![vec![switch]]);
+        let (addr, _, _open) = upstream(vec![vec![switch]]);
         let ctx = ResponseContext {
             upgrade: true,
             ..CTX
@@ -892,7 +923,7 @@ mod tests {
         assert!(matches!(s.pump(), Step::Pending));
 
         // The same 101 to a request forkd did not upgrade.
-        let (addr, _) = upstream(vec![vec![switch]]);
+        let (addr, _, _open) = upstream(vec![vec![switch]]);
         let mut s = session(1024, 1);
         s.attach(0, connect(addr), None);
         let (client, step) = drive(&mut s, addr, usize::MAX);
@@ -900,9 +931,64 @@ mod tests {
         assert!(matches!(step, Step::Respond(502)), "{step:?}");
     }
 
+    /// An upstream for one request on one connection: reads its head, writes
+    /// `pieces` apart (a pause between them, so they likely come in separate
+    /// reads), then holds the connection open until told or dropped.
+    fn raw_upstream(pieces: Vec<&'static [u8]>) -> (SocketAddr, mpsc::Sender<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (close, close_rx) = mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.set_nodelay(true).unwrap();
+            read_head(&mut s).unwrap();
+            for (i, piece) in pieces.into_iter().enumerate() {
+                if i > 0 {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                s.write_all(piece).unwrap();
+            }
+            let _ = close_rx.recv();
+        });
+        (addr, close)
+    }
+
+    #[test]
+    fn bytes_past_a_response_end_it_and_keep_its_connection_out_of_the_pool() {
+        // A 204 and a response nobody asked for, in one write.
+        let (addr, _open) = raw_upstream(vec![
+            b"HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\npoison",
+        ]);
+        let mut s = session(1024, 1);
+        s.attach(0, connect(addr), None);
+        let (client, step) = drive(&mut s, addr, usize::MAX);
+        assert_eq!(client, b"HTTP/1.1 204 No Content\r\n\r\n");
+        assert!(matches!(step, Step::Done { pool: None }), "{step:?}");
+
+        // A head in two reads, the second with the body and bytes past it: the
+        // exchange ends (it used to wait for more, which never came).
+        let (addr, _open) = raw_upstream(vec![
+            b"HTTP/1.1 200 OK\r\nContent-",
+            b"Length: 2\r\n\r\nokJUNK",
+        ]);
+        let mut s = session(1024, 1);
+        s.attach(0, connect(addr), None);
+        let (client, step) = drive(&mut s, addr, usize::MAX);
+        assert_eq!(client, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        assert!(matches!(step, Step::Done { pool: None }), "{step:?}");
+
+        // The same without bytes past it is pooled.
+        let (addr, _open) =
+            raw_upstream(vec![b"HTTP/1.1 200 OK\r\nContent-", b"Length: 2\r\n\r\nok"]);
+        let mut s = session(1024, 1);
+        s.attach(0, connect(addr), None);
+        let (_, step) = drive(&mut s, addr, usize::MAX);
+        assert!(matches!(step, Step::Done { pool: Some(_) }), "{step:?}");
+    }
+
     #[test]
     fn a_garbage_response_is_a_502() {
-        let (addr, _) = upstream(vec![vec![b"SSH-2.0-OpenSSH\r\n\r\n"]]);
+        let (addr, _, _open) = upstream(vec![vec![b"SSH-2.0-OpenSSH\r\n\r\n"]]);
         let mut s = session(1024, 1);
         s.attach(0, connect(addr), None);
         let (client, step) = drive(&mut s, addr, usize::MAX);
@@ -934,7 +1020,8 @@ mod tests {
             }
             s.write_all(b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n")
                 .unwrap();
-            (String::from_utf8(head).unwrap(), got, sum)
+            // The connection stays open (returned): one the upstream closed is not pooled.
+            (String::from_utf8(head).unwrap(), got, sum, s)
         });
         let head = format!("PUT /big HTTP/1.1\r\nHost: h\r\nContent-Length: {LEN}\r\n\r\n");
         let mut s = Session::new(
@@ -985,7 +1072,7 @@ mod tests {
                 other => break other,
             }
         };
-        let (upstream_head, got, upstream_sum) = reader.join().unwrap();
+        let (upstream_head, got, upstream_sum, _open) = reader.join().unwrap();
         assert!(
             upstream_head.contains(&format!("Content-Length: {LEN}\r\n")),
             "{upstream_head}"

@@ -8,6 +8,13 @@
 //!
 //! Both are bounded: `feed` takes only what fits, `pending` is what to write next, and
 //! `advance` says how much was written.
+//!
+//! A head that arrives in pieces is parsed again only when a piece may have brought
+//! its end ([`head_may_end`] over the new bytes and the 3 before them) or it reached
+//! `max_head`: a head in one-byte pieces costs one scan, not one parse per byte.
+//! Bytes past the end of a response (after a body-less head, or after the body that
+//! came with a head read in pieces) are never taken: the response is still read
+//! whole, and [`ResponseStream::has_excess`] says the connection must not be pooled.
 
 use super::body::{BodyError, Decoder, Encoder, Relay};
 use super::response_head::{
@@ -273,12 +280,14 @@ pub struct Fed {
 
 #[derive(Debug)]
 enum Phase {
-    /// Upstream head bytes so far (only when a head arrives in pieces).
-    Head { partial: Vec<u8> },
+    /// Upstream head bytes so far (only when a head arrives in pieces); the first
+    /// `scanned` of them hold no end of a head.
+    Head { partial: Vec<u8>, scanned: usize },
     Body {
         head: ResponseHead,
         relay: Relay,
-        /// Body bytes that came with the head but did not fit the relay yet.
+        /// Body bytes that came with the head but did not fit the relay yet; once the
+        /// relay finished, bytes past the response.
         leftover: Vec<u8>,
     },
 }
@@ -294,6 +303,10 @@ pub struct ResponseStream {
     capacity: usize,
     /// The upstream closed; delivered to the relay once `leftover` is through.
     upstream_closed: bool,
+    /// Calls of `response_head::parse`, for the test that a head in pieces is not
+    /// parsed once per piece.
+    #[cfg(test)]
+    parses: usize,
 }
 
 impl ResponseStream {
@@ -302,11 +315,14 @@ impl ResponseStream {
             ctx,
             phase: Phase::Head {
                 partial: Vec::new(),
+                scanned: 0,
             },
             heads: Vec::new(),
             heads_sent: 0,
             capacity,
             upstream_closed: false,
+            #[cfg(test)]
+            parses: 0,
         }
     }
 
@@ -324,12 +340,22 @@ impl ResponseStream {
         let mut fed = Fed::default();
         loop {
             match &mut self.phase {
-                Phase::Head { partial } => {
-                    let mut owned = std::mem::take(partial);
-                    let from_partial = !owned.is_empty();
+                Phase::Head { partial, scanned } => {
+                    let from_partial = !partial.is_empty();
                     if from_partial {
-                        owned.extend_from_slice(&input[fed.consumed..]);
+                        // Every input byte joins the head so far.
+                        partial.extend_from_slice(&input[fed.consumed..]);
+                        fed.consumed = input.len();
+                        if partial.len() < self.ctx.max_head && !head_may_end(partial, *scanned) {
+                            *scanned = partial.len();
+                            return Ok(fed);
+                        }
                     }
+                    let owned = if from_partial {
+                        std::mem::take(partial)
+                    } else {
+                        Vec::new()
+                    };
                     let buf: &[u8] = if from_partial {
                         &owned
                     } else {
@@ -338,12 +364,22 @@ impl ResponseStream {
                     if buf.is_empty() {
                         return Ok(fed);
                     }
+                    #[cfg(test)]
+                    {
+                        self.parses += 1;
+                    }
                     let parsed = response_head::parse(buf, &self.ctx, &mut self.heads)
                         .map_err(StreamError::Head)?;
                     let Some(parsed) = parsed else {
-                        // Incomplete: keep what there is, all of it is consumed.
+                        // Incomplete: keep what there is, all of it is consumed. (The
+                        // first piece of a head is parsed at once: garbage is found
+                        // without waiting for an end that may never come.)
+                        let scanned = buf.len();
                         let keep = if from_partial { owned } else { buf.to_vec() };
-                        self.phase = Phase::Head { partial: keep };
+                        self.phase = Phase::Head {
+                            partial: keep,
+                            scanned,
+                        };
                         fed.consumed = input.len();
                         return Ok(fed);
                     };
@@ -354,7 +390,6 @@ impl ResponseStream {
                     // From a partial head, every input byte is now in `owned`; what
                     // follows the head moves on with the next phase.
                     let rest = if from_partial {
-                        fed.consumed = input.len();
                         owned[head_len..].to_vec()
                     } else {
                         fed.consumed += head_len;
@@ -364,7 +399,10 @@ impl ResponseStream {
                         Parsed::Interim { forwarded, .. } => {
                             fed.interim += 1;
                             fed.interim_forwarded += usize::from(forwarded);
-                            self.phase = Phase::Head { partial: rest };
+                            self.phase = Phase::Head {
+                                partial: rest,
+                                scanned: 0,
+                            };
                         }
                         Parsed::Final(head) => {
                             fed.head = Some(head);
@@ -380,6 +418,9 @@ impl ResponseStream {
                     relay, leftover, ..
                 } => {
                     if !leftover.is_empty() {
+                        if relay.is_finished() {
+                            return Ok(fed); // past the response: never taken
+                        }
                         let n = relay.feed(leftover).map_err(StreamError::Body)?;
                         leftover.drain(..n);
                         if !leftover.is_empty() {
@@ -472,12 +513,23 @@ impl ResponseStream {
     }
 
     /// The whole response was read from the upstream (some may still be pending
-    /// for the client): the upstream connection is free.
+    /// for the client): the upstream connection is free (to pool unless
+    /// [`ResponseStream::has_excess`]).
     pub fn is_read_whole(&self) -> bool {
+        match &self.phase {
+            Phase::Body { relay, .. } => relay.is_finished(),
+            Phase::Head { .. } => false,
+        }
+    }
+
+    /// Bytes came past the end of the response (read with its head or its body):
+    /// nobody asked for them, the connection must not be pooled. A 101's are the
+    /// tunnel's ([`ResponseStream::take_leftover`]).
+    pub fn has_excess(&self) -> bool {
         match &self.phase {
             Phase::Body {
                 relay, leftover, ..
-            } => leftover.is_empty() && relay.is_finished(),
+            } => relay.is_finished() && !leftover.is_empty(),
             Phase::Head { .. } => false,
         }
     }
@@ -486,12 +538,26 @@ impl ResponseStream {
     pub fn is_complete(&self) -> bool {
         self.heads.is_empty()
             && match &self.phase {
-                Phase::Body {
-                    relay, leftover, ..
-                } => leftover.is_empty() && relay.is_complete(),
+                Phase::Body { relay, .. } => relay.is_complete(),
                 Phase::Head { .. } => false,
             }
     }
+}
+
+/// Whether `buf` may hold the end of a head (an empty line: LF LF, or LF CR LF) in
+/// what follows its first `scanned` bytes, which hold none. The end is at most 3
+/// bytes long, so the scan starts 3 bytes before the new ones.
+pub fn head_may_end(buf: &[u8], scanned: usize) -> bool {
+    let from = scanned.saturating_sub(3);
+    let tail = &buf[from.min(buf.len())..];
+    tail.iter().enumerate().any(|(i, &b)| {
+        b == b'\n'
+            && match tail.get(i + 1) {
+                Some(b'\n') => true,
+                Some(b'\r') => tail.get(i + 2) == Some(&b'\n'),
+                _ => false,
+            }
+    })
 }
 
 fn relay_to_client(head: &ResponseHead, capacity: usize) -> Relay {
@@ -736,6 +802,84 @@ mod tests {
         // The client takes nothing: feeding more takes nothing.
         assert!(!s.wants_input());
         assert_eq!(s.feed(&upstream[fed.consumed..]).unwrap().consumed, 0);
+    }
+
+    #[test]
+    fn the_end_of_a_head_is_found_in_new_bytes_and_the_three_before_them() {
+        let head = b"HTTP/1.1 200 OK\r\nA: b\r\n\r\n";
+        assert!(head_may_end(head, 0));
+        assert!(!head_may_end(&head[..head.len() - 1], 0));
+        // The end straddles what was scanned and what is new, at every split.
+        for scanned in 0..head.len() {
+            assert!(head_may_end(head, scanned), "scanned {scanned}");
+        }
+        assert!(head_may_end(b"HTTP/1.1 200 OK\nA: b\n\n", 0), "bare LFs");
+        assert!(!head_may_end(b"HTTP/1.1 200 OK\r\nA: b\r\n", 0));
+        assert!(!head_may_end(b"\r\r\n", 0));
+    }
+
+    #[test]
+    fn a_head_in_one_byte_pieces_is_parsed_a_few_times_not_once_a_byte() {
+        let mut head = b"HTTP/1.1 200 OK\r\n".to_vec();
+        for i in 0..90 {
+            head.extend_from_slice(format!("X-Field-{i:03}: value\r\n").as_bytes());
+        }
+        head.extend_from_slice(b"Content-Length: 2\r\n\r\nok");
+        let ctx = ResponseContext {
+            max_head: 64 * 1024,
+            ..CTX
+        };
+        let mut s = ResponseStream::new(ctx, 64);
+        let mut client = Vec::new();
+        for b in head.chunks(1) {
+            assert_eq!(s.feed(b).unwrap().consumed, 1);
+            drain(&mut s, &mut client);
+        }
+        assert!(s.is_complete());
+        assert!(client.ends_with(b"Content-Length: 2\r\n\r\nok"));
+        // The first piece (garbage is found at once), then the piece with the end.
+        assert_eq!(s.parses, 2, "a head of {} bytes", head.len());
+        // A head over `max_head` that never ends is refused on the byte that crosses.
+        let mut s = ResponseStream::new(CTX, 64);
+        let endless = [b'a'; 9000];
+        let mut result = s.feed(b"HTTP/1.1 200 OK\r\nX: ").map(|_| ());
+        let mut fed = 0;
+        while result.is_ok() && fed < endless.len() {
+            result = s.feed(&endless[fed..fed + 1]).map(|_| ());
+            fed += 1;
+        }
+        assert_eq!(result, Err(StreamError::Head(ResponseError::TooLarge)));
+        assert_eq!(
+            fed + 20,
+            CTX.max_head,
+            "refused when the head reached max_head"
+        );
+    }
+
+    #[test]
+    fn bytes_past_a_response_are_never_taken_and_say_so() {
+        // A head in two pieces, the second with the body and more.
+        let mut s = ResponseStream::new(CTX, 64);
+        s.feed(b"HTTP/1.1 200 OK\r\nContent-").unwrap();
+        let second = b"Length: 2\r\n\r\nokJUNK";
+        let fed = s.feed(second).unwrap();
+        assert_eq!(fed.consumed, second.len(), "every byte joined the head's");
+        assert!(s.is_read_whole() && s.has_excess());
+        let mut client = Vec::new();
+        drain(&mut s, &mut client);
+        assert_eq!(client, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        assert!(s.is_complete());
+        assert_eq!(s.feed(b"more").unwrap().consumed, 0);
+        // Whole, in one read: the stream takes the response only.
+        let mut s = ResponseStream::new(CTX, 64);
+        let input = b"HTTP/1.1 204 No Content\r\n\r\nJUNK";
+        assert_eq!(s.feed(input).unwrap().consumed, input.len() - 4);
+        assert!(s.is_read_whole() && !s.has_excess());
+        // None past it.
+        let mut s = ResponseStream::new(CTX, 64);
+        s.feed(b"HTTP/1.1 200 OK\r\nContent-").unwrap();
+        s.feed(b"Length: 2\r\n\r\nok").unwrap();
+        assert!(s.is_read_whole() && !s.has_excess());
     }
 
     #[test]

@@ -290,6 +290,11 @@ pub struct Proxied {
     pub in_flight: Option<crate::stats::InFlight>,
     /// The request's key for a `Hash` upstream, once computed.
     pub hash_key: Option<u64>,
+    /// The route's own upstream timeouts (`Upstream::timeouts` puts them in place).
+    pub timeouts: forkd_shared::config::shaping::RouteTimeouts,
+    /// The client's head, kept when the route's shaping changes what the access log
+    /// reads (the target, `Referer`, `User-Agent`) in the head sent upstream.
+    pub client_head: Option<Box<[u8]>>,
     /// The `X-Request-Id` sent upstream.
     request_id: [u8; 32],
     request_id_len: u8,
@@ -338,9 +343,19 @@ impl Proxied {
             overload: None,
             in_flight: None,
             hash_key: None,
+            timeouts: Default::default(),
+            client_head: None,
             request_id: id,
             request_id_len: len as u8,
         }
+    }
+
+    /// The request head the access log and error pages read: the client's as it
+    /// came when the route changed what they show, else the one sent upstream.
+    pub fn logged_head(&self) -> &[u8] {
+        self.client_head
+            .as_deref()
+            .unwrap_or_else(|| self.session.request_head())
     }
 
     /// Index of the upstream in `Config::upstreams`.

@@ -21,7 +21,7 @@ use crate::http::request::{self, BodyKind, Method, Request, RequestError, Versio
 use crate::http::response::{self, Persistence, Status};
 use crate::out::OutQueue;
 use crate::overload::admission::{Admission, Ticket};
-use crate::proxy::response_head::ResponseContext;
+use crate::proxy::response_head::{Redirects, ResponseContext};
 use crate::proxy::session::Session;
 use crate::proxy::upgrade;
 use crate::proxy::upstream_request::{self, Forwarding, Framing, Scheme};
@@ -29,8 +29,9 @@ use crate::services::Services;
 use crate::timers::Micros;
 use crate::upstreams::Proxied;
 use forkd_shared::config::overload::Priority;
+use forkd_shared::config::shaping::SentHost;
 use forkd_shared::config::tls::name_matches;
-use forkd_shared::config::{Handler, Server};
+use forkd_shared::config::{Handler, Server, UpstreamAddress};
 use std::borrow::Cow;
 use std::net::IpAddr;
 
@@ -138,7 +139,7 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
             svc.config.servers[server].max_header_bytes,
         ))),
     };
-    if let Some((upstream, upgrade, priority)) = proxy_route(svc, server, req, x.peer) {
+    if let Some((upstream, upgrade, priority, route)) = proxy_route(svc, server, req, x.peer) {
         let now = svc.clock.precise_us();
         return match svc.overload.admit(upstream, priority, now) {
             Admission::Admit(ticket) => {
@@ -146,6 +147,7 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
                     upstream,
                     upgrade,
                     ticket,
+                    route,
                 };
                 proxy(x, svc, req, head, server, to)
             }
@@ -309,23 +311,26 @@ fn stays_open(x: &Exchange, svc: &Services, req: &Request, server: &Server) -> b
         && (server.keepalive_requests == 0 || u64::from(*x.requests) < server.keepalive_requests)
 }
 
-/// The upstream of the route `req` goes to, whether it allows upgrades and the
-/// route's priority, if that route is a `Proxy` the client `peer` may use (a refused
-/// one is answered 403 by `respond`, like any route).
+/// The upstream of the route `req` goes to, whether it allows upgrades, the
+/// route's priority and its index, if that route is a `Proxy` the client `peer` may
+/// use (a refused one is answered 403 by `respond`, like any route).
 fn proxy_route(
     svc: &Services,
     server: usize,
     req: &Request,
     peer: IpAddr,
-) -> Option<(usize, bool, Priority)> {
+) -> Option<(usize, bool, Priority, usize)> {
     let server = &svc.config.servers[server];
     let path = route_path(req.path).ok()?;
-    let route = &server.routes[server.route_index(&path)?];
+    let index = server.route_index(&path)?;
+    let route = &server.routes[index];
     if !route.access.permits(peer) {
         return None;
     }
     match route.handler {
-        Handler::Proxy { upstream, upgrade } => Some((upstream, upgrade, route.priority)),
+        Handler::Proxy {
+            upstream, upgrade, ..
+        } => Some((upstream, upgrade, route.priority, index)),
         _ => None,
     }
 }
@@ -341,6 +346,8 @@ struct ProxyTo {
     upstream: usize,
     upgrade: bool,
     ticket: Option<Ticket>,
+    /// The route's index in its server's `routes` (its prefix and shaping).
+    route: usize,
 }
 
 /// "Proxy this": the upstream head written, the exchange built.
@@ -356,9 +363,15 @@ fn proxy(
         upstream: upstream_index,
         upgrade: allow_upgrade,
         ticket,
+        route,
     } = to;
     *x.requests = x.requests.saturating_add(1);
     let srv = &svc.config.servers[server];
+    let route = &srv.routes[route];
+    let Handler::Proxy { shaping, .. } = &route.handler else {
+        // `proxy_route` found this route a `Proxy` in this same configuration.
+        return Next::Reject(RequestError::Malformed("not a proxy route"));
+    };
     let keep = stays_open(&x, svc, req, srv);
     let upstream = &svc.config.upstreams[upstream_index];
     let framing = match req.body {
@@ -382,6 +395,8 @@ fn proxy(
         fallback_host: fallback,
         // `Connection: upgrade` instead: a switched connection is never pooled.
         close: upstream.keepalive == 0 && protocol.is_none(),
+        shaping,
+        prefix: &route.prefix,
     };
     let mut out = Vec::with_capacity(head.len() + 192);
     let written =
@@ -394,6 +409,7 @@ fn proxy(
         upgrade::add_request_fields(&mut out, protocol);
     }
     let request_id = out[written.request_id.clone()].to_vec();
+    let redirects = redirects(&fwd, written.client_host, upstream, route);
     let context = ResponseContext {
         head_request: req.method == Method::Head,
         client_http10: req.version == Version::Http10,
@@ -413,6 +429,7 @@ fn proxy(
         PROXY_BUFFER,
     );
     session.limit_client_body(srv.max_body_bytes);
+    session.rewrite_redirects(redirects);
     let expect = req.expect_continue && framing != Framing::None;
     let mut proxied = Box::new(Proxied::new(
         session,
@@ -426,7 +443,46 @@ fn proxy(
         &request_id,
     ));
     proxied.overload = ticket;
+    proxied.timeouts = shaping.timeouts;
+    if shaping.hides_logged_fields() {
+        proxied.client_head = Some(Box::from(head));
+    }
     Next::Proxy(proxied)
+}
+
+/// How the response's `Location` and `Refresh` naming the upstream are rewritten
+/// for this request: to the scheme and host the client used (the host it named,
+/// else the upstream's fallback `Host`), from any of the upstream's servers as
+/// written or the `Host` sent; the route's `path` literal before a final `{path}`
+/// back to its prefix when both end alike (with or without `/`).
+fn redirects(
+    fwd: &Forwarding,
+    client_host: Option<&[u8]>,
+    upstream: &forkd_shared::config::Upstream,
+    route: &forkd_shared::config::Route,
+) -> Redirects {
+    let client_host = client_host.unwrap_or(fwd.fallback_host);
+    let sent = match &fwd.shaping.host {
+        SentHost::Client => client_host,
+        SentHost::Fixed(host) => host.as_bytes(),
+    };
+    let servers = upstream
+        .servers
+        .iter()
+        .filter(|s| matches!(s.addr, UpstreamAddress::Tcp(_)))
+        .map(|s| s.label.as_bytes());
+    let paths = fwd.shaping.path.as_ref().and_then(|t| {
+        let literal = &t.before;
+        let alike = literal.ends_with('/') == route.prefix.ends_with('/');
+        (t.after.as_deref() == Some("") && alike)
+            .then_some((literal.as_bytes(), route.prefix.as_bytes()))
+    });
+    Redirects::new(
+        fwd.scheme == Scheme::Https,
+        client_host,
+        servers.chain([sent]),
+        paths,
+    )
 }
 
 /// Whether the answer to `req` is an error known from its head alone (a path that

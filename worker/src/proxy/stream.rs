@@ -11,9 +11,10 @@
 
 use super::body::{BodyError, Decoder, Encoder, Relay};
 use super::response_head::{
-    self, ClientBody, Parsed, ResponseContext, ResponseError, ResponseHead, UpstreamBody,
+    self, ClientBody, Parsed, Redirects, ResponseContext, ResponseError, ResponseHead, UpstreamBody,
 };
 use super::upstream_request::Framing;
+use std::rc::Rc;
 
 /// The request on its way upstream.
 #[derive(Debug)]
@@ -197,6 +198,8 @@ pub struct ResponseStream {
     capacity: usize,
     /// The upstream closed; delivered to the relay once `leftover` is through.
     upstream_closed: bool,
+    /// How a final head's `Location` and `Refresh` naming the upstream are rewritten.
+    redirects: Option<Rc<Redirects>>,
 }
 
 impl ResponseStream {
@@ -210,7 +213,13 @@ impl ResponseStream {
             heads_sent: 0,
             capacity,
             upstream_closed: false,
+            redirects: None,
         }
+    }
+
+    /// Rewrites the final head's `Location` and `Refresh` with `redirects`.
+    pub fn rewrite_redirects(&mut self, redirects: Option<Rc<Redirects>>) {
+        self.redirects = redirects;
     }
 
     /// The final head, once read.
@@ -241,8 +250,13 @@ impl ResponseStream {
                     if buf.is_empty() {
                         return Ok(fed);
                     }
-                    let parsed = response_head::parse(buf, &self.ctx, &mut self.heads)
-                        .map_err(StreamError::Head)?;
+                    let parsed = response_head::parse_with(
+                        buf,
+                        &self.ctx,
+                        self.redirects.as_deref(),
+                        &mut self.heads,
+                    )
+                    .map_err(StreamError::Head)?;
                     let Some(parsed) = parsed else {
                         // Incomplete: keep what there is, all of it is consumed.
                         let keep = if from_partial { owned } else { buf.to_vec() };

@@ -20,9 +20,10 @@
 //! Hop-by-hop fields and those `Connection` names are dropped.
 //!
 //! A `Location` or `Refresh` URL naming the upstream is rewritten for the client
-//! ([`Redirects`], nginx's `proxy_redirect default`): an absolute `http(s)://` URL
-//! whose authority is one of the upstream's servers as written or the `Host` forkd
-//! sent gets the client's scheme and host instead; then, when the route's `path` is
+//! ([`Redirects`], nginx's `proxy_redirect default`): an absolute `http://` URL
+//! (the scheme forkd speaks to the upstream in) whose authority is one of the
+//! upstream's servers as written or the `Host` forkd sent gets the client's scheme
+//! and host instead; then, when the route's `path` is
 //! `LITERAL{path}`, a path starting with that literal gets the route's prefix in its
 //! place. Relative URLs and other hosts are left as they are.
 
@@ -102,19 +103,17 @@ impl Redirects {
 
     /// `url` rewritten for the client when it names the upstream; None otherwise.
     fn rewrite(&self, url: &[u8]) -> Option<Vec<u8>> {
-        let (scheme_len, default_port): (usize, &[u8]) = if starts_with_ci(url, b"http://") {
-            (7, b":80")
-        } else if starts_with_ci(url, b"https://") {
-            (8, b":443")
-        } else {
+        // Only `http://`, the scheme forkd speaks to the upstream in: an application
+        // sending a client to `https://` on purpose (forcing TLS) keeps its redirect.
+        if !starts_with_ci(url, b"http://") {
             return None;
-        };
-        let rest = &url[scheme_len..];
+        }
+        let rest = &url[7..];
         let end = rest
             .iter()
             .position(|b| b"/?#".contains(b))
             .unwrap_or(rest.len());
-        let authority = without_suffix(&rest[..end], default_port);
+        let authority = without_suffix(&rest[..end], b":80");
         let names = self
             .upstream
             .split(|&b| b == b' ')
@@ -743,7 +742,9 @@ mod tests {
                 "http://app.internal:80/other",
                 "https://shop.example:8443/other",
             ),
-            ("https://backend#top", "https://shop.example:8443#top"),
+            ("http://backend#top", "https://shop.example:8443#top"),
+            // An application forcing TLS on purpose keeps its redirect.
+            ("https://backend/v1/x", "https://backend/v1/x"),
             // Not the upstream, not absolute, or another port: as sent.
             ("http://127.0.0.1:9001/v1/x", "http://127.0.0.1:9001/v1/x"),
             ("http://evil.example/v1/x", "http://evil.example/v1/x"),

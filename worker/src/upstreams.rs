@@ -305,6 +305,11 @@ pub struct Proxied {
     /// The client's part, once forkd had the response whole: when the last byte
     /// went out. Counted once.
     pub transfer_counted: bool,
+    /// The route's own upstream timeouts (`Upstream::timeouts` puts them in place).
+    pub timeouts: forkd_shared::config::shaping::RouteTimeouts,
+    /// The client's head, kept when the route's shaping changes what the access log
+    /// reads (the target, `Referer`, `User-Agent`) in the head sent upstream.
+    pub client_head: Option<Box<[u8]>>,
     /// The `X-Request-Id` sent upstream.
     request_id: [u8; 32],
     request_id_len: u8,
@@ -358,9 +363,19 @@ impl Proxied {
             upstream_done_at: None,
             upstream_started_at: None,
             transfer_counted: false,
+            timeouts: Default::default(),
+            client_head: None,
             request_id: id,
             request_id_len: len as u8,
         }
+    }
+
+    /// The request head the access log and error pages read: the client's as it
+    /// came when the route changed what they show, else the one sent upstream.
+    pub fn logged_head(&self) -> &[u8] {
+        self.client_head
+            .as_deref()
+            .unwrap_or_else(|| self.session.request_head())
     }
 
     /// Index of the upstream in `Config::upstreams`.

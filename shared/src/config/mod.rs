@@ -15,6 +15,7 @@ pub mod limits;
 mod locate;
 pub mod overload;
 pub mod raw;
+pub mod shaping;
 pub mod site;
 pub mod tls;
 pub mod units;
@@ -28,7 +29,7 @@ pub type Resolver<'a> = dyn Fn(&str, u16) -> Result<Vec<std::net::SocketAddr>, S
 
 pub use raw::{Balance, HashKey, HeaderName};
 pub use upstream::{
-    resolve_name, HealthCheck, Upstream, UpstreamAddress, UpstreamServer, MAX_RESOLVED,
+    resolve_name, HealthCheck, Timeouts, Upstream, UpstreamAddress, UpstreamServer, MAX_RESOLVED,
 };
 
 use std::net::{IpAddr, SocketAddr};
@@ -248,6 +249,8 @@ pub enum Handler {
         /// The client's body is read whole before a server is chosen
         /// (`request_buffering`).
         request_buffering: bool,
+        /// What the route changes in the request sent upstream.
+        shaping: shaping::Shaping,
     },
 }
 

@@ -239,6 +239,26 @@ pub enum RawHandler {
         /// The client's body is read whole before an upstream server is chosen.
         #[serde(default = "default_true")]
         request_buffering: bool,
+        /// The path sent upstream (`{path}`: the part after the prefix, as the client
+        /// encoded it; the query is kept); None: the target as received.
+        #[serde(default)]
+        path: Option<super::shaping::PathTemplate>,
+        /// The `Host` sent upstream.
+        #[serde(default)]
+        host: super::shaping::RawHost,
+        /// Fields sent upstream instead of the client's of the same name.
+        #[serde(default)]
+        set_headers: Vec<super::shaping::SetHeader>,
+        /// Fields not sent upstream.
+        #[serde(default)]
+        remove_headers: Vec<super::shaping::FieldName>,
+        /// The route's own values for its upstream's timeouts (a long poll).
+        #[serde(default)]
+        connect_timeout: Option<ConfDuration>,
+        #[serde(default)]
+        send_timeout: Option<ConfDuration>,
+        #[serde(default)]
+        read_timeout: Option<ConfDuration>,
     },
 }
 

@@ -48,6 +48,26 @@ pub struct Upstream {
     // -- end of balancing and passive health --
 }
 
+/// The timeouts of one proxied exchange: its upstream's, or a route's own
+/// (`shaping::RouteTimeouts`) where it has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub send: Duration,
+    pub read: Duration,
+}
+
+impl Upstream {
+    /// The upstream's timeouts, with the route's own values in their place.
+    pub fn timeouts(&self, route: &super::shaping::RouteTimeouts) -> Timeouts {
+        Timeouts {
+            connect: route.connect.unwrap_or(self.connect_timeout),
+            send: route.send.unwrap_or(self.send_timeout),
+            read: route.read.unwrap_or(self.read_timeout),
+        }
+    }
+}
+
 /// A validated `health_check` block.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct HealthCheck {

@@ -7,9 +7,12 @@
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors};
 use super::locate::locate;
 use super::raw::{self, RawConfig, RawHandler, RawLogTarget, Workers};
+use super::shaping::{RawHost, RouteTimeouts, SentHost, Shaping};
 use super::site::{Access, HeaderField};
 use super::upstream::{over_capacity, validate_upstream, CapacityProblem, UpstreamProblem};
-use super::{Config, ErrorPage, Handler, Listener, LogTarget, Route, Server, Upstream};
+use super::{
+    Config, ErrorPage, Handler, Listener, LogTarget, Route, Server, Upstream, UpstreamAddress,
+};
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
@@ -431,6 +434,8 @@ pub(super) fn validate(
     let mut claimed: HashMap<(std::net::SocketAddr, String), usize> = HashMap::new();
     // How often each quoted literal has been met so far, to locate the n-th one.
     let mut literals: HashMap<String, usize> = HashMap::new();
+    // `host: Upstream` routes met so far, to locate the n-th.
+    let mut upstream_hosts = 0usize;
     let mut occurrence = |literal: &str| -> (String, usize) {
         let quoted = format!("\"{literal}\"");
         let count = literals.entry(quoted.clone()).or_default();
@@ -758,38 +763,98 @@ pub(super) fn validate(
                     upgrade,
                     buffering,
                     request_buffering,
+                    path,
+                    host,
+                    set_headers,
+                    remove_headers,
+                    connect_timeout,
+                    send_timeout,
+                    read_timeout,
                 } => {
                     let (literal, nth) = occurrence(&upstream);
-                    match upstreams.iter().position(|u| u.name == upstream) {
-                        Some(i) => Handler::Proxy {
-                            upstream: i,
-                            upgrade,
-                            buffering,
-                            request_buffering,
-                        },
-                        None => {
-                            let known: Vec<&str> =
-                                upstreams.iter().map(|u| u.name.as_str()).collect();
+                    let found = upstreams.iter().position(|u| u.name == upstream);
+                    if found.is_none() {
+                        let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+                        check.error(
+                            &literal,
+                            nth,
+                            format!("{rfield}.handler.upstream"),
+                            if known.is_empty() {
+                                format!("no upstream named `{upstream}`: `upstreams` is empty")
+                            } else {
+                                format!(
+                                    "no upstream named `{upstream}` (known: {})",
+                                    known.join(", ")
+                                )
+                            },
+                        );
+                    }
+                    let host = match host {
+                        RawHost::Client => SentHost::Client,
+                        RawHost::Fixed(h) => SentHost::Fixed(h.0),
+                        RawHost::Upstream => {
+                            upstream_hosts += 1;
+                            let servers = found.map_or(&[][..], |i| &upstreams[i].servers[..]);
+                            match servers {
+                                [one] => SentHost::Fixed(match one.addr {
+                                    // nginx's `$proxy_host` for a unix socket.
+                                    UpstreamAddress::Unix(_) => "localhost".into(),
+                                    UpstreamAddress::Tcp(_) => one.label.clone(),
+                                }),
+                                _ => {
+                                    if found.is_some() {
+                                        check.error(
+                                            "Upstream",
+                                            upstream_hosts - 1,
+                                            format!("{rfield}.handler.host"),
+                                            format!(
+                                                "`host: Upstream` names the upstream's server, and `{upstream}` has {}: write the name with Fixed(\"...\")",
+                                                servers.len()
+                                            ),
+                                        );
+                                    }
+                                    SentHost::Client
+                                }
+                            }
+                        }
+                    };
+                    let mut seen: Vec<String> = Vec::new();
+                    let names = set_headers
+                        .iter()
+                        .map(|h| (&h.name, "set_headers"))
+                        .chain(remove_headers.iter().map(|n| (n, "remove_headers")));
+                    for (name, key) in names {
+                        let (literal, nth) = occurrence(&name.0);
+                        let lower = name.0.to_ascii_lowercase();
+                        if seen.contains(&lower) {
                             check.error(
                                 &literal,
                                 nth,
-                                format!("{rfield}.handler.upstream"),
-                                if known.is_empty() {
-                                    format!("no upstream named `{upstream}`: `upstreams` is empty")
-                                } else {
-                                    format!(
-                                        "no upstream named `{upstream}` (known: {})",
-                                        known.join(", ")
-                                    )
-                                },
+                                format!("{rfield}.handler.{key}"),
+                                format!(
+                                    "header `{}` is set or removed twice by this route",
+                                    name.0
+                                ),
                             );
-                            Handler::Proxy {
-                                upstream: 0,
-                                upgrade,
-                                buffering,
-                                request_buffering,
-                            }
                         }
+                        seen.push(lower);
+                    }
+                    Handler::Proxy {
+                        upstream: found.unwrap_or(0),
+                        upgrade,
+                        buffering,
+                        request_buffering,
+                        shaping: Shaping {
+                            path,
+                            host,
+                            set_headers,
+                            remove_headers,
+                            timeouts: RouteTimeouts::of(
+                                connect_timeout,
+                                send_timeout,
+                                read_timeout,
+                            ),
+                        },
                     }
                 }
             };
@@ -1144,6 +1209,7 @@ mod tests {
                 upgrade: false,
                 buffering: true,
                 request_buffering: true,
+                shaping: Default::default(),
             }
         );
         let off = PROXY.replace(
@@ -1160,6 +1226,7 @@ mod tests {
                 upgrade: false,
                 buffering: false,
                 request_buffering: false,
+                shaping: Default::default(),
             }
         );
         assert_eq!(c.max_temp_file_size, 1 << 30);
@@ -1187,10 +1254,81 @@ mod tests {
                 upgrade: true,
                 buffering: true,
                 request_buffering: true,
+                shaping: Default::default(),
             }
         );
         let bad = PROXY.replace("keepalive: 8,", "tunnel_idle_timeout: \"soon\",");
         assert!(parse(&d.0, &bad).is_err());
+    }
+
+    #[test]
+    fn a_proxy_route_shapes_its_request_and_overrides_timeouts() {
+        use crate::config::shaping::{SentHost, ValuePart};
+        let d = site();
+        let text = PROXY.replace(
+            "Proxy(upstream: \"app\")",
+            "Proxy(upstream: \"app\", path: Some(\"/v1/{path}\"), host: Fixed(\"app.internal\"), set_headers: [(\"X-Real-IP\", \"{client_ip}\")], remove_headers: [\"X-Debug\"], read_timeout: Some(\"300s\"))",
+        );
+        let c = parse(&d.0, &text).unwrap();
+        let Handler::Proxy { shaping, .. } = &c.servers[0].route(b"/api/x").unwrap().handler else {
+            panic!("not a proxy route");
+        };
+        assert_eq!(shaping.path.as_ref().unwrap().before, "/v1/");
+        assert_eq!(shaping.host, SentHost::Fixed("app.internal".into()));
+        assert_eq!(shaping.set_headers[0].value, [ValuePart::ClientIp]);
+        assert_eq!(shaping.remove_headers[0].0, "X-Debug");
+        let t = c.upstreams[0].timeouts(&shaping.timeouts);
+        assert_eq!(
+            (t.connect.as_secs(), t.send.as_secs(), t.read.as_secs()),
+            (1, 30, 300)
+        );
+        // One server: `Upstream` is its address as written.
+        let one = text
+            .replace(
+                "[\"127.0.0.1:9000\", \"unix:/run/app.sock\"]",
+                "[\"127.0.0.1:9000\"]",
+            )
+            .replace("Fixed(\"app.internal\")", "Upstream");
+        let c = parse(&d.0, &one).unwrap();
+        let Handler::Proxy { shaping, .. } = &c.servers[0].route(b"/api/x").unwrap().handler else {
+            panic!("not a proxy route");
+        };
+        assert_eq!(shaping.host, SentHost::Fixed("127.0.0.1:9000".into()));
+    }
+
+    #[test]
+    fn bad_shaping_is_located_where_written() {
+        let d = site();
+        // (the route's keys, where the error must be reported, words of the message)
+        let cases = [
+            (r#"path: Some("/v1/{uri}")"#, "forkd.ron:12:", "unknown placeholder `{uri}`"),
+            (r#"path: Some("v1/{path}")"#, "forkd.ron:12:", "must start with `/`"),
+            (r#"host: Fixed("a b")"#, "forkd.ron:12:", "is not a host"),
+            (r#"set_headers: [("X-A", "{remote_addr}")]"#, "forkd.ron:12:", "unknown placeholder `{remote_addr}` (known: {client_ip} {host} {scheme} {request_id})"),
+            (r#"set_headers: [("Content-Length", "1")]"#, "forkd.ron:12:", "frames the body"),
+            (r#"remove_headers: ["Connection"]"#, "forkd.ron:12:", "hop-by-hop"),
+            (r#"remove_headers: ["Host"]"#, "forkd.ron:12:", "`host:` key"),
+            (r#"read_timeout: Some("soon")"#, "forkd.ron:12:", "soon"),
+            (
+                r#"host: Upstream"#,
+                "forkd.ron:12:69: servers[0].routes[0].handler.host",
+                "`app` has 2",
+            ),
+            (
+                r#"set_headers: [("X-A", "1")], remove_headers: ["x-a"]"#,
+                "forkd.ron:12:109: servers[0].routes[0].handler.remove_headers",
+                "set or removed twice",
+            ),
+        ];
+        for (keys, at, words) in cases {
+            let text = PROXY.replace(
+                "Proxy(upstream: \"app\")",
+                &format!("Proxy(upstream: \"app\", {keys})"),
+            );
+            let err = parse(&d.0, &text).unwrap_err();
+            assert!(err.contains(at), "{keys}: {err}");
+            assert!(err.contains(words), "{keys}: {err}");
+        }
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::http::request::{self, BodyKind, Method, Request, RequestError, Versio
 use crate::http::response::{self, Persistence, Status};
 use crate::out::OutQueue;
 use crate::overload::admission::{Admission, Ticket};
-use crate::proxy::response_head::ResponseContext;
+use crate::proxy::response_head::{Redirects, ResponseContext};
 use crate::proxy::session::Session;
 use crate::proxy::upgrade;
 use crate::proxy::upstream_request::{self, Forwarding, Framing, Scheme};
@@ -30,8 +30,9 @@ use crate::spool::{self, Spool};
 use crate::timers::Micros;
 use crate::upstreams::Proxied;
 use forkd_shared::config::overload::Priority;
+use forkd_shared::config::shaping::SentHost;
 use forkd_shared::config::tls::name_matches;
-use forkd_shared::config::{Handler, Server};
+use forkd_shared::config::{Handler, Server, UpstreamAddress};
 use std::borrow::Cow;
 use std::net::IpAddr;
 
@@ -139,11 +140,16 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
             svc.config.servers[server].max_header_bytes,
         ))),
     };
-    if let Some((route, priority)) = proxy_route(svc, server, req, x.peer) {
+    if let Some((upstream, upgrade, priority, route)) = proxy_route(svc, server, req, x.peer) {
         let now = svc.clock.precise_us();
-        return match svc.overload.admit(route.upstream, priority, now) {
+        return match svc.overload.admit(upstream, priority, now) {
             Admission::Admit(ticket) => {
-                let to = ProxyTo { route, ticket };
+                let to = ProxyTo {
+                    upstream,
+                    upgrade,
+                    ticket,
+                    route,
+                };
                 proxy(x, svc, req, head, server, to)
             }
             // Over the upstream's adaptive limit: refused at once, never queued.
@@ -306,47 +312,26 @@ fn stays_open(x: &Exchange, svc: &Services, req: &Request, server: &Server) -> b
         && (server.keepalive_requests == 0 || u64::from(*x.requests) < server.keepalive_requests)
 }
 
-/// What a `Proxy` route says of a request.
-#[derive(Debug, Clone, Copy)]
-struct ProxyRoute {
-    upstream: usize,
-    /// `Upgrade` requests are forwarded.
-    upgrade: bool,
-    /// The response is read as fast as the upstream sends it (`buffering`).
-    buffering: bool,
-    /// The body is read whole before a server is chosen (`request_buffering`).
-    request_buffering: bool,
-}
-
-/// The `Proxy` route `req` goes to and its priority, if that route is one the client
-/// `peer` may use (a refused one is answered 403 by `respond`, like any route).
+/// The upstream of the route `req` goes to, whether it allows upgrades, the
+/// route's priority and its index, if that route is a `Proxy` the client `peer` may
+/// use (a refused one is answered 403 by `respond`, like any route).
 fn proxy_route(
     svc: &Services,
     server: usize,
     req: &Request,
     peer: IpAddr,
-) -> Option<(ProxyRoute, Priority)> {
+) -> Option<(usize, bool, Priority, usize)> {
     let server = &svc.config.servers[server];
     let path = route_path(req.path).ok()?;
-    let route = &server.routes[server.route_index(&path)?];
+    let index = server.route_index(&path)?;
+    let route = &server.routes[index];
     if !route.access.permits(peer) {
         return None;
     }
     match route.handler {
         Handler::Proxy {
-            upstream,
-            upgrade,
-            buffering,
-            request_buffering,
-        } => Some((
-            ProxyRoute {
-                upstream,
-                upgrade,
-                buffering,
-                request_buffering,
-            },
-            route.priority,
-        )),
+            upstream, upgrade, ..
+        } => Some((upstream, upgrade, route.priority, index)),
         _ => None,
     }
 }
@@ -356,11 +341,14 @@ const PROXY_BUFFER: usize = 64 * 1024;
 /// The largest response head accepted from an upstream (more is a 502).
 const MAX_UPSTREAM_HEAD: usize = 32 * 1024;
 
-/// Where a proxied request goes: its route, and its place under the upstream's
-/// adaptive limit.
+/// Where a proxied request goes: its upstream, whether the route allows an upgrade,
+/// its place under the upstream's adaptive limit and its route.
 struct ProxyTo {
-    route: ProxyRoute,
+    upstream: usize,
+    upgrade: bool,
     ticket: Option<Ticket>,
+    /// The route's index in its server's `routes` (its prefix, shaping, buffering).
+    route: usize,
 }
 
 /// "Proxy this": the upstream head written, the exchange built.
@@ -372,10 +360,25 @@ fn proxy(
     server: usize,
     to: ProxyTo,
 ) -> Next {
-    let ProxyTo { route, ticket } = to;
-    let (upstream_index, allow_upgrade) = (route.upstream, route.upgrade);
+    let ProxyTo {
+        upstream: upstream_index,
+        upgrade: allow_upgrade,
+        ticket,
+        route,
+    } = to;
     *x.requests = x.requests.saturating_add(1);
     let srv = &svc.config.servers[server];
+    let route = &srv.routes[route];
+    let Handler::Proxy {
+        shaping,
+        buffering,
+        request_buffering,
+        ..
+    } = &route.handler
+    else {
+        // `proxy_route` found this route a `Proxy` in this same configuration.
+        return Next::Reject(RequestError::Malformed("not a proxy route"));
+    };
     let keep = stays_open(&x, svc, req, srv);
     let upstream = &svc.config.upstreams[upstream_index];
     let framing = match req.body {
@@ -399,6 +402,8 @@ fn proxy(
         fallback_host: fallback,
         // `Connection: upgrade` instead: a switched connection is never pooled.
         close: upstream.keepalive == 0 && protocol.is_none(),
+        shaping,
+        prefix: &route.prefix,
     };
     let mut out = Vec::with_capacity(head.len() + 192);
     let written =
@@ -411,6 +416,7 @@ fn proxy(
         upgrade::add_request_fields(&mut out, protocol);
     }
     let request_id = out[written.request_id.clone()].to_vec();
+    let redirects = redirects(&fwd, written.client_host, upstream, route);
     let context = ResponseContext {
         head_request: req.method == Method::Head,
         client_http10: req.version == Version::Http10,
@@ -430,7 +436,8 @@ fn proxy(
         PROXY_BUFFER,
     );
     session.limit_client_body(srv.max_body_bytes);
-    if route.request_buffering && framing != Framing::None {
+    session.rewrite_redirects(redirects);
+    if *request_buffering && framing != Framing::None {
         let spool = Spool::new(svc.temp.clone(), PROXY_BUFFER, spool::Mode::Replay);
         session.buffer_request(spool);
     }
@@ -448,8 +455,47 @@ fn proxy(
     ));
     proxied.overload = ticket;
     // A switched protocol is a tunnel, never held back.
-    proxied.buffering = route.buffering && protocol.is_none();
+    proxied.buffering = *buffering && protocol.is_none();
+    proxied.timeouts = shaping.timeouts;
+    if shaping.hides_logged_fields() {
+        proxied.client_head = Some(Box::from(head));
+    }
     Next::Proxy(proxied)
+}
+
+/// How the response's `Location` and `Refresh` naming the upstream are rewritten
+/// for this request: to the scheme and host the client used (the host it named,
+/// else the upstream's fallback `Host`), from any of the upstream's servers as
+/// written or the `Host` sent; the route's `path` literal before a final `{path}`
+/// back to its prefix when both end alike (with or without `/`).
+fn redirects(
+    fwd: &Forwarding,
+    client_host: Option<&[u8]>,
+    upstream: &forkd_shared::config::Upstream,
+    route: &forkd_shared::config::Route,
+) -> Redirects {
+    let client_host = client_host.unwrap_or(fwd.fallback_host);
+    let sent = match &fwd.shaping.host {
+        SentHost::Client => client_host,
+        SentHost::Fixed(host) => host.as_bytes(),
+    };
+    let servers = upstream
+        .servers
+        .iter()
+        .filter(|s| matches!(s.addr, UpstreamAddress::Tcp(_)))
+        .map(|s| s.label.as_bytes());
+    let paths = fwd.shaping.path.as_ref().and_then(|t| {
+        let literal = &t.before;
+        let alike = literal.ends_with('/') == route.prefix.ends_with('/');
+        (t.after.as_deref() == Some("") && alike)
+            .then_some((literal.as_bytes(), route.prefix.as_bytes()))
+    });
+    Redirects::new(
+        fwd.scheme == Scheme::Https,
+        client_host,
+        servers.chain([sent]),
+        paths,
+    )
 }
 
 /// Whether the answer to `req` is an error known from its head alone (a path that

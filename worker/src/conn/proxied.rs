@@ -671,7 +671,7 @@ fn fail(
     keep: bool,
     extra: &[(&str, &[u8])],
 ) -> Progress {
-    let head = p.session.request_head();
+    let head = p.logged_head();
     let parsed = request::parse(head, head.len());
     let mut req = match parsed {
         Ok(Some(req)) => Some(req),
@@ -758,7 +758,7 @@ fn log_line(p: &Proxied, peer: IpAddr, svc: &mut Services, status: u16, latency:
         // Chunked or close-delimited: the bytes sent (nginx's $bytes_sent).
         Some(_) => p.sent,
     };
-    let head = p.session.request_head();
+    let head = p.logged_head();
     if let Ok(Some(mut req)) = request::parse(head, head.len()) {
         req.version = client_version(p);
         let outcome = Outcome {

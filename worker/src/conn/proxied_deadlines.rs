@@ -114,7 +114,7 @@ pub fn deadlines(
     };
     let upstream = match svc.config.upstreams.get(p.upstream) {
         Some(u) if !p.upstream_done => upstream_deadline(
-            p.session.exchange().timeout(u),
+            p.session.exchange().timeout(&u.timeouts(&p.timeouts)),
             held(state, writing, waiting_body),
             clock,
         ),

@@ -53,6 +53,55 @@ pub fn normalize(raw: &[u8]) -> Result<Vec<u8>, PathError> {
     Ok(out)
 }
 
+/// [`normalize`] keeping the client's spelling: the same segments in the same
+/// order, each as the client encoded it (`%41` stays `%41`, `%3F` stays `%3F`), so
+/// `percent_decode(normalize_encoded(raw)) == normalize(raw)`. What a proxy sends
+/// upstream when it rewrites the path: the application decodes it as the client
+/// meant, and no `..` or `%2e%2e` reaches it. Refuses what [`normalize`] refuses.
+pub fn normalize_encoded(raw: &[u8]) -> Result<Vec<u8>, PathError> {
+    if raw.first() != Some(&b'/') {
+        return Err(PathError::Malformed);
+    }
+    let mut out: Vec<u8> = Vec::with_capacity(raw.len());
+    let mut trailing_slash = false;
+    for segment in raw.split(|&b| b == b'/').skip(1) {
+        trailing_slash = false;
+        match percent_decode(segment)?.as_slice() {
+            b"" | b"." => trailing_slash = true,
+            b".." => {
+                let cut = out
+                    .iter()
+                    .rposition(|&b| b == b'/')
+                    .ok_or(PathError::Escapes)?;
+                out.truncate(cut);
+                trailing_slash = true;
+            }
+            _ => {
+                out.push(b'/');
+                out.extend_from_slice(segment);
+            }
+        }
+    }
+    if out.is_empty() || trailing_slash {
+        out.push(b'/');
+    }
+    Ok(out)
+}
+
+/// What of `encoded` (a path from [`normalize_encoded`]) follows its first `decoded`
+/// decoded bytes: the part after a route's prefix, which was matched on the decoded
+/// path. An escape counts as the one byte it decodes to.
+pub fn after_decoded(encoded: &[u8], decoded: usize) -> &[u8] {
+    let mut at = 0;
+    for _ in 0..decoded {
+        if at >= encoded.len() {
+            break;
+        }
+        at += if encoded[at] == b'%' { 3 } else { 1 };
+    }
+    &encoded[at.min(encoded.len())..]
+}
+
 /// Percent-encodes a decoded path for a header such as `Location`: everything but
 /// unreserved characters, `/` and the sub-delimiters RFC 3986 allows in a path.
 pub fn encode(path: &[u8], out: &mut Vec<u8>) {
@@ -144,6 +193,43 @@ mod tests {
         encode(b"/a b/%x/\xc3\xa9?#", &mut out);
         assert_eq!(out, b"/a%20b/%25x/%C3%A9%3F%23");
         assert_eq!(normalize(&out).unwrap(), b"/a b/%x/\xc3\xa9?#");
+    }
+
+    #[test]
+    fn normalize_encoded_keeps_the_clients_escapes_and_resolves_like_normalize() {
+        for (raw, want) in [
+            ("/api/x", "/api/x"),
+            ("/%61pi/a%20b/%3F", "/%61pi/a%20b/%3F"),
+            ("//api///x/", "/api/x/"),
+            ("/api/a/../b/./c", "/api/b/c"),
+            ("/api/a/%2e%2e/b", "/api/b"),
+            ("/a/..", "/"),
+            ("/", "/"),
+        ] {
+            let got = normalize_encoded(raw.as_bytes()).unwrap();
+            assert_eq!(String::from_utf8_lossy(&got), want, "{raw}");
+            assert_eq!(
+                percent_decode(&got).unwrap(),
+                normalize(raw.as_bytes()).unwrap(),
+                "{raw}"
+            );
+        }
+        for raw in ["/..", "/a/%2F", "/a%00", "/a%zz", "a"] {
+            assert_eq!(
+                normalize_encoded(raw.as_bytes()),
+                normalize(raw.as_bytes()),
+                "{raw}"
+            );
+        }
+    }
+
+    #[test]
+    fn after_decoded_counts_an_escape_as_one_byte() {
+        assert_eq!(after_decoded(b"/api/x%20y", 5), b"x%20y");
+        assert_eq!(after_decoded(b"/%61pi/x", 5), b"x");
+        assert_eq!(after_decoded(b"/api", 4), b"");
+        assert_eq!(after_decoded(b"/api/x", 4), b"/x");
+        assert_eq!(after_decoded(b"/a", 9), b"");
     }
 
     #[test]

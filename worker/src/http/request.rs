@@ -341,7 +341,7 @@ fn strip_prefix_ignore_case<'a>(s: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> 
 }
 
 /// `example.com:8080` -> `example.com`; `[::1]:8080` -> `[::1]`.
-fn strip_port(host: &[u8]) -> &[u8] {
+pub(crate) fn strip_port(host: &[u8]) -> &[u8] {
     if host.first() == Some(&b'[') {
         return match host.iter().position(|&b| b == b']') {
             Some(end) => &host[..=end],

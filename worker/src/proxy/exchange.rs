@@ -28,7 +28,7 @@
 //! releases the connection unpooled (its framing is off) and the request stops there.
 
 use super::retry::{self, AttemptState, Budget, Decision, Failure};
-use forkd_shared::config::Upstream;
+use forkd_shared::config::Timeouts;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,19 +171,20 @@ impl Exchange {
         };
     }
 
-    /// The deadline that applies in the current state. `connect_timeout` for the
+    /// The deadline that applies in the current state, under `timeouts` (the
+    /// upstream's, a route's own in their place). `connect_timeout` for the
     /// whole connect; `send_timeout` between writes that progress; `read_timeout` for
     /// the whole wait for the response head (an upstream that dribbles a head byte at
     /// a time does not hold the exchange forever), then between reads of the body.
     /// None once the exchange ended.
-    pub fn timeout(&self, upstream: &Upstream) -> Option<Timeout> {
+    pub fn timeout(&self, timeouts: &Timeouts) -> Option<Timeout> {
         let (after, fires_as, rearm_on_progress) = match self.state {
-            State::Connecting { .. } => (upstream.connect_timeout, Failure::ConnectTimeout, false),
+            State::Connecting { .. } => (timeouts.connect, Failure::ConnectTimeout, false),
             State::SendingHead { .. } | State::StreamingRequestBody { .. } => {
-                (upstream.send_timeout, Failure::Timeout, true)
+                (timeouts.send, Failure::Timeout, true)
             }
-            State::AwaitingHead { .. } => (upstream.read_timeout, Failure::Timeout, false),
-            State::StreamingResponseBody { .. } => (upstream.read_timeout, Failure::Timeout, true),
+            State::AwaitingHead { .. } => (timeouts.read, Failure::Timeout, false),
+            State::StreamingResponseBody { .. } => (timeouts.read, Failure::Timeout, true),
             State::Done { .. } | State::Failed(_) => return None,
         };
         Some(Timeout {
@@ -538,13 +539,14 @@ mod tests {
 
     #[test]
     fn each_phase_has_its_own_timeout() {
-        let u = Upstream {
+        let u = forkd_shared::config::Upstream {
             keepalive: 1,
             keepalive_requests: 10,
             send_timeout: Duration::from_secs(2),
             read_timeout: Duration::from_secs(3),
             ..crate::test_upstream::upstream("app", &[])
-        };
+        }
+        .timeouts(&Default::default());
         let t = |after: u64, fires_as, rearm_on_progress| {
             Some(Timeout {
                 after: Duration::from_secs(after),

@@ -169,6 +169,8 @@ mod tests {
             scheme: Scheme::Http,
             fallback_host: b"app",
             close: false,
+            shaping: &Default::default(),
+            prefix: "/",
         };
         upstream_request::write(client_head, Framing::None, &fwd, &mut ids, &mut head).unwrap();
         let mut request = RequestStream::new(head, Framing::None, 1024);

@@ -18,6 +18,14 @@
 //! for an upgrade forkd forwarded (`ResponseContext::upgrade`; its head carries the
 //! upstream's `Upgrade` and `Connection: upgrade`, see `upgrade.rs`), else a 502.
 //! Hop-by-hop fields and those `Connection` names are dropped.
+//!
+//! A `Location` or `Refresh` URL naming the upstream is rewritten for the client
+//! ([`Redirects`], nginx's `proxy_redirect default`): an absolute `http://` URL
+//! (the scheme forkd speaks to the upstream in) whose authority is one of the
+//! upstream's servers as written or the `Host` forkd sent gets the client's scheme
+//! and host instead; then, when the route's `path` is
+//! `LITERAL{path}`, a path starting with that literal gets the route's prefix in its
+//! place. Relative URLs and other hosts are left as they are.
 
 use super::{is_hop_by_hop, parse_decimal, push_decimal, trim, ConnectionTokens};
 
@@ -43,6 +51,123 @@ pub struct ResponseContext {
     /// The request asked for an upgrade the route allows (`upgrade::requested`): a
     /// 101 is forwarded and the connection becomes a tunnel; otherwise a 101 is a 502.
     pub upgrade: bool,
+}
+
+/// What a redirect naming the upstream is rewritten to, for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redirects {
+    /// `scheme://host[:port]` as the client reached forkd: what replaces a matching
+    /// scheme and authority.
+    origin: Vec<u8>,
+    /// The authorities that name the upstream, each followed by a space.
+    upstream: Vec<u8>,
+    paths: Option<PathMap>,
+}
+
+/// The upstream path's literal start (the route's `path` before a final `{path}`)
+/// and the route's prefix, which takes its place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PathMap {
+    from: Box<[u8]>,
+    to: Box<[u8]>,
+}
+
+impl Redirects {
+    /// `https`: the client spoke TLS; `client_host` the host it named (port
+    /// included); `upstream` the authorities naming the upstream (its servers as
+    /// written, the `Host` sent); `paths` the upstream path's literal start and the
+    /// route prefix it maps back to.
+    pub fn new<'a>(
+        https: bool,
+        client_host: &[u8],
+        upstream: impl IntoIterator<Item = &'a [u8]>,
+        paths: Option<(&[u8], &[u8])>,
+    ) -> Redirects {
+        let mut origin = Vec::with_capacity(client_host.len() + 8);
+        origin.extend_from_slice(if https { b"https://" } else { b"http://" });
+        origin.extend_from_slice(client_host);
+        let mut names = Vec::new();
+        for name in upstream {
+            names.extend_from_slice(name);
+            names.push(b' ');
+        }
+        Redirects {
+            origin,
+            upstream: names,
+            paths: paths.map(|(from, to)| PathMap {
+                from: Box::from(from),
+                to: Box::from(to),
+            }),
+        }
+    }
+
+    /// `url` rewritten for the client when it names the upstream; None otherwise.
+    fn rewrite(&self, url: &[u8]) -> Option<Vec<u8>> {
+        // Only `http://`, the scheme forkd speaks to the upstream in: an application
+        // sending a client to `https://` on purpose (forcing TLS) keeps its redirect.
+        if !starts_with_ci(url, b"http://") {
+            return None;
+        }
+        let rest = &url[7..];
+        let end = rest
+            .iter()
+            .position(|b| b"/?#".contains(b))
+            .unwrap_or(rest.len());
+        let authority = without_suffix(&rest[..end], b":80");
+        let names = self
+            .upstream
+            .split(|&b| b == b' ')
+            .filter(|n| !n.is_empty());
+        if !names
+            .map(|n| without_suffix(n, b":80"))
+            .any(|n| n.eq_ignore_ascii_case(authority))
+        {
+            return None;
+        }
+        let mut tail = &rest[end..];
+        let mut out = Vec::with_capacity(self.origin.len() + tail.len());
+        out.extend_from_slice(&self.origin);
+        if let Some(PathMap { from, to }) = &self.paths {
+            if let Some(after) = tail.strip_prefix(&from[..]) {
+                out.extend_from_slice(to);
+                tail = after;
+            }
+        }
+        out.extend_from_slice(tail);
+        Some(out)
+    }
+
+    /// A `Refresh` value (`5; url=http://...`) with its URL rewritten, if it names
+    /// the upstream.
+    fn rewrite_refresh(&self, value: &[u8]) -> Option<Vec<u8>> {
+        let at = value
+            .windows(4)
+            .position(|w| w.eq_ignore_ascii_case(b"url="))?
+            + 4;
+        let quoted = matches!(value.get(at), Some(b'"' | b'\''));
+        let start = at + usize::from(quoted);
+        let end = match quoted {
+            true => value[start..]
+                .iter()
+                .position(|&b| b == value[at])
+                .map_or(value.len(), |i| start + i),
+            false => value.len(),
+        };
+        let url = self.rewrite(&value[start..end])?;
+        let mut out = Vec::with_capacity(value.len() + url.len());
+        out.extend_from_slice(&value[..start]);
+        out.extend_from_slice(&url);
+        out.extend_from_slice(&value[end..]);
+        Some(out)
+    }
+}
+
+fn starts_with_ci(s: &[u8], prefix: &[u8]) -> bool {
+    s.len() >= prefix.len() && s[..prefix.len()].eq_ignore_ascii_case(prefix)
+}
+
+fn without_suffix<'a>(s: &'a [u8], suffix: &[u8]) -> &'a [u8] {
+    s.strip_suffix(suffix).unwrap_or(s)
 }
 
 /// How the body is read from the upstream.
@@ -136,6 +261,16 @@ pub fn parse(
     ctx: &ResponseContext,
     out: &mut Vec<u8>,
 ) -> Result<Option<Parsed>, ResponseError> {
+    parse_with(buf, ctx, None, out)
+}
+
+/// [`parse`], rewriting a final head's `Location` and `Refresh` with `redirects`.
+pub fn parse_with(
+    buf: &[u8],
+    ctx: &ResponseContext,
+    redirects: Option<&Redirects>,
+    out: &mut Vec<u8>,
+) -> Result<Option<Parsed>, ResponseError> {
     // Uninitialised: zeroing a hundred slots costs more than parsing a dozen fields.
     let mut fields = [const { std::mem::MaybeUninit::<httparse::Header>::uninit() }; MAX_FIELDS];
     let mut resp = httparse::Response::new(&mut []);
@@ -221,7 +356,7 @@ pub fn parse(
     write_status_line(out, status, reason);
     // A HEAD or 304 response's Content-Length describes the representation: keep it.
     let keep_length = no_body && status != 204;
-    write_end_to_end(out, headers, tokens, !keep_length);
+    write_end_to_end_with(out, headers, tokens, !keep_length, redirects);
     match client_body {
         ClientBody::Length(n) => {
             out.extend_from_slice(b"Content-Length: ");
@@ -333,6 +468,17 @@ fn write_end_to_end(
     tokens: ConnectionTokens,
     drop_length: bool,
 ) {
+    write_end_to_end_with(out, headers, tokens, drop_length, None);
+}
+
+/// [`write_end_to_end`], with `Location` and `Refresh` rewritten by `redirects`.
+fn write_end_to_end_with(
+    out: &mut Vec<u8>,
+    headers: &[httparse::Header],
+    tokens: ConnectionTokens,
+    drop_length: bool,
+    redirects: Option<&Redirects>,
+) {
     for h in headers {
         let name = h.name.as_bytes();
         if is_hop_by_hop(name)
@@ -344,7 +490,17 @@ fn write_end_to_end(
         }
         out.extend_from_slice(name);
         out.extend_from_slice(b": ");
-        out.extend_from_slice(trim(h.value));
+        let value = trim(h.value);
+        let rewritten = redirects.and_then(|r| {
+            if name.eq_ignore_ascii_case(b"location") {
+                r.rewrite(value)
+            } else if name.eq_ignore_ascii_case(b"refresh") {
+                r.rewrite_refresh(value)
+            } else {
+                None
+            }
+        });
+        out.extend_from_slice(rewritten.as_deref().unwrap_or(value));
         out.extend_from_slice(b"\r\n");
     }
 }
@@ -592,6 +748,74 @@ mod tests {
         };
         let (_, out) = final_head(raw, &ka10);
         assert!(out.ends_with("Connection: keep-alive\r\n\r\n"), "{out}");
+    }
+
+    fn redirected(raw: &str, r: &Redirects) -> String {
+        let mut out = Vec::new();
+        match parse_with(raw.as_bytes(), &CTX, Some(r), &mut out) {
+            Ok(Some(Parsed::Final(_))) => String::from_utf8(out).unwrap(),
+            other => panic!("{raw:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_location_naming_the_upstream_gets_the_clients_scheme_host_and_prefix() {
+        let r = Redirects::new(
+            true,
+            b"shop.example:8443",
+            [&b"127.0.0.1:9000"[..], b"app.internal:80", b"backend"],
+            Some((b"/v1/", b"/api/")),
+        );
+        for (location, want) in [
+            (
+                "http://127.0.0.1:9000/v1/login?next=%2F",
+                "https://shop.example:8443/api/login?next=%2F",
+            ),
+            ("HTTP://APP.internal/v1/", "https://shop.example:8443/api/"),
+            (
+                "http://app.internal:80/other",
+                "https://shop.example:8443/other",
+            ),
+            ("http://backend#top", "https://shop.example:8443#top"),
+            // An application forcing TLS on purpose keeps its redirect.
+            ("https://backend/v1/x", "https://backend/v1/x"),
+            // Not the upstream, not absolute, or another port: as sent.
+            ("http://127.0.0.1:9001/v1/x", "http://127.0.0.1:9001/v1/x"),
+            ("http://evil.example/v1/x", "http://evil.example/v1/x"),
+            ("/v1/relative", "/v1/relative"),
+            ("//127.0.0.1:9000/v1/x", "//127.0.0.1:9000/v1/x"),
+            (
+                "http://127.0.0.1:9000.evil/x",
+                "http://127.0.0.1:9000.evil/x",
+            ),
+        ] {
+            let raw =
+                format!("HTTP/1.1 302 Found\r\nLocation: {location}\r\nContent-Length: 0\r\n\r\n");
+            assert_eq!(
+                redirected(&raw, &r),
+                format!("HTTP/1.1 302 Found\r\nLocation: {want}\r\nContent-Length: 0\r\n\r\n"),
+                "{location}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_refresh_url_naming_the_upstream_is_rewritten_in_place() {
+        let r = Redirects::new(false, b"shop.example", [&b"127.0.0.1:9000"[..]], None);
+        let raw = "HTTP/1.1 200 OK\r\nRefresh: 5; URL='http://127.0.0.1:9000/done'\r\n\
+                   Refresh: 0;url=http://127.0.0.1:9000\r\nRefresh: 3\r\n\
+                   X-Location: http://127.0.0.1:9000/x\r\nContent-Length: 0\r\n\r\n";
+        assert_eq!(
+            redirected(raw, &r),
+            "HTTP/1.1 200 OK\r\nRefresh: 5; URL='http://shop.example/done'\r\n\
+             Refresh: 0;url=http://shop.example\r\nRefresh: 3\r\n\
+             X-Location: http://127.0.0.1:9000/x\r\nContent-Length: 0\r\n\r\n"
+        );
+        let mut plain = Vec::new();
+        parse(raw.as_bytes(), &CTX, &mut plain).unwrap();
+        assert!(String::from_utf8(plain)
+            .unwrap()
+            .contains("URL='http://127.0.0.1:9000/done'"));
     }
 
     #[test]

@@ -14,12 +14,13 @@
 use super::body::BodyError;
 use super::connect::{connect_failure, UpstreamSocket};
 use super::exchange::{Action, Event, Exchange};
-use super::response_head::ResponseContext;
+use super::response_head::{Redirects, ResponseContext};
 use super::retry::Failure;
 use super::stream::{RequestStream, ResponseStream, StreamError};
 use super::upstream_request::Framing;
 use std::cell::RefCell;
 use std::io::{self, IoSlice, Read, Write};
+use std::rc::Rc;
 
 /// Upstream bytes read at once.
 const READ_CHUNK: usize = 16 * 1024;
@@ -80,6 +81,8 @@ pub struct Session {
     response: ResponseStream,
     /// The response context without the per-connection request count.
     context: ResponseContext,
+    /// How `Location` and `Refresh` naming the upstream are rewritten, every attempt.
+    redirects: Option<Rc<Redirects>>,
     capacity: usize,
     socket: Option<UpstreamSocket>,
     connecting: bool,
@@ -127,6 +130,7 @@ impl Session {
             request: RequestStream::new(head, framing, capacity),
             response: ResponseStream::new(context, capacity),
             context,
+            redirects: None,
             capacity,
             socket: None,
             connecting: false,
@@ -157,6 +161,7 @@ impl Session {
             },
             self.capacity,
         );
+        self.response.rewrite_redirects(self.redirects.clone());
         self.inbox_end = 0;
         self.inbox_at = 0;
         self.readable = false;
@@ -192,6 +197,14 @@ impl Session {
     /// The request's body spool, once buffering was asked for.
     pub fn request_spool(&self) -> Option<&crate::spool::Spool> {
         self.request.spool()
+    }
+
+    /// Rewrites a `Location` or `Refresh` naming the upstream in every attempt's
+    /// final head (`response_head::Redirects`).
+    pub fn rewrite_redirects(&mut self, redirects: Redirects) {
+        let redirects = Some(Rc::new(redirects));
+        self.response.rewrite_redirects(redirects.clone());
+        self.redirects = redirects;
     }
 
     /// A connect attempt failed before there was a socket (`connect` itself failed).

@@ -18,10 +18,11 @@
 
 use super::body::{BodyError, Decoder, Encoder, Relay};
 use super::response_head::{
-    self, ClientBody, Parsed, ResponseContext, ResponseError, ResponseHead, UpstreamBody,
+    self, ClientBody, Parsed, Redirects, ResponseContext, ResponseError, ResponseHead, UpstreamBody,
 };
 use super::upstream_request::Framing;
 use crate::spool::{Spool, Written};
+use std::rc::Rc;
 
 /// The request on its way upstream.
 #[derive(Debug)]
@@ -307,6 +308,8 @@ pub struct ResponseStream {
     /// parsed once per piece.
     #[cfg(test)]
     parses: usize,
+    /// How a final head's `Location` and `Refresh` naming the upstream are rewritten.
+    redirects: Option<Rc<Redirects>>,
 }
 
 impl ResponseStream {
@@ -323,7 +326,13 @@ impl ResponseStream {
             upstream_closed: false,
             #[cfg(test)]
             parses: 0,
+            redirects: None,
         }
+    }
+
+    /// Rewrites the final head's `Location` and `Refresh` with `redirects`.
+    pub fn rewrite_redirects(&mut self, redirects: Option<Rc<Redirects>>) {
+        self.redirects = redirects;
     }
 
     /// The final head, once read.
@@ -368,8 +377,13 @@ impl ResponseStream {
                     {
                         self.parses += 1;
                     }
-                    let parsed = response_head::parse(buf, &self.ctx, &mut self.heads)
-                        .map_err(StreamError::Head)?;
+                    let parsed = response_head::parse_with(
+                        buf,
+                        &self.ctx,
+                        self.redirects.as_deref(),
+                        &mut self.heads,
+                    )
+                    .map_err(StreamError::Head)?;
                     let Some(parsed) = parsed else {
                         // Incomplete: keep what there is, all of it is consumed. (The
                         // first piece of a head is parsed at once: garbage is found

@@ -20,9 +20,29 @@
 //! Dropped: `Connection` and every field it names, `Keep-Alive`, `Proxy-Connection`,
 //! `TE`, `Transfer-Encoding`, `Upgrade`, `Expect` (forkd answers `100-continue`
 //! itself), and the client's `Content-Length` (rewritten from the parsed framing).
+//!
+//! The route's [`Shaping`] changes this head where it says so:
+//!
+//! - `path`: the target becomes the template, its `{path}` the request's path after
+//!   the route's prefix as the client encoded it (dot segments and repeated slashes
+//!   resolved as routing resolved them, escapes kept: `%20` and `%3F` reach the
+//!   application as the client wrote them; `%2F` and `%00` never get here, they are
+//!   a 400 before routing), then the client's `?query` as received. Where the
+//!   template's literal ends with `/` and the rest starts with one (a prefix without
+//!   a trailing slash), one of the two is dropped.
+//! - `host`: `Host` is the route's fixed name instead of the client's
+//!   (`X-Forwarded-Host` still names the client's).
+//! - `set_headers`: written after `X-Request-Id`, in the route's order, each
+//!   replacing the client's field of that name and forkd's own `X-Forwarded-*`; a
+//!   value whose expansion would hold CR, LF or NUL is not sent at all (forkd's
+//!   placeholders cannot produce them: the parser refused such a `Host`, the request
+//!   id is printable, the rest forkd writes itself).
+//! - `remove_headers`: neither the client's field nor forkd's own of that name.
 
 use super::request_id::{self, RequestIds};
 use super::{is_hop_by_hop, push_decimal, trim, ConnectionTokens};
+use crate::http::{path, request::strip_port};
+use forkd_shared::config::shaping::{SentHost, Shaping, ValuePart};
 use std::io::Write;
 use std::net::IpAddr;
 use std::ops::Range;
@@ -50,16 +70,24 @@ pub struct Forwarding<'a> {
     pub fallback_host: &'a [u8],
     /// Ask the upstream to close after this exchange (it will not be pooled).
     pub close: bool,
+    /// What the route changes (path, `Host`, fields set and removed).
+    pub shaping: &'a Shaping,
+    /// The route's prefix (decoded, as routing matched it), which `{path}` leaves out.
+    pub prefix: &'a str,
 }
 
 /// What was written.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpstreamHead {
+pub struct UpstreamHead<'h> {
     /// Where the request id is in the output buffer (for the access log).
     pub request_id: Range<usize>,
     /// Bytes appended to the output buffer: the replay copy for a retry is
     /// `out[start..start + len]`.
     pub len: usize,
+    /// The host the client named, port included (an absolute-form target's
+    /// authority, else its `Host`), in the client's head: what a redirect naming the
+    /// upstream is rewritten to (`response_head::Redirects`).
+    pub client_host: Option<&'h [u8]>,
 }
 
 /// The client head could not be re-tokenised (it was accepted once, so this means the
@@ -73,13 +101,13 @@ pub enum HeadError {
 const MAX_FIELDS: usize = crate::http::request::MAX_HEADERS;
 
 /// Appends the upstream request head for the client head `head` to `out`.
-pub fn write(
-    head: &[u8],
+pub fn write<'h>(
+    head: &'h [u8],
     body: Framing,
     fwd: &Forwarding,
     ids: &mut RequestIds,
     out: &mut Vec<u8>,
-) -> Result<UpstreamHead, HeadError> {
+) -> Result<UpstreamHead<'h>, HeadError> {
     let start = out.len();
     let mut fields = [const { std::mem::MaybeUninit::<httparse::Header>::uninit() }; MAX_FIELDS];
     let mut req = httparse::Request::new(&mut []);
@@ -97,24 +125,34 @@ pub fn write(
         .find(|h| h.name.eq_ignore_ascii_case("host"))
         .map(|h| trim(h.value));
     // RFC 9112 §3.2.2: an absolute-form target's authority replaces Host.
-    let host = authority.or(client_host).unwrap_or(fwd.fallback_host);
+    let named = authority.or(client_host);
+    let host = named.unwrap_or(fwd.fallback_host);
     let tokens = ConnectionTokens::of(headers);
+    let shaping = fwd.shaping;
 
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
-    if !origin.starts_with(b"/") && authority.is_some() {
-        out.push(b'/');
+    match &shaping.path {
+        Some(template) => write_shaped_target(origin, template, fwd.prefix, out)?,
+        None => {
+            if !origin.starts_with(b"/") && authority.is_some() {
+                out.push(b'/');
+            }
+            out.extend_from_slice(origin);
+        }
     }
-    out.extend_from_slice(origin);
     out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
-    out.extend_from_slice(host);
+    out.extend_from_slice(match &shaping.host {
+        SentHost::Client => host,
+        SentHost::Fixed(fixed) => fixed.as_bytes(),
+    });
     out.extend_from_slice(b"\r\n");
 
     let mut forwarded_for: Vec<&[u8]> = Vec::new();
     let mut client_id: Option<&[u8]> = None;
     for h in headers {
         let name = h.name.as_bytes();
-        if is_hop_by_hop(name) || tokens.contains(name) {
+        if is_hop_by_hop(name) || tokens.contains(name) || shaping.replaces(name) {
             continue;
         }
         let value = trim(h.value);
@@ -143,18 +181,22 @@ pub fn write(
         out.extend_from_slice(b"\r\n");
     }
 
-    out.extend_from_slice(b"X-Forwarded-For: ");
-    for value in &forwarded_for {
-        out.extend_from_slice(value);
-        out.extend_from_slice(b", ");
+    if !shaping.replaces(b"x-forwarded-for") {
+        out.extend_from_slice(b"X-Forwarded-For: ");
+        for value in &forwarded_for {
+            out.extend_from_slice(value);
+            out.extend_from_slice(b", ");
+        }
+        push_ip(out, fwd.client_ip);
+        out.extend_from_slice(b"\r\n");
     }
-    push_ip(out, fwd.client_ip);
-    out.extend_from_slice(match fwd.scheme {
-        Scheme::Http => b"\r\nX-Forwarded-Proto: http\r\n",
-        Scheme::Https => b"\r\nX-Forwarded-Proto: https\r\n",
-    });
+    if !shaping.replaces(b"x-forwarded-proto") {
+        out.extend_from_slice(b"X-Forwarded-Proto: ");
+        out.extend_from_slice(fwd.scheme.name());
+        out.extend_from_slice(b"\r\n");
+    }
     // Only a host the client named: the fallback is the upstream's own address.
-    if let Some(client_host) = authority.or(client_host) {
+    if let Some(client_host) = named.filter(|_| !shaping.replaces(b"x-forwarded-host")) {
         out.extend_from_slice(b"X-Forwarded-Host: ");
         out.extend_from_slice(client_host);
         out.extend_from_slice(b"\r\n");
@@ -167,6 +209,29 @@ pub fn write(
     }
     let request_id = id_start..out.len();
     out.extend_from_slice(b"\r\n");
+    for set in &shaping.set_headers {
+        let line = out.len();
+        out.extend_from_slice(set.name.0.as_bytes());
+        out.extend_from_slice(b": ");
+        let value = out.len();
+        for part in &set.value {
+            match part {
+                ValuePart::Literal(text) => out.extend_from_slice(text.as_bytes()),
+                ValuePart::ClientIp => push_ip(out, fwd.client_ip),
+                ValuePart::Host => out.extend_from_slice(strip_port(host)),
+                ValuePart::Scheme => out.extend_from_slice(fwd.scheme.name()),
+                ValuePart::RequestId => out.extend_from_within(request_id.clone()),
+            }
+        }
+        if out[value..]
+            .iter()
+            .any(|&b| b == b'\r' || b == b'\n' || b == 0)
+        {
+            out.truncate(line);
+            continue;
+        }
+        out.extend_from_slice(b"\r\n");
+    }
     match body {
         Framing::Length(n) => {
             out.extend_from_slice(b"Content-Length: ");
@@ -186,7 +251,49 @@ pub fn write(
     Ok(UpstreamHead {
         request_id,
         len: out.len() - start,
+        client_host: named,
     })
+}
+
+impl Scheme {
+    pub fn name(self) -> &'static [u8] {
+        match self {
+            Scheme::Http => b"http",
+            Scheme::Https => b"https",
+        }
+    }
+}
+
+/// Writes the route's `path` template for the origin-form target `origin` (`/p?q`,
+/// or `?q` from an absolute-form target without a path): `{path}` is the client's
+/// path after the decoded `prefix`, in the client's own encoding, normalised as
+/// routing normalised it; the query follows as received.
+fn write_shaped_target(
+    origin: &[u8],
+    template: &forkd_shared::config::shaping::PathTemplate,
+    prefix: &str,
+    out: &mut Vec<u8>,
+) -> Result<(), HeadError> {
+    let (raw_path, query) = match origin.iter().position(|&b| b == b'?') {
+        Some(q) => (&origin[..q], Some(&origin[q..])),
+        None => (origin, None),
+    };
+    let raw_path = if raw_path.is_empty() { b"/" } else { raw_path };
+    out.extend_from_slice(template.before.as_bytes());
+    if let Some(after) = &template.after {
+        // Routing normalised this path already; it cannot fail here.
+        let encoded = path::normalize_encoded(raw_path).map_err(|_| HeadError::Malformed)?;
+        let mut rest = path::after_decoded(&encoded, prefix.len());
+        if template.before.ends_with('/') && rest.starts_with(b"/") {
+            rest = &rest[1..];
+        }
+        out.extend_from_slice(rest);
+        out.extend_from_slice(after.as_bytes());
+    }
+    if let Some(query) = query {
+        out.extend_from_slice(query);
+    }
+    Ok(())
 }
 
 fn expects_body(method: &str) -> bool {
@@ -232,12 +339,26 @@ fn push_ip(out: &mut Vec<u8>, ip: IpAddr) {
 mod tests {
     use super::*;
 
+    static NO_SHAPING: Shaping = Shaping {
+        path: None,
+        host: SentHost::Client,
+        set_headers: Vec::new(),
+        remove_headers: Vec::new(),
+        timeouts: forkd_shared::config::shaping::RouteTimeouts {
+            connect: None,
+            send: None,
+            read: None,
+        },
+    };
+
     fn fwd() -> Forwarding<'static> {
         Forwarding {
             client_ip: "192.0.2.7".parse().unwrap(),
             scheme: Scheme::Http,
             fallback_host: b"127.0.0.1:9000",
             close: false,
+            shaping: &NO_SHAPING,
+            prefix: "/",
         }
     }
 
@@ -374,6 +495,131 @@ mod tests {
             "{got}"
         );
         assert!(got.ends_with("Connection: close\r\n\r\n"), "{got}");
+    }
+
+    fn shaping(
+        path: Option<&str>,
+        host: SentHost,
+        set: &[(&str, &str)],
+        remove: &[&str],
+    ) -> Shaping {
+        use forkd_shared::config::shaping::{FieldName, PathTemplate, SetHeader};
+        Shaping {
+            path: path.map(|p| PathTemplate::parse(p).unwrap()),
+            host,
+            set_headers: set
+                .iter()
+                .map(|(n, v)| SetHeader::parse(n, v).unwrap())
+                .collect(),
+            remove_headers: remove
+                .iter()
+                .map(|n| FieldName::parse(n).unwrap())
+                .collect(),
+            ..NO_SHAPING.clone()
+        }
+    }
+
+    #[test]
+    fn a_path_template_takes_the_encoded_rest_after_the_prefix_and_keeps_the_query() {
+        let s = shaping(Some("/v1/{path}"), SentHost::Client, &[], &[]);
+        let f = Forwarding {
+            shaping: &s,
+            prefix: "/api/",
+            ..fwd()
+        };
+        for (target, sent) in [
+            ("/api/items?id=1&x=%41", "/v1/items?id=1&x=%41"),
+            ("/api/a%20b/%3F/c", "/v1/a%20b/%3F/c"),
+            ("/%61pi/x", "/v1/x"),
+            ("//api/./x/../y", "/v1/y"),
+            ("/api/", "/v1/"),
+            ("http://h/api/z?q", "/v1/z?q"),
+        ] {
+            let got = rewrite(
+                &format!("GET {target} HTTP/1.1\r\nHost: h\r\n\r\n"),
+                Framing::None,
+                &f,
+            );
+            assert!(
+                got.starts_with(&format!("GET {sent} HTTP/1.1\r\nHost: h\r\n")),
+                "{target}: {got}"
+            );
+        }
+        // A prefix without its slash: the seam keeps one `/`.
+        let f = Forwarding {
+            prefix: "/api",
+            ..f
+        };
+        let got = rewrite("GET /api/x HTTP/1.1\r\nHost: h\r\n\r\n", Framing::None, &f);
+        assert!(got.starts_with("GET /v1/x HTTP/1.1\r\n"), "{got}");
+        let fixed = shaping(Some("/status"), SentHost::Client, &[], &[]);
+        let f = Forwarding {
+            shaping: &fixed,
+            ..f
+        };
+        let got = rewrite(
+            "GET /api/x?y HTTP/1.1\r\nHost: h\r\n\r\n",
+            Framing::None,
+            &f,
+        );
+        assert!(got.starts_with("GET /status?y HTTP/1.1\r\n"), "{got}");
+    }
+
+    #[test]
+    fn host_set_and_removed_fields_shape_the_head_byte_for_byte() {
+        let s = shaping(
+            None,
+            SentHost::Fixed("app.internal:80".into()),
+            &[
+                ("X-Real-IP", "{client_ip}"),
+                ("X-Env", "prod"),
+                ("X-Origin", "{scheme}://{host} #{request_id}"),
+                ("X-Forwarded-Proto", "https"),
+            ],
+            &["X-Debug", "X-Forwarded-Host"],
+        );
+        let f = Forwarding {
+            shaping: &s,
+            ..fwd()
+        };
+        let got = rewrite(
+            "GET /a HTTP/1.1\r\nHost: shop.example:8080\r\nX-Debug: 1\r\nX-Env: dev\r\n\
+             x-real-ip: 6.6.6.6\r\nAccept: */*\r\nX-Forwarded-Proto: gopher\r\n\r\n",
+            Framing::None,
+            &f,
+        );
+        assert_eq!(
+            got,
+            "GET /a HTTP/1.1\r\nHost: app.internal:80\r\nAccept: */*\r\n\
+             X-Forwarded-For: 192.0.2.7\r\n\
+             X-Request-Id: 000000ab000000cd0000000000000001\r\n\
+             X-Real-IP: 192.0.2.7\r\nX-Env: prod\r\n\
+             X-Origin: http://shop.example #000000ab000000cd0000000000000001\r\n\
+             X-Forwarded-Proto: https\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn a_set_value_that_would_carry_cr_or_lf_is_not_sent() {
+        // Neither the parser nor the configuration lets such a host through (the
+        // fallback comes from `names`); the expansion does not rely on it.
+        let s = shaping(
+            None,
+            SentHost::Fixed("app".into()),
+            &[("X-Host", "{host}"), ("X-Env", "prod")],
+            &[],
+        );
+        let f = Forwarding {
+            shaping: &s,
+            fallback_host: b"evil\r\nX-Injected: 1",
+            ..fwd()
+        };
+        let got = rewrite("GET / HTTP/1.0\r\n\r\n", Framing::None, &f);
+        assert!(
+            !got.contains("X-Host") && !got.contains("X-Injected"),
+            "{got}"
+        );
+        assert!(got.ends_with("X-Env: prod\r\n\r\n"), "{got}");
     }
 
     #[test]

@@ -16,6 +16,11 @@ pub fn check(dir: &Path) -> Result<(), String> {
     let mut at = dir;
     loop {
         match std::fs::metadata(at) {
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                return Err(format!(
+                    "cannot be reached ({e}): its parent folders must be searchable"
+                ));
+            }
             Ok(m) if m.is_dir() => {
                 return access(at, AccessFlags::W_OK | AccessFlags::X_OK).map_err(|e| {
                     if at == dir {
@@ -49,9 +54,13 @@ pub fn check(dir: &Path) -> Result<(), String> {
 }
 
 /// Creates `temp_dir` (mode 0700) if it is missing and, with `user`, gives it to the
-/// workers' user, so a worker that gave up root can create its files there.
+/// workers' user, so a worker that gave up root can create its files there. Nothing
+/// for a configuration that buffers no proxied body.
 pub fn prepare(config: &Config) -> io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if !config.spools() {
+        return Ok(());
+    }
     let dir = &config.temp_dir;
     if !dir.is_dir() {
         std::fs::DirBuilder::new()

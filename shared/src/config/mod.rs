@@ -254,6 +254,31 @@ pub enum Handler {
     },
 }
 
+impl Handler {
+    /// Whether the route may hold proxied bodies in temporary files (`temp_dir`).
+    pub fn spools(&self) -> bool {
+        matches!(
+            self,
+            Handler::Proxy {
+                buffering: true,
+                ..
+            } | Handler::Proxy {
+                request_buffering: true,
+                ..
+            }
+        )
+    }
+}
+
+impl Config {
+    /// Whether any route may hold proxied bodies in temporary files.
+    pub fn spools(&self) -> bool {
+        self.servers
+            .iter()
+            .any(|s| s.routes.iter().any(|r| r.handler.spools()))
+    }
+}
+
 impl Server {
     /// The configured page for `status`, if any.
     pub fn error_page(&self, status: u16) -> Option<&ErrorPage> {

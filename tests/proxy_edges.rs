@@ -5,6 +5,10 @@
 //! client that did not read (the time held is not the upstream's), and a request body
 //! forkd already read from the client going on once the upstream takes what was
 //! buffered for it.
+//!
+//! These are the edges of a streamed exchange: the routes here turn request and
+//! response buffering off (`tests/proxy_buffering.rs` has the buffered ones), since a
+//! body read whole first, or a response spooled for a slow client, never meets them.
 
 mod support;
 use std::io::{Read, Write};
@@ -24,7 +28,7 @@ fn proxy_daemon(servers: &[String], keys: &str) -> TestDaemon {
         .top(&format!(
             "upstreams: {{ \"app\": (servers: [{list}], {keys}) }},"
         ))
-        .routes(r#"(prefix: "/", handler: Proxy(upstream: "app")),"#)
+        .routes(r#"(prefix: "/", handler: Proxy(upstream: "app", buffering: false, request_buffering: false)),"#)
         .start()
 }
 
@@ -556,7 +560,7 @@ fn gated_daemon(addr: SocketAddr, keys: &str) -> TestDaemon {
             "upstreams: {{ \"app\": (servers: [\"{addr}\"], {keys}) }},"
         ))
         .server("max_body_bytes: \"1G\",")
-        .routes(r#"(prefix: "/", handler: Proxy(upstream: "app")),"#)
+        .routes(r#"(prefix: "/", handler: Proxy(upstream: "app", buffering: false, request_buffering: false)),"#)
         .start()
 }
 

@@ -3,6 +3,8 @@
 //! scripted byte for byte (`support::scripted`): a response that begins before the
 //! request body is sent whole, bytes past a response without a body, a head split
 //! over two reads with bytes past its body, and a trailer line that is not a field.
+//! Request bodies stream (`request_buffering: false`), so a response can begin while
+//! the upload is under way.
 
 mod support;
 use std::io::{ErrorKind, Read, Write};
@@ -25,7 +27,7 @@ fn proxy_daemon(up: &ScriptedUpstream, keys: &str) -> TestDaemon {
         // The readiness probe must not take a scripted connection.
         .routes(
             r#"(prefix: "/healthz", handler: Liveness),
-            (prefix: "/", handler: Proxy(upstream: "app")),"#,
+            (prefix: "/", handler: Proxy(upstream: "app", request_buffering: false)),"#,
         )
         .start()
 }

@@ -177,6 +177,7 @@ fn enums() -> Vec<(&'static str, Vec<(&'static str, Shape)>)> {
         ("OverloadMode", variants::<overload::OverloadMode>()),
         ("Priority", variants::<overload::Priority>()),
         ("TlsVersion", variants::<tls::TlsVersion>()),
+        ("RawHost", variants::<config::shaping::RawHost>()),
     ]
 }
 

@@ -640,9 +640,15 @@ struct ListenFields {
     addr: String,
     #[serde(default)]
     proxy_protocol: bool,
-    /// Strings, parsed below, so a bad block is reported with its text.
-    #[serde(default)]
+    /// Strings, parsed below, so a bad block is reported with its text. A list as
+    /// written (`[...]`, not `Some([...])`); `None`: not written.
+    #[serde(default, deserialize_with = "written_list")]
     proxy_protocol_from: Option<Vec<String>>,
+}
+
+/// A list that is `Some` when written at all (an empty one included).
+fn written_list<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    Vec::<String>::deserialize(d).map(Some)
 }
 
 impl<'de> Deserialize<'de> for ListenAddr {

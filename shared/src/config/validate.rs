@@ -944,10 +944,12 @@ pub(super) fn validate(
     let spools = servers
         .iter()
         .any(|s| s.routes.iter().any(|r| r.handler.spools()));
-    if let Err(why) = spools
-        .then(|| crate::temp_dir::check(&temp_dir))
-        .unwrap_or(Ok(()))
-    {
+    let usable = if spools {
+        crate::temp_dir::check(&temp_dir)
+    } else {
+        Ok(())
+    };
+    if let Err(why) = usable {
         check.error(
             "temp_dir",
             0,

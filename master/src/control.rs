@@ -87,15 +87,19 @@ fn progress(report: &Report, before: &Before) -> Progress {
     if report.generation_in_force != generation {
         return Progress::Waiting;
     }
-    let current = report
+    Progress::Done {
+        generation,
+        workers: serving_in(report, generation),
+    }
+}
+
+/// The workers a reading shows serving `generation`.
+fn serving_in(report: &Report, generation: u64) -> usize {
+    report
         .workers
         .iter()
         .filter(|w| w.state == WorkerState::Serving && w.generation == generation)
-        .count();
-    Progress::Done {
-        generation,
-        workers: current,
-    }
+        .count()
 }
 
 fn reload(config: &Config, pid: Pid) -> i32 {
@@ -125,10 +129,20 @@ fn reload(config: &Config, pid: Pid) -> i32 {
             last = report;
         }
         match progress(&last, &before) {
-            Progress::Done {
-                generation,
-                workers,
-            } => {
+            Progress::Done { generation, .. } => {
+                // A report reads the worker rows before the master's verdict, so the
+                // reading that saw the verdict may hold rows from just before it:
+                // count them in a reading taken after it (the rows it judged were
+                // written before the verdict).
+                let workers = (0..50)
+                    .find_map(|_| match region.report() {
+                        Ok(r) => Some(serving_in(&r, generation)),
+                        Err(_) => {
+                            std::thread::sleep(Duration::from_millis(10));
+                            None
+                        }
+                    })
+                    .unwrap_or_else(|| serving_in(&last, generation));
                 println!("forkd: reloaded: configuration generation {generation} in force in {workers} worker(s)");
                 return 0;
             }

@@ -719,6 +719,31 @@ mod tests {
     }
 
     #[test]
+    fn x_accel_buffering_and_event_streams_say_whether_to_buffer_and_the_field_is_dropped() {
+        let raw = "HTTP/1.1 200 OK\r\nX-Accel-Buffering: no\r\nContent-Length: 0\r\n\r\n";
+        let (h, out) = final_head(raw, &CTX);
+        assert_eq!(h.buffering, Some(false));
+        assert_eq!(out, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+        let yes = "HTTP/1.1 200 OK\r\nx-accel-buffering:  YES \r\nContent-Length: 0\r\n\r\n";
+        assert_eq!(final_head(yes, &CTX).0.buffering, Some(true));
+        let sse = "HTTP/1.1 200 OK\r\nContent-Type: Text/Event-Stream; charset=utf-8\r\n\
+                   X-Accel-Buffering: yes\r\n\r\n";
+        let (h, out) = final_head(sse, &CTX);
+        assert_eq!(
+            h.buffering,
+            Some(false),
+            "an event stream is never held back"
+        );
+        assert!(out.contains("Content-Type: Text/Event-Stream"), "{out}");
+        let plain = "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 0\r\n\r\n";
+        assert_eq!(
+            final_head(plain, &CTX).0.buffering,
+            None,
+            "the route decides"
+        );
+    }
+
+    #[test]
     fn keepalive_requests_and_http10_retire_the_connection() {
         let raw = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
         let last = ResponseContext {

@@ -179,8 +179,9 @@ fn an_upload_the_client_gives_up_on_never_reaches_the_application() {
         wait_until(Duration::from_secs(30), || d
             .access_log()
             .contains("\"POST /upload HTTP/1.1\" 499")),
-        "the abandoned upload is logged 499:\n{}",
-        d.access_log()
+        "the abandoned upload is logged 499:\n{}\n{}",
+        d.access_log(),
+        d.error_log()
     );
     let r = tiny(&d).expect("served");
     assert_eq!(r.status, 200);
@@ -196,16 +197,27 @@ fn server_sent_events_arrive_one_by_one() {
     let up = SerialUpstream::start();
     let d = daemon(&up, "", "");
     let mut s = start_get(&d, "/events/3");
+    let started = std::time::Instant::now();
     let mut got = Vec::new();
     for i in 0..3 {
         up.release(1);
         let want = format!("data: event {i}\n\n");
         let mut byte = [0u8; 1];
         while !String::from_utf8_lossy(&got).ends_with(&want) {
-            let n = s
-                .read(&mut byte)
-                .expect("the event arrives before the next is sent");
-            assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+            let n = s.read(&mut byte).unwrap_or_else(|e| {
+                panic!(
+                    "event {i} did not arrive ({e}) after {:?}: {:?}\n{}",
+                    started.elapsed(),
+                    String::from_utf8_lossy(&got),
+                    d.error_log()
+                )
+            });
+            assert!(
+                n > 0,
+                "closed early: {:?}\n{}",
+                String::from_utf8_lossy(&got),
+                d.error_log()
+            );
             got.push(byte[0]);
         }
         if i < 2 {

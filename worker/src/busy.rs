@@ -65,6 +65,12 @@ pub struct Busy {
     pub proxy: Option<Box<Proxied>>,
     /// The connection was upgraded (a 101 from the upstream): the byte tunnel.
     pub tunnel: Option<Box<Tunnel>>,
+    /// An event said the client closed its side (or the socket failed) while these
+    /// buffers were the connection's: reads go on to the EOF whatever their sizes,
+    /// since a FIN that came with the last bytes raises no further edge. Kept here,
+    /// not in `Conn`, so an idle connection stays small (an idle one reads its EOF
+    /// in the one read its event starts).
+    pub hung_up: bool,
 }
 
 impl Busy {
@@ -78,6 +84,7 @@ impl Busy {
             body: None,
             rate: RateWindow::default(),
             proxy: None,
+            hung_up: false,
             tunnel: None,
         })
     }
@@ -131,6 +138,7 @@ impl Busy {
         self.proxy = None;
         self.tunnel = None;
         self.rate = RateWindow::default();
+        self.hung_up = false;
         self.out.clear();
     }
 }

@@ -464,6 +464,7 @@ impl Conn {
         let Some(b) = self.busy.as_mut() else {
             return;
         };
+        b.hung_up = true;
         if let Some(t) = b.tunnel.as_mut() {
             t.client_hung_up();
         } else if self.phase == Phase::Proxy {
@@ -866,8 +867,9 @@ impl Conn {
                     }
                     self.progress = now;
                     svc.stats.bytes_in(n as u64);
-                    // A short read drained the socket: the next edge will tell us of more.
-                    self.readable = self.tls.may_have_more(n, space);
+                    // A short read drained the socket: the next edge will tell us of
+                    // more, unless the client's FIN came with these bytes.
+                    self.readable = busy.hung_up || self.tls.may_have_more(n, space);
                     return Ok(true);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {

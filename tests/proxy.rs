@@ -945,3 +945,91 @@ fn a_chunked_body_over_max_body_bytes_towards_an_upstream_is_413() {
     let r = read_response(&mut s, false).expect("a response");
     assert_eq!((r.status, r.body), (200, b"hi".to_vec()));
 }
+
+/// A request head of `method` for `path` with 99 header fields in all (`Host`,
+/// `Connection: close` and `extra` among them), one under the parser's 100: forkd
+/// adds its own fields to the head it sends upstream, which then has more than a
+/// client may send.
+fn head_of_99_fields(method: &str, path: &str, extra: &[&str]) -> String {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    for field in extra {
+        head.push_str(field);
+        head.push_str("\r\n");
+    }
+    for i in 0..99 - 2 - extra.len() {
+        head.push_str(&format!("X-Fill-{i}: {i}\r\n"));
+    }
+    head.push_str("\r\n");
+    head
+}
+
+/// Issue 21, item 4: a request near the field limit is answered and logged with its
+/// own request line, `Referer` and `User-Agent`, although the head sent upstream
+/// (with `X-Forwarded-*` and `X-Request-Id` added) has more than 100 fields.
+#[test]
+fn a_request_of_99_fields_is_answered_and_logged() {
+    let up = upstream(|_| Reply::ok(b"hello"));
+    let d = proxy_daemon(&[up.addr().to_string()], "");
+    let head = head_of_99_fields(
+        "GET",
+        "/many?fields=99",
+        &["Referer: http://example.test/", "User-Agent: many/1.0"],
+    );
+    let r = d.request(&head);
+    assert_eq!(r.status, 200, "{}", r.head);
+    assert_eq!(r.body, b"hello");
+    assert!(
+        d.wait_for_log_in_access(
+            "\"GET /many?fields=99 HTTP/1.1\" 200 5 \"http://example.test/\" \"many/1.0\""
+        ),
+        "not logged:\n{}",
+        d.access_log()
+    );
+    d.assert_log_clean();
+}
+
+/// Issue 21, item 4: forkd's own error page for a HEAD near the field limit (its
+/// upstream refuses connections: 502) is a head without a body, and is logged with
+/// the request's line.
+#[test]
+fn a_head_request_of_99_fields_gets_a_502_without_a_body() {
+    let refused = support::free_port(); // reserved, never listening: refused
+    let d = proxy_daemon(&[format!("127.0.0.1:{refused}")], "");
+    let head = head_of_99_fields("HEAD", "/down", &[]);
+    let raw = raw_exchange(&d, head.as_bytes());
+    let (head, body) = split(&raw);
+    assert!(head.starts_with("HTTP/1.1 502 "), "{head}");
+    assert!(head.contains("Content-Length: "), "{head}");
+    assert!(
+        body.is_empty(),
+        "a body after a HEAD's 502: {:?}",
+        text(&body)
+    );
+    assert!(
+        d.wait_for_log_in_access("\"HEAD /down HTTP/1.1\" 502 "),
+        "not logged:\n{}",
+        d.access_log()
+    );
+}
+
+/// The access log names a proxied request's client as it does any request's: the
+/// address `real_ip_header` gives when the peer is a trusted proxy (it named the
+/// connection's peer, the proxy in front).
+#[test]
+fn a_proxied_request_is_logged_with_the_client_real_ip_header_names() {
+    let up = upstream(|_| Reply::ok(b"hi"));
+    let d = proxy_builder(&[up.addr().to_string()], "")
+        .server(r#"trusted_proxies: ["127.0.0.1"], real_ip_header: Some("X-Forwarded-For"),"#)
+        .start();
+    let r = d.request(
+        "GET /behind HTTP/1.1\r\nHost: localhost\r\nX-Forwarded-For: 203.0.113.9\r\n\
+         Connection: close\r\n\r\n",
+    );
+    assert_eq!(r.status, 200, "{}", r.head);
+    assert!(
+        d.wait_for_log_in_access("203.0.113.9 - - ["),
+        "{}",
+        d.access_log()
+    );
+    assert!(d.access_log().contains("\"GET /behind HTTP/1.1\" 200 2"));
+}

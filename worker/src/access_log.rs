@@ -23,6 +23,7 @@
 //! Each worker opens the file itself with `O_APPEND`, so lines from workers never
 //! interleave mid-line.
 
+use crate::http::request::{Request, Version};
 use forkd_shared::config::{AccessLogFormat, LogTarget, Server};
 use serde::Serialize;
 use std::fs::File;
@@ -68,6 +69,85 @@ pub struct Entry<'a> {
     pub request_id: Option<&'a [u8]>,
     /// For a proxied request: the upstream exchange (filled in by the proxy).
     pub upstream: Option<UpstreamEntry<'a>>,
+}
+
+/// What an entry says of its request: the request line's parts, `Referer` and
+/// `User-Agent`, as the client sent them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestLine<'a> {
+    pub method: &'a str,
+    pub target: &'a [u8],
+    pub http10: bool,
+    pub referer: Option<&'a [u8]>,
+    pub user_agent: Option<&'a [u8]>,
+}
+
+impl<'a> RequestLine<'a> {
+    pub fn of(req: &Request<'a>) -> RequestLine<'a> {
+        RequestLine {
+            method: req.method_name,
+            target: req.target,
+            http10: req.version == Version::Http10,
+            referer: req.referer,
+            user_agent: req.user_agent,
+        }
+    }
+
+    /// A `HEAD` request: its answer has no body.
+    pub fn is_head(&self) -> bool {
+        self.method == "HEAD"
+    }
+}
+
+/// A [`RequestLine`] kept past the buffer its head was read into (a proxied exchange
+/// outlives it): its bytes in one allocation.
+#[derive(Debug, Clone)]
+pub struct KeptLine {
+    /// The method, the target, `Referer` and `User-Agent`, one after the other.
+    bytes: Box<[u8]>,
+    /// Where the method, the target and `Referer` end in `bytes`.
+    ends: [usize; 3],
+    referer: bool,
+    user_agent: bool,
+    http10: bool,
+}
+
+impl KeptLine {
+    pub fn new(line: RequestLine) -> KeptLine {
+        let referer = line.referer.unwrap_or_default();
+        let user_agent = line.user_agent.unwrap_or_default();
+        let mut bytes = Vec::with_capacity(
+            line.method.len() + line.target.len() + referer.len() + user_agent.len(),
+        );
+        let mut ends = [0; 3];
+        for (end, part) in ends
+            .iter_mut()
+            .zip([line.method.as_bytes(), line.target, referer])
+        {
+            bytes.extend_from_slice(part);
+            *end = bytes.len();
+        }
+        bytes.extend_from_slice(user_agent);
+        KeptLine {
+            bytes: bytes.into_boxed_slice(),
+            ends,
+            referer: line.referer.is_some(),
+            user_agent: line.user_agent.is_some(),
+            http10: line.http10,
+        }
+    }
+
+    pub fn line(&self) -> RequestLine<'_> {
+        let [method, target, referer] = self.ends;
+        RequestLine {
+            // Copied from a `&str`: always UTF-8.
+            method: std::str::from_utf8(&self.bytes[..method]).unwrap_or("-"),
+            target: &self.bytes[method..target],
+            http10: self.http10,
+            referer: self.referer.then(|| &self.bytes[target..referer]),
+            user_agent: self.user_agent.then(|| &self.bytes[referer..]),
+        }
+    }
 }
 
 /// The upstream part of a proxied request's entry (JSON format only).
@@ -325,6 +405,37 @@ fn escape(out: &mut Vec<u8>, value: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kept_line_gives_back_the_line_it_kept() {
+        let lines = [
+            RequestLine {
+                method: "GET",
+                target: b"/a?b=1",
+                http10: false,
+                referer: Some(b"http://r/"),
+                user_agent: Some(b"ua/1"),
+            },
+            RequestLine {
+                method: "PROPFIND",
+                target: b"*",
+                http10: true,
+                referer: None,
+                user_agent: Some(b""),
+            },
+            RequestLine {
+                method: "HEAD",
+                target: b"/",
+                http10: false,
+                referer: Some(b""),
+                user_agent: None,
+            },
+        ];
+        for line in lines {
+            assert_eq!(KeptLine::new(line).line(), line);
+        }
+        assert!(lines[2].is_head() && !lines[0].is_head());
+    }
 
     #[test]
     fn a_request_that_could_not_be_read_is_logged_as_dash() {

@@ -18,6 +18,7 @@
 //! A server the region does not count (beyond its 64 cells) is balanced as always up,
 //! with nothing in flight.
 
+use crate::http::request::Request;
 use crate::proxy::balance::{hash_key, Balancer, Candidate};
 use forkd_shared::config::{Balance, HashKey, Upstream};
 use forkd_shared::shm::upstream_state::{
@@ -140,9 +141,12 @@ pub fn choose(
     Choice::AllDown { retry_after_secs }
 }
 
-/// The key a `Hash` upstream hashes for a request with head `head` (as sent
-/// upstream) from client `peer`; 0 for the other policies (never looked at).
-pub fn request_key(balance: &Balance, head: &[u8], peer: IpAddr) -> u64 {
+/// The key a `Hash` upstream hashes for the client's request `req` (parsed from
+/// `head`) from client `peer` (after `real_ip_header`); 0 for the other policies
+/// (never looked at). Read from the client's head as it came, not the one sent
+/// upstream: that one has forkd's fields added (it may have more than the parser
+/// takes) and the route's shaping applied.
+pub fn request_key(balance: &Balance, req: &Request, head: &[u8], peer: IpAddr) -> u64 {
     let Balance::Hash(what) = balance else {
         return 0;
     };
@@ -151,23 +155,10 @@ pub fn request_key(balance: &Balance, head: &[u8], peer: IpAddr) -> u64 {
             IpAddr::V4(a) => hash_key(&a.octets()),
             IpAddr::V6(a) => hash_key(&a.octets()),
         },
-        HashKey::Path => {
-            let target = head.split(|&b| b == b' ').nth(1).unwrap_or_default();
-            let path = target.split(|&b| b == b'?').next().unwrap_or_default();
-            hash_key(path)
-        }
+        HashKey::Path => hash_key(req.path),
+        // The head parsed already: a scan for the first field of that name.
         HashKey::Header(name) => {
-            let mut fields = [httparse::EMPTY_HEADER; crate::http::request::MAX_HEADERS];
-            let mut req = httparse::Request::new(&mut fields);
-            let value = match req.parse(head) {
-                Ok(_) => req
-                    .headers
-                    .iter()
-                    .find(|h| h.name.eq_ignore_ascii_case(&name.0))
-                    .map_or(&b""[..], |h| crate::proxy::trim(h.value)),
-                Err(_) => b"",
-            };
-            hash_key(value)
+            hash_key(crate::limits::admit::header(head, name.0.as_bytes()).unwrap_or_default())
         }
     }
 }
@@ -366,8 +357,11 @@ mod tests {
     #[test]
     fn request_keys_hash_what_the_balance_names() {
         let head = b"GET /a/b?x=1 HTTP/1.1\r\nHost: h\r\nX-User:  alice \r\n\r\n";
+        let req = crate::http::request::parse(head, head.len())
+            .unwrap()
+            .unwrap();
         let peer: IpAddr = "10.1.2.3".parse().unwrap();
-        let by = |k: HashKey| request_key(&Balance::Hash(k), head, peer);
+        let by = |k: HashKey| request_key(&Balance::Hash(k), &req, head, peer);
         assert_eq!(by(HashKey::Path), hash_key(b"/a/b"));
         assert_eq!(
             by(HashKey::Header(HeaderName("x-user".into()))),
@@ -378,6 +372,6 @@ mod tests {
             hash_key(b"")
         );
         assert_eq!(by(HashKey::ClientIp), hash_key(&[10, 1, 2, 3]));
-        assert_eq!(request_key(&Balance::RoundRobin, head, peer), 0);
+        assert_eq!(request_key(&Balance::RoundRobin, &req, head, peer), 0);
     }
 }

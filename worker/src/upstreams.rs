@@ -12,6 +12,7 @@
 //!
 //! Knows nothing of client connections beyond their slab keys.
 
+use crate::access_log::KeptLine;
 use crate::proxy::balance::Balancer;
 use crate::proxy::connect::UpstreamSocket;
 use crate::proxy::exchange::State;
@@ -229,6 +230,21 @@ impl Upstreams {
     }
 }
 
+/// What a proxied exchange keeps of the client's parsed request, taken when it is
+/// built: the head sent upstream says something else (forkd's `X-Forwarded-*` and
+/// `X-Request-Id` added, the route's shaping applied), and may have more fields than
+/// the request parser takes. One allocation (the [`KeptLine`]'s bytes).
+#[derive(Debug)]
+pub struct ClientRequest {
+    /// What the access log writes of the request (and whether it is a `HEAD`).
+    pub line: KeptLine,
+    /// The client: the connection's peer, or the address `real_ip_header` gave
+    /// (what the access log and the limits name).
+    pub peer: std::net::IpAddr,
+    /// The request's key for a `Hash` upstream (`upstream_health::request_key`).
+    pub hash_key: u64,
+}
+
 /// One client's proxied exchange: the [`Session`] (upstream socket, both bounded
 /// streams, the state machine), which upstream and server it uses, its token, and
 /// the times its deadlines and the logs need. Owned by the client connection's
@@ -288,8 +304,6 @@ pub struct Proxied {
     pub overload: Option<crate::overload::admission::Ticket>,
     /// The current attempt, counted in flight in the region while it lasts.
     pub in_flight: Option<crate::stats::InFlight>,
-    /// The request's key for a `Hash` upstream, once computed.
-    pub hash_key: Option<u64>,
     /// Response buffering: the route asks for it and the response did not refuse it
     /// (`X-Accel-Buffering: no`, an event stream).
     pub buffering: bool,
@@ -307,9 +321,9 @@ pub struct Proxied {
     pub transfer_counted: bool,
     /// The route's own upstream timeouts (`Upstream::timeouts` puts them in place).
     pub timeouts: forkd_shared::config::shaping::RouteTimeouts,
-    /// The client's head, kept when the route's shaping changes what the access log
-    /// reads (the target, `Referer`, `User-Agent`) in the head sent upstream.
-    pub client_head: Option<Box<[u8]>>,
+    /// What the access log, an error page and the balancer read of the client's
+    /// request.
+    pub client: ClientRequest,
     /// The `X-Request-Id` sent upstream.
     request_id: [u8; 32],
     request_id_len: u8,
@@ -325,7 +339,7 @@ impl Proxied {
         started: Micros,
         now: Micros,
         client_keep_alive: bool,
-        http10: bool,
+        client: ClientRequest,
         request_id: &[u8],
     ) -> Proxied {
         let mut id = [0u8; 32];
@@ -353,29 +367,20 @@ impl Proxied {
             truncated: false,
             sent: 0,
             client_keep_alive,
-            http10,
+            http10: client.line.line().http10,
             upgraded: None,
             overload: None,
             in_flight: None,
-            hash_key: None,
             buffering: false,
             spool: None,
             upstream_done_at: None,
             upstream_started_at: None,
             transfer_counted: false,
             timeouts: Default::default(),
-            client_head: None,
+            client,
             request_id: id,
             request_id_len: len as u8,
         }
-    }
-
-    /// The request head the access log and error pages read: the client's as it
-    /// came when the route changed what they show, else the one sent upstream.
-    pub fn logged_head(&self) -> &[u8] {
-        self.client_head
-            .as_deref()
-            .unwrap_or_else(|| self.session.request_head())
     }
 
     /// Index of the upstream in `Config::upstreams`.

@@ -7,7 +7,7 @@
 //! "proxy this" instead ([`Next::Proxy`], a [`Proxied`] exchange built here), which
 //! `proxied.rs` drives over the upstream socket.
 
-use crate::access_log;
+use crate::access_log::{self, KeptLine, RequestLine};
 use crate::busy::{Body, PendingBody};
 use crate::handlers::health::{self, Probe};
 use crate::handlers::redirect::{self, Redirect};
@@ -28,7 +28,8 @@ use crate::proxy::upstream_request::{self, Forwarding, Framing, Scheme};
 use crate::services::Services;
 use crate::spool::{self, Spool};
 use crate::timers::Micros;
-use crate::upstreams::Proxied;
+use crate::upstream_health;
+use crate::upstreams::{ClientRequest, Proxied};
 use forkd_shared::config::overload::Priority;
 use forkd_shared::config::shaping::SentHost;
 use forkd_shared::config::tls::name_matches;
@@ -442,6 +443,11 @@ fn proxy(
         session.buffer_request(spool);
     }
     let expect = req.expect_continue && framing != Framing::None;
+    let client = ClientRequest {
+        line: KeptLine::new(RequestLine::of(req)),
+        peer: x.peer,
+        hash_key: upstream_health::request_key(&upstream.balance, req, head, x.peer),
+    };
     let mut proxied = Box::new(Proxied::new(
         session,
         upstream_index,
@@ -450,16 +456,13 @@ fn proxy(
         x.started,
         svc.clock.now_us,
         keep,
-        req.version == Version::Http10,
+        client,
         &request_id,
     ));
     proxied.overload = ticket;
     // A switched protocol is a tunnel, never held back.
     proxied.buffering = *buffering && protocol.is_none();
     proxied.timeouts = shaping.timeouts;
-    if shaping.hides_logged_fields() {
-        proxied.client_head = Some(Box::from(head));
-    }
     Next::Proxy(proxied)
 }
 
@@ -753,13 +756,13 @@ pub fn error_page_with(
     server: usize,
     peer: IpAddr,
     started: Micros,
-    req: Option<&Request>,
+    req: Option<RequestLine>,
     persistence: Persistence,
     extra: &[(&str, &[u8])],
 ) {
     let date = *svc.clock.http_date_array();
     ensure_out(out);
-    let head_only = req.is_some_and(|r| r.method == Method::Head);
+    let head_only = req.is_some_and(|r| r.is_head());
     let site = response::Site {
         headers: b"",
         pages: &svc.config.servers[server.min(svc.config.servers.len() - 1)].error_pages,
@@ -782,7 +785,7 @@ pub fn error_page_with(
                 body_bytes,
                 logged: true,
             };
-            log_request(svc, server, peer, req, &outcome, latency);
+            log_entry(svc, server, peer, req, &outcome, latency, None, None);
         }
         None => log_unread(svc, server, peer, status, body_bytes, latency),
     }
@@ -796,17 +799,18 @@ pub fn log_request(
     outcome: &Outcome,
     latency_us: u64,
 ) {
-    log_entry(svc, server, peer, req, outcome, latency_us, None, None);
+    let line = RequestLine::of(req);
+    log_entry(svc, server, peer, line, outcome, latency_us, None, None);
 }
 
-/// The access-log line of `req`, with the request id and upstream part of a proxied
-/// request.
+/// The access-log line of the request `req`, with the request id and upstream part
+/// of a proxied request.
 #[allow(clippy::too_many_arguments)]
 pub fn log_entry(
     svc: &mut Services,
     server: usize,
     peer: IpAddr,
-    req: &Request,
+    req: RequestLine,
     outcome: &Outcome,
     latency_us: u64,
     request_id: Option<&[u8]>,
@@ -817,9 +821,9 @@ pub fn log_entry(
     }
     let entry = access_log::Entry {
         peer,
-        method: req.method_name,
+        method: req.method,
         target: req.target,
-        http10: req.version == Version::Http10,
+        http10: req.http10,
         status: outcome.status.0,
         body_bytes: outcome.body_bytes,
         referer: req.referer,

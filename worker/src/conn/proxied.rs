@@ -15,7 +15,6 @@ use super::proxied_deadlines::note_hold;
 use crate::access_log;
 use crate::busy::Busy;
 use crate::handlers::Outcome;
-use crate::http::request::{self, Version};
 use crate::http::response::{Persistence, Status};
 use crate::out::Flush;
 use crate::proxy::response_head::ClientBody;
@@ -63,6 +62,8 @@ pub enum Progress {
 pub struct Client<'a> {
     pub key: usize,
     pub stream: Transport<'a>,
+    /// The connection's peer (for the error log; the access log names the client
+    /// `real_ip_header` gave, `Proxied::client`).
     pub peer: IpAddr,
     /// The connection's last progress (reads and writes), for its timeouts.
     pub progress: &'a mut Micros,
@@ -129,7 +130,7 @@ fn step(
                 };
                 forget_token(p, svc);
                 busy.discard_input();
-                return fail(p, c, busy, svc, status, false, &[]);
+                return fail(p, busy, svc, status, false, &[]);
             }
         }
     }
@@ -139,7 +140,7 @@ fn step(
         if p.upstream_started_at.is_none() {
             p.upstream_started_at = Some(svc.clock.precise_us());
         }
-        let step = next_server(p, c.key, c.peer, svc);
+        let step = next_server(p, c.key, svc);
         if let Some(done) = act(p, c, busy, svc, step) {
             return done;
         }
@@ -174,11 +175,11 @@ fn step(
         return Progress::Truncated;
     }
     if p.upstream_done && p.upgraded.is_some() {
-        account(p, c, svc);
+        account(p, svc);
         return Progress::Upgraded;
     }
     if p.upstream_done {
-        let keep = finish(p, c, svc);
+        let keep = finish(p, svc);
         return Progress::Finished { keep };
     }
     // Body bytes already read from the client, and room for them that the pump just
@@ -312,13 +313,13 @@ fn act(
                 if usable_now(p, server, svc) {
                     connect(p, c.key, server, svc)
                 } else {
-                    next_server(p, c.key, c.peer, svc)
+                    next_server(p, c.key, svc)
                 }
             }
             Step::NeedNextServer => {
                 log_failure(p, svc, true, true);
                 forget_token(p, svc);
-                next_server(p, c.key, c.peer, svc)
+                next_server(p, c.key, svc)
             }
             Step::Respond(status) => {
                 log_failure(p, svc, false, true);
@@ -330,7 +331,7 @@ fn act(
                 if !keep {
                     busy.discard_input();
                 }
-                return Some(fail(p, c, busy, svc, Status(status), keep, &[]));
+                return Some(fail(p, busy, svc, Status(status), keep, &[]));
             }
             Step::Unavailable { retry_after_secs } => {
                 forget_token(p, svc);
@@ -344,7 +345,7 @@ fn act(
                 crate::http::response::push_decimal(&mut digits, retry_after_secs);
                 let extra: [(&str, &[u8]); 1] = [("Retry-After", &digits)];
                 let status = Status::SERVICE_UNAVAILABLE;
-                return Some(fail(p, c, busy, svc, status, keep, &extra));
+                return Some(fail(p, busy, svc, status, keep, &extra));
             }
             Step::CloseClient => {
                 p.upstream_done_at = Some(svc.clock.precise_us());
@@ -354,7 +355,7 @@ fn act(
                 p.in_flight = None;
                 observe(p, svc);
                 // The client sees a truncated response; it is logged as what it was.
-                account(p, c, svc);
+                account(p, svc);
                 p.upstream_done = true;
                 p.truncated = true;
                 return None;
@@ -391,15 +392,12 @@ fn act(
 /// Starts an attempt on the server `upstream_health::choose` picks among those this
 /// request has not tried (a pooled connection if it has one); none left: 502; every
 /// server down: 503.
-fn next_server(p: &mut Proxied, key: usize, peer: IpAddr, svc: &mut Services) -> Step {
+fn next_server(p: &mut Proxied, key: usize, svc: &mut Services) -> Step {
     p.in_flight = None;
     let Some(upstream) = svc.config.upstreams.get(p.upstream) else {
         return Step::Respond(502); // removed by a reload
     };
     let tried = p.session.exchange().tried();
-    let hash_key = *p.hash_key.get_or_insert_with(|| {
-        upstream_health::request_key(&upstream.balance, p.session.request_head(), peer)
-    });
     let Some(balancer) = svc.upstreams.balancers.get_mut(p.upstream) else {
         return Step::Respond(502);
     };
@@ -411,7 +409,7 @@ fn next_server(p: &mut Proxied, key: usize, peer: IpAddr, svc: &mut Services) ->
         stats.upstream_state(),
         &svc.checks.verdicts(p.upstream),
         tried,
-        hash_key,
+        p.client.hash_key,
         stats.monotonic_ms(svc.clock.now),
         &mut svc.upstreams.scratch,
     );
@@ -645,7 +643,7 @@ pub fn abandon(p: &mut Proxied, peer: IpAddr, svc: &mut Services) -> Progress {
     p.session.abandon();
     p.upstream_done = true;
     let latency = svc.clock.precise_us().saturating_sub(p.started);
-    log_line(p, peer, svc, 499, latency);
+    log_line(p, svc, 499, latency);
     Progress::Close
 }
 
@@ -664,23 +662,13 @@ fn down_reason(failure: Failure) -> DownReason {
 /// any error page); `keep`: the connection stays open after it.
 fn fail(
     p: &mut Proxied,
-    c: &Client,
     busy: &mut Busy,
     svc: &mut Services,
     status: Status,
     keep: bool,
     extra: &[(&str, &[u8])],
 ) -> Progress {
-    let head = p.logged_head();
-    let parsed = request::parse(head, head.len());
-    let mut req = match parsed {
-        Ok(Some(req)) => Some(req),
-        _ => None,
-    };
-    if let Some(req) = req.as_mut() {
-        req.version = client_version(p);
-    }
-    let (server, peer, started) = (p.client_server, c.peer, p.started);
+    let (server, peer, started) = (p.client_server, p.client.peer, p.started);
     let persistence = Persistence::after(keep, p.http10);
     dispatch::error_page_with(
         &mut busy.out,
@@ -689,36 +677,28 @@ fn fail(
         server,
         peer,
         started,
-        req.as_ref(),
+        Some(p.client.line.line()),
         persistence,
         extra,
     );
     Progress::Failed { keep }
 }
 
-fn client_version(p: &Proxied) -> Version {
-    if p.http10 {
-        Version::Http10
-    } else {
-        Version::Http11
-    }
-}
-
 /// Counts and logs the response; says whether the client connection stays open.
-fn finish(p: &mut Proxied, c: &Client, svc: &mut Services) -> bool {
-    account(p, c, svc);
+fn finish(p: &mut Proxied, svc: &mut Services) -> bool {
+    account(p, svc);
     let close = p.session.response_head().is_none_or(|h| h.client_close);
     p.client_keep_alive && !close && p.session.request_complete() && !svc.draining
 }
 
 /// Counts the response in the stats and writes its access-log line.
-fn account(p: &Proxied, c: &Client, svc: &mut Services) {
+fn account(p: &Proxied, svc: &mut Services) {
     let status = p.status.unwrap_or(502);
     let now = svc.clock.precise_us();
     let latency = now.saturating_sub(p.started);
     svc.stats.response(status, Some(latency));
     count_buffering(p, svc, now);
-    log_line(p, c.peer, svc, status, latency);
+    log_line(p, svc, status, latency);
 }
 
 /// The buffering counters of an exchange that ended: its bodies held in memory or a
@@ -748,7 +728,7 @@ fn count_buffering(p: &Proxied, svc: &Services, now: Micros) {
 }
 
 /// The exchange's access-log line, with `status`.
-fn log_line(p: &Proxied, peer: IpAddr, svc: &mut Services, status: u16, latency: u64) {
+fn log_line(p: &Proxied, svc: &mut Services, status: u16, latency: u64) {
     if !svc.logs.enabled(p.client_server) {
         return;
     }
@@ -758,40 +738,36 @@ fn log_line(p: &Proxied, peer: IpAddr, svc: &mut Services, status: u16, latency:
         // Chunked or close-delimited: the bytes sent (nginx's $bytes_sent).
         Some(_) => p.sent,
     };
-    let head = p.logged_head();
-    if let Ok(Some(mut req)) = request::parse(head, head.len()) {
-        req.version = client_version(p);
-        let outcome = Outcome {
-            status: Status(status),
-            body_bytes,
-            logged: true,
-        };
-        let label = p.server_index().and_then(|i| {
-            svc.config.upstreams[p.upstream]
-                .servers
-                .get(i)
-                .map(|srv| srv.label.clone())
-        });
-        let upstream = label.as_deref().map(|addr| access_log::UpstreamEntry {
-            addr,
-            status: p.upstream_status(),
-            header_time_us: p.time_to_head_us(),
-            response_time_us: p.upstream_time_us(),
-            connect: if p.reused_connection() {
-                access_log::UpstreamConnect::Reused
-            } else {
-                access_log::UpstreamConnect::New
-            },
-        });
-        dispatch::log_entry(
-            svc,
-            p.client_server,
-            peer,
-            &req,
-            &outcome,
-            latency,
-            Some(p.request_id()),
-            upstream,
-        );
-    }
+    let outcome = Outcome {
+        status: Status(status),
+        body_bytes,
+        logged: true,
+    };
+    let label = p.server_index().and_then(|i| {
+        svc.config.upstreams[p.upstream]
+            .servers
+            .get(i)
+            .map(|srv| srv.label.clone())
+    });
+    let upstream = label.as_deref().map(|addr| access_log::UpstreamEntry {
+        addr,
+        status: p.upstream_status(),
+        header_time_us: p.time_to_head_us(),
+        response_time_us: p.upstream_time_us(),
+        connect: if p.reused_connection() {
+            access_log::UpstreamConnect::Reused
+        } else {
+            access_log::UpstreamConnect::New
+        },
+    });
+    dispatch::log_entry(
+        svc,
+        p.client_server,
+        p.client.peer,
+        p.client.line.line(),
+        &outcome,
+        latency,
+        Some(p.request_id()),
+        upstream,
+    );
 }

@@ -3,7 +3,7 @@
 //! the `Status` route without further code.
 
 use super::counters::{Counter, COUNTERS, COUNTER_CELLS};
-use super::layout::{bucket_bounds, Counters, BUCKETS};
+use super::cells::{bucket_bounds, Counters, BUCKETS};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use std::sync::atomic::Ordering::Relaxed;

@@ -3,7 +3,7 @@
 
 use super::stream::Tls;
 use super::tickets::Tickets;
-use crate::services::Routing;
+use crate::routing::Routing;
 use forkd_shared::config::tls::{name_matches, TlsVersion};
 use forkd_shared::config::Config;
 use rustls::server::{ClientHello, ResolvesServerCert};

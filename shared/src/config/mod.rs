@@ -14,6 +14,7 @@ mod error;
 pub mod limits;
 mod locate;
 mod model;
+pub mod names;
 pub mod overload;
 pub mod raw;
 pub mod shaping;

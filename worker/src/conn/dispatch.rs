@@ -31,7 +31,7 @@ use crate::timers::Micros;
 use crate::upstreams::Proxied;
 use forkd_shared::config::overload::Priority;
 use forkd_shared::config::shaping::SentHost;
-use forkd_shared::config::tls::name_matches;
+use forkd_shared::config::names::name_matches;
 use forkd_shared::config::{Handler, Server, UpstreamAddress};
 use std::borrow::Cow;
 use std::net::IpAddr;

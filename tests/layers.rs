@@ -85,7 +85,14 @@ fn tokens(source: &str) -> Vec<(Tok, usize)> {
                     if j >= b.len() {
                         break;
                     }
-                    if b[j] == b'"' && b[j + 1..].iter().take(hashes).filter(|&&h| h == b'#').count() == hashes {
+                    if b[j] == b'"'
+                        && b[j + 1..]
+                            .iter()
+                            .take(hashes)
+                            .filter(|&&h| h == b'#')
+                            .count()
+                            == hashes
+                    {
                         j += 1 + hashes;
                         break;
                     }
@@ -186,7 +193,7 @@ fn module_files(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {
                 stack.push(path);
                 continue;
             }
-            if path.extension().map_or(true, |e| e != "rs") {
+            if path.extension() != Some(std::ffi::OsStr::new("rs")) {
                 continue;
             }
             let rel = path.strip_prefix(src).unwrap();
@@ -195,7 +202,10 @@ fn module_files(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {
                 .iter()
                 .map(|s| s.to_string_lossy().into_owned())
                 .collect();
-            if matches!(segs.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+            if matches!(
+                segs.last().map(String::as_str),
+                Some("mod" | "lib" | "main")
+            ) {
                 segs.pop();
             }
             modules.insert(segs, path);
@@ -211,6 +221,9 @@ struct Named {
     line: usize,
 }
 
+/// A `pub use` in module `.0`: name `.1` stands for path `.2`.
+type Reexport = (Vec<String>, String, Vec<String>);
+
 /// What one file names and re-exports.
 #[derive(Default)]
 struct FileUses {
@@ -220,7 +233,12 @@ struct FileUses {
 }
 
 /// Expands the `use` tree at `toks[*i..]` (just past `use`) into full paths.
-fn use_tree(toks: &[(Tok, usize)], i: &mut usize, prefix: &[String], out: &mut Vec<(Vec<String>, String, usize)>) {
+fn use_tree(
+    toks: &[(Tok, usize)],
+    i: &mut usize,
+    prefix: &[String],
+    out: &mut Vec<(Vec<String>, String, usize)>,
+) {
     let mut path = prefix.to_vec();
     while *i < toks.len() {
         let (tok, line) = &toks[*i];
@@ -314,7 +332,11 @@ fn skip_item(toks: &[(Tok, usize)], mut i: usize) -> usize {
 
 /// Everything `source` (the file of module `module`) names, with crate-relative
 /// paths still relative to the module they appear in.
-fn scan(source: &str, module: &[String], children: &BTreeSet<String>) -> (Vec<Named>, Vec<(Vec<String>, String, Vec<String>)>) {
+fn scan(
+    source: &str,
+    module: &[String],
+    children: &BTreeSet<String>,
+) -> (Vec<Named>, Vec<Reexport>) {
     let toks = tokens(source);
     let mut named = Vec::new();
     let mut reexports = Vec::new();
@@ -341,7 +363,10 @@ fn scan(source: &str, module: &[String], children: &BTreeSet<String>) -> (Vec<Na
                 let end = skip_group(&toks, j);
                 let attr: Vec<&Tok> = toks[j..end].iter().map(|t| &t.0).collect();
                 let is_cfg_test = attr.windows(4).any(|w| {
-                    w[0] == &Tok::Ident("cfg".into()) && w[1] == &Tok::Open('(') && w[2] == &Tok::Ident("test".into()) && w[3] == &Tok::Close(')')
+                    w[0] == &Tok::Ident("cfg".into())
+                        && w[1] == &Tok::Open('(')
+                        && w[2] == &Tok::Ident("test".into())
+                        && w[3] == &Tok::Close(')')
                 });
                 if is_cfg_test && toks.get(i + 1).map(|t| &t.0) != Some(&Tok::Bang) {
                     test_item = true;
@@ -372,7 +397,11 @@ fn scan(source: &str, module: &[String], children: &BTreeSet<String>) -> (Vec<Na
                     if public {
                         reexports.push((from.clone(), name, path));
                     } else {
-                        named.push(Named { from: from.clone(), path, line });
+                        named.push(Named {
+                            from: from.clone(),
+                            path,
+                            line,
+                        });
                     }
                 }
                 public = false;
@@ -380,7 +409,9 @@ fn scan(source: &str, module: &[String], children: &BTreeSet<String>) -> (Vec<Na
             }
             Tok::Ident(k) if k == "mod" => {
                 public = false;
-                if let (Some((Tok::Ident(name), _)), Some((Tok::Open('{'), _))) = (toks.get(i + 1), toks.get(i + 2)) {
+                if let (Some((Tok::Ident(name), _)), Some((Tok::Open('{'), _))) =
+                    (toks.get(i + 1), toks.get(i + 2))
+                {
                     depth += 1;
                     inline.push((name.clone(), depth));
                     i += 3;
@@ -389,16 +420,26 @@ fn scan(source: &str, module: &[String], children: &BTreeSet<String>) -> (Vec<Na
                 i += 1;
                 continue;
             }
-            Tok::Ident(first) if toks.get(i + 1).map(|t| &t.0) == Some(&Tok::PathSep) && (i == 0 || toks[i - 1].0 != Tok::PathSep) => {
-                let relative = matches!(first.as_str(), "crate" | "super" | "self") || (inline.is_empty() && children.contains(first));
+            Tok::Ident(first)
+                if toks.get(i + 1).map(|t| &t.0) == Some(&Tok::PathSep)
+                    && (i == 0 || toks[i - 1].0 != Tok::PathSep) =>
+            {
+                let relative = matches!(first.as_str(), "crate" | "super" | "self")
+                    || (inline.is_empty() && children.contains(first));
                 let mut path = vec![first.clone()];
                 let mut j = i + 1;
-                while let (Some((Tok::PathSep, _)), Some((Tok::Ident(seg), _))) = (toks.get(j), toks.get(j + 1)) {
+                while let (Some((Tok::PathSep, _)), Some((Tok::Ident(seg), _))) =
+                    (toks.get(j), toks.get(j + 1))
+                {
                     path.push(seg.clone());
                     j += 2;
                 }
                 if relative {
-                    named.push(Named { from: here(&inline), path, line: *line });
+                    named.push(Named {
+                        from: here(&inline),
+                        path,
+                        line: *line,
+                    });
                 }
                 public = false;
                 i = j;
@@ -420,7 +461,11 @@ fn scan(source: &str, module: &[String], children: &BTreeSet<String>) -> (Vec<Na
 }
 
 /// `path`, named in module `from`, as a crate-absolute path; `None` for another crate.
-fn absolute(from: &[String], path: &[String], modules: &BTreeMap<Vec<String>, PathBuf>) -> Option<Vec<String>> {
+fn absolute(
+    from: &[String],
+    path: &[String],
+    modules: &BTreeMap<Vec<String>, PathBuf>,
+) -> Option<Vec<String>> {
     let mut base = from.to_vec();
     let mut rest = path;
     match rest.first().map(String::as_str) {
@@ -449,8 +494,15 @@ fn absolute(from: &[String], path: &[String], modules: &BTreeMap<Vec<String>, Pa
 }
 
 /// The file that defines `path`, following re-exports.
-fn resolve<'a>(path: &[String], modules: &'a BTreeMap<Vec<String>, PathBuf>, uses: &BTreeMap<Vec<String>, FileUses>, hops: usize) -> Option<&'a Vec<String>> {
-    let n = (0..=path.len()).rev().find(|&n| modules.contains_key(&path[..n]))?;
+fn resolve<'a>(
+    path: &[String],
+    modules: &'a BTreeMap<Vec<String>, PathBuf>,
+    uses: &BTreeMap<Vec<String>, FileUses>,
+    hops: usize,
+) -> Option<&'a Vec<String>> {
+    let n = (0..=path.len())
+        .rev()
+        .find(|&n| modules.contains_key(&path[..n]))?;
     let (module, _) = modules.get_key_value(&path[..n])?;
     if let (Some(item), Some(file)) = (path.get(n), uses.get(module)) {
         if let Some(target) = file.reexports.get(item) {
@@ -525,7 +577,10 @@ fn circles(src: &Path) -> Vec<Vec<String>> {
 }
 
 /// Tarjan's strongly connected components.
-fn strongly_connected<'a>(nodes: &[&'a Vec<String>], edges: &BTreeMap<&'a Vec<String>, BTreeMap<&'a Vec<String>, usize>>) -> Vec<Vec<&'a Vec<String>>> {
+fn strongly_connected<'a>(
+    nodes: &[&'a Vec<String>],
+    edges: &BTreeMap<&'a Vec<String>, BTreeMap<&'a Vec<String>, usize>>,
+) -> Vec<Vec<&'a Vec<String>>> {
     struct State<'a> {
         index: BTreeMap<&'a Vec<String>, usize>,
         low: BTreeMap<&'a Vec<String>, usize>,
@@ -533,7 +588,11 @@ fn strongly_connected<'a>(nodes: &[&'a Vec<String>], edges: &BTreeMap<&'a Vec<St
         on_stack: BTreeSet<&'a Vec<String>>,
         out: Vec<Vec<&'a Vec<String>>>,
     }
-    fn visit<'a>(v: &'a Vec<String>, edges: &BTreeMap<&'a Vec<String>, BTreeMap<&'a Vec<String>, usize>>, s: &mut State<'a>) {
+    fn visit<'a>(
+        v: &'a Vec<String>,
+        edges: &BTreeMap<&'a Vec<String>, BTreeMap<&'a Vec<String>, usize>>,
+        s: &mut State<'a>,
+    ) {
         let n = s.index.len();
         s.index.insert(v, n);
         s.low.insert(v, n);
@@ -562,7 +621,13 @@ fn strongly_connected<'a>(nodes: &[&'a Vec<String>], edges: &BTreeMap<&'a Vec<St
             s.out.push(component);
         }
     }
-    let mut s = State { index: BTreeMap::new(), low: BTreeMap::new(), stack: Vec::new(), on_stack: BTreeSet::new(), out: Vec::new() };
+    let mut s = State {
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        out: Vec::new(),
+    };
     for &v in nodes {
         if !s.index.contains_key(v) {
             visit(v, edges, &mut s);
@@ -572,7 +637,10 @@ fn strongly_connected<'a>(nodes: &[&'a Vec<String>], edges: &BTreeMap<&'a Vec<St
 }
 
 fn crate_src(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(name).join("src")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(name)
+        .join("src")
 }
 
 fn assert_layered(name: &str) {
@@ -581,7 +649,11 @@ fn assert_layered(name: &str) {
         found.is_empty(),
         "{name}: {} import circle(s) between files:\n{}",
         found.len(),
-        found.iter().map(|c| format!("  {}", c.join("\n  "))).collect::<Vec<_>>().join("\n\n")
+        found
+            .iter()
+            .map(|c| format!("  {}", c.join("\n  ")))
+            .collect::<Vec<_>>()
+            .join("\n\n")
     );
 }
 
@@ -622,12 +694,21 @@ fn checker_finds_circles_through_uses_paths_and_reexports() {
     assert!(circles(&src).is_empty(), "{:?}", circles(&src));
 
     // A use in code behind the re-export closes a circle: a/inner -> b -> a/inner.
-    write("a/inner.rs", "pub struct Thing;\nfn f() { let _ = super::super::b::g; }\n");
+    write(
+        "a/inner.rs",
+        "pub struct Thing;\nfn f() { let _ = super::super::b::g; }\n",
+    );
     assert_eq!(circles(&src).len(), 1, "{:?}", circles(&src));
 
     // A `use` tree closes one: c -> d -> c.
     write("a/inner.rs", "pub struct Thing;\n");
     write("c.rs", "use crate::{d::{self}};\npub struct Y;\n");
-    assert_eq!(circles(&src), vec![vec!["c.rs:1 -> d.rs".to_owned(), "d.rs:1 -> c.rs".to_owned()]]);
+    assert_eq!(
+        circles(&src),
+        vec![vec![
+            "c.rs:1 -> d.rs".to_owned(),
+            "d.rs:1 -> c.rs".to_owned()
+        ]]
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

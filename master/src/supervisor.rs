@@ -428,7 +428,9 @@ impl Supervisor {
             forkd_shared::warn!("{left_out}");
         }
         let labels = forkd_shared::shm::upstream::config_labels(config);
-        for left_out in forkd_shared::shm::upstream::publish_labels(&self.region.layout().upstreams, &labels) {
+        for left_out in
+            forkd_shared::shm::upstream::publish_labels(&self.region.layout().upstreams, &labels)
+        {
             forkd_shared::warn!("{left_out}");
         }
         forkd_shared::shm::upstream_state::publish_settings(

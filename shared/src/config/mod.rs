@@ -28,11 +28,12 @@ pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
 pub use model::{
     Compress, Config, ErrorPage, Handler, Listener, LogTarget, ProxyHeader, Route, Server,
 };
-pub use raw::{AccessLogFormat, AcceptMode, LogLevel};
+pub use raw::{AcceptMode, AccessLogFormat, LogLevel};
 
 pub use raw::{Balance, HashKey, HeaderName};
 pub use upstream::{
-    resolve_name, HealthCheck, Resolver, Timeouts, Upstream, UpstreamAddress, UpstreamServer, MAX_RESOLVED,
+    resolve_name, HealthCheck, Resolver, Timeouts, Upstream, UpstreamAddress, UpstreamServer,
+    MAX_RESOLVED,
 };
 
 use std::path::Path;

@@ -101,7 +101,6 @@ impl Listener {
     }
 }
 
-
 #[derive(Debug, Clone)]
 pub struct Server {
     pub listen: Vec<SocketAddr>,
@@ -251,7 +250,6 @@ impl Server {
 }
 
 impl Config {
-
     /// What in `new` cannot be applied by the running workers, if anything: such a
     /// change needs new worker processes (a new generation).
     pub fn needs_new_workers(&self, new: &Config) -> Option<&'static str> {
@@ -306,7 +304,6 @@ impl Config {
             self.cpus = master.cpus.clone();
         }
     }
-
 }
 
 impl Server {

@@ -58,7 +58,6 @@ pub const MAX_LISTENERS: usize = 32;
 /// Bytes of configuration text the snapshot area holds.
 pub const SNAPSHOT_BYTES: usize = 256 * 1024;
 
-
 /// Worker states in a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WorkerState {
@@ -114,7 +113,6 @@ pub struct WorkerSlot {
     pub counters: Counters,
 }
 
-
 #[repr(C, align(64))]
 pub struct Header {
     pub magic: AtomicU64,
@@ -147,7 +145,6 @@ pub struct Header {
 
 /// `fold_word` before the first word of a fold is moved.
 pub const NO_WORD: u64 = u64::MAX;
-
 
 #[repr(C, align(64))]
 pub struct MasterStats {
@@ -261,7 +258,9 @@ impl Layout {
     /// Whether the region holds every area of this build: an older build's region is
     /// shorter, and the areas it lacks read as absent (`header.region_size`).
     pub fn complete(&self) -> bool {
-        self.header.region_size.load(std::sync::atomic::Ordering::Acquire) as usize
+        self.header
+            .region_size
+            .load(std::sync::atomic::Ordering::Acquire) as usize
             >= std::mem::size_of::<Layout>()
     }
 }

@@ -46,7 +46,6 @@ pub fn release_slot(layout: &Layout, index: usize) {
     layout.slots[index].pid.store(0, Relaxed);
 }
 
-
 /// Names this build's counters in the region's name table, after checking that each
 /// of their cells is unnamed or names the same counter already. Cells this build does
 /// not know (a newer build's) keep their names, and their values are folded like any

@@ -29,10 +29,10 @@
 //! 6 MiB of file (pages are only touched for cells in use); growing it would change
 //! the layout a binary upgrade shares with the old master.
 
-use super::counters::Counter;
 use super::cells::{bump, CounterMismatch, CounterName, Text};
-use crate::capacity::MAX_SLOTS;
+use super::counters::Counter;
 use super::upstream_counters::{UPSTREAM_COUNTERS, UPSTREAM_COUNTER_CELLS};
+use crate::capacity::MAX_SLOTS;
 use std::sync::atomic::{
     AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
 };
@@ -440,7 +440,10 @@ mod tests {
         // A smaller configuration: cells of servers that left without counts are
         // reclaimed once no never-used cell is left.
         l.upstreams.retired[0].bump(super::super::upstream_counters::RETRIES, 1);
-        let left = publish_labels(&l.upstreams, &wanted(&[("new", &["10.9.9.9:1", "10.9.9.9:2"])]));
+        let left = publish_labels(
+            &l.upstreams,
+            &wanted(&[("new", &["10.9.9.9:1", "10.9.9.9:2"])]),
+        );
         assert!(left.is_empty());
         let c = lookup(&l.upstreams, "new", "10.9.9.9:1").unwrap();
         assert_ne!(c, 0, "a cell with counts is never given to another server");

@@ -5,8 +5,8 @@
 
 pub mod health;
 pub mod redirect;
-mod representation;
 pub mod reply;
+mod representation;
 pub mod ret;
 mod root;
 pub mod static_files;

@@ -9,8 +9,8 @@
 
 use super::reply::{Outcome, Reply};
 use super::representation;
-use super::root::{inside_root, open_regular, Refused};
 pub use super::root::StaticRoute;
+use super::root::{inside_root, open_regular, Refused};
 use crate::file_cache::{CachedFile, FileCache};
 use crate::http::path;
 use crate::http::range::{self, RangeSet};
@@ -145,7 +145,6 @@ fn resolve(route: &StaticRoute, normalized: &[u8], now_secs: u64) -> Resolved {
         Err(Refused::Status(status)) => Resolved::Status(status),
     }
 }
-
 
 /// Whether an `If-None-Match` list matches `etag` (weak comparison, RFC 9110 §13.1.2).
 fn etag_matches(header: &[u8], etag: &[u8]) -> bool {

@@ -19,11 +19,7 @@ fn write_site(builder: &Builder) -> (TempDir, PathBuf, u16) {
 }
 
 fn spawn_forkd(config: &Path) -> Child {
-    Command::new(BIN)
-        .arg("-c")
-        .arg(config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
+    forkd_command(config)
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn forkd")

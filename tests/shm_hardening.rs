@@ -13,7 +13,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
-use support::{wait_until, TempDir, TestDaemon, BIN};
+use support::{forkd_command, wait_until, TempDir, TestDaemon, BIN};
 
 /// Long enough for a loaded 2-core machine; only a failing test waits this long.
 const SETTLE: Duration = Duration::from_secs(30);
@@ -176,14 +176,7 @@ fn readers_answer_while_the_region_is_left_mid_fold_and_recover_after() {
 /// Starts `forkd -c CONFIG` and waits until it serves `/healthz` on `port` and has
 /// written its pid file.
 fn start_forkd(config: &Path, port: u16) -> Child {
-    let mut child = Command::new(BIN)
-        .arg("-c")
-        .arg(config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn forkd");
+    let mut child = forkd_command(config).spawn().expect("spawn forkd");
     let dir = config.parent().unwrap();
     let served = wait_until(SETTLE, || {
         if child.try_wait().unwrap().is_some() {

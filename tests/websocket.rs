@@ -83,17 +83,6 @@ fn echoes(ws: &mut WebSocket<TcpStream>, text: &str) {
     assert_eq!(ws.read().unwrap().to_text().unwrap(), text);
 }
 
-fn close(mut ws: WebSocket<TcpStream>) {
-    ws.close(None).unwrap();
-    loop {
-        match ws.read() {
-            Ok(_) => {}
-            Err(tungstenite::Error::ConnectionClosed) => return,
-            Err(e) => panic!("closing handshake failed: {e}"),
-        }
-    }
-}
-
 #[test]
 fn ten_thousand_messages_go_both_ways_and_the_tunnel_is_counted() {
     let echo = WsEcho::start();
@@ -140,7 +129,7 @@ fn ten_thousand_messages_go_both_ways_and_the_tunnel_is_counted() {
             .any(|l| l.starts_with("forkd_tunnels_open{") && l.ends_with(" 1")),
         "{metrics}"
     );
-    close(ws);
+    ws_echo::close_handshake(ws);
     assert!(
         wait_until(Duration::from_secs(10), || echo.ends() == [End::CloseFrame]),
         "{:?}",
@@ -182,7 +171,7 @@ fn a_one_mebibyte_message_arrives_whole_both_ways() {
             other => panic!("{other:?}"),
         }
     }
-    close(ws);
+    ws_echo::close_handshake(ws);
     d.assert_log_clean();
 }
 
@@ -470,6 +459,6 @@ fn a_reload_that_retires_the_worker_closes_its_tunnel_after_drain_timeout() {
     // The new generation tunnels as well.
     let mut ws = ws_connect(&d);
     echoes(&mut ws, "after");
-    close(ws);
+    ws_echo::close_handshake(ws);
     d.assert_log_clean();
 }

@@ -120,14 +120,7 @@ fn a_websocket_over_tls_echoes_messages_both_ways_and_a_large_one() {
         "every message reached the upstream once"
     );
 
-    ws.close(None).unwrap();
-    loop {
-        match ws.read() {
-            Ok(_) => {}
-            Err(tungstenite::Error::ConnectionClosed) => break,
-            Err(e) => panic!("closing handshake failed: {e}"),
-        }
-    }
+    ws_echo::close_handshake(ws);
     assert!(
         wait_until(Duration::from_secs(10), || echo.ends() == [End::CloseFrame]),
         "{:?}",

@@ -428,10 +428,16 @@ impl Supervisor {
             forkd_shared::warn!("{left_out}");
         }
         let labels = forkd_shared::shm::upstream::config_labels(config);
-        for left_out in forkd_shared::shm::upstream::publish_labels(self.region.layout(), &labels) {
+        for left_out in
+            forkd_shared::shm::upstream::publish_labels(&self.region.layout().upstreams, &labels)
+        {
             forkd_shared::warn!("{left_out}");
         }
-        forkd_shared::shm::upstream_state::publish_settings(self.region.layout(), config);
+        forkd_shared::shm::upstream_state::publish_settings(
+            &self.region.layout().upstream_state,
+            &self.region.layout().upstreams,
+            config,
+        );
         forkd_shared::shm::snapshot::publish(
             &self.region.layout().snapshot,
             std::process::id() as i32,

@@ -180,3 +180,17 @@ pub fn end_of(e: Error) -> End {
         other => End::Other(other.to_string()),
     }
 }
+
+/// The client's side of the closing handshake: sends a close frame, reads until the
+/// server's answer ends the connection (panics on anything else), and drops the
+/// client's socket, so forkd sees the tunnel's client go.
+pub fn close_handshake<S: Read + Write>(mut ws: tungstenite::WebSocket<S>) {
+    ws.close(None).unwrap();
+    loop {
+        match ws.read() {
+            Ok(_) => {}
+            Err(Error::ConnectionClosed) => return,
+            Err(e) => panic!("closing handshake failed: {e}"),
+        }
+    }
+}

@@ -5,7 +5,7 @@
 //! - `conn`: a connection: its state machine and socket I/O (`conn/io.rs`), and
 //!   dispatching a request to its handler (`conn/dispatch.rs`).
 //! - `services`: what every connection uses (config, routing, pools, logs, stats),
-//!   owned by the event loop.
+//!   owned by the event loop; `routing`: the servers of each listener.
 //! - `limits`: overload protection (rotation at `worker_connections`, per-client
 //!   limits shared by the workers).
 //! - `overload`: the adaptive concurrency limit of proxied routes, shared by the
@@ -40,6 +40,7 @@ pub mod overload;
 pub mod proxy;
 pub mod proxy_protocol;
 pub mod real_ip;
+pub mod routing;
 pub mod services;
 pub mod setup;
 pub mod spool;

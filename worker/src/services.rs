@@ -15,38 +15,7 @@ use crate::timers::Timers;
 use crate::upstreams::Upstreams;
 use forkd_shared::config::{Config, Server};
 
-/// Which servers a listener's connections may be routed to.
-pub struct Routing {
-    pub servers: Vec<usize>,
-    /// The first server on the address: used when no name matches.
-    pub default: usize,
-    /// The largest `max_header_bytes` among `servers`: how much of a head is read
-    /// before its `Host` can select a server.
-    pub max_header_bytes: usize,
-}
-
-/// For each listener, the servers on its address (a validated config has at least one).
-pub fn routing(config: &Config) -> Vec<Routing> {
-    config
-        .listeners
-        .iter()
-        .map(|l| {
-            let servers: Vec<usize> = (0..config.servers.len())
-                .filter(|&s| config.servers[s].listen.contains(&l.addr))
-                .collect();
-            let max_header_bytes = servers
-                .iter()
-                .map(|&s| config.servers[s].max_header_bytes)
-                .max()
-                .unwrap_or(16384);
-            Routing {
-                default: servers[0],
-                servers,
-                max_header_bytes,
-            }
-        })
-        .collect()
-}
+pub use crate::routing::{routing, Routing};
 
 /// The input buffer size: room for the largest head any server accepts.
 pub fn max_header_bytes(config: &Config) -> usize {
@@ -79,10 +48,10 @@ pub struct Services {
     /// Responses carry `Connection: close`; idle connections are closed.
     pub draining: bool,
     /// When limits may log next (see `limits::admit`).
-    pub limit_log: crate::limits::admit::LimitLog,
+    pub limit_log: crate::limits::log::LimitLog,
     /// Likewise for connections refused for their PROXY protocol header, or at accept
     /// for coming from a peer not in `proxy_protocol_from`.
-    pub proxy_log: crate::limits::admit::LimitLog,
+    pub proxy_log: crate::limits::log::LimitLog,
     /// The adaptive concurrency limits of upstream groups (see `overload`).
     pub overload: crate::overload::Overload,
     /// The TLS configuration of each listener (rebuilt when a configuration is adopted).

@@ -351,7 +351,7 @@ mod tests {
         let (tmp, region) = region(name);
         let config = config();
         let l = region.layout();
-        assert!(publish_labels(l, &upstream::config_labels(&config)).is_empty());
+        assert!(publish_labels(&l.upstreams, &upstream::config_labels(&config)).is_empty());
         let mut workers = Vec::new();
         for w in 0..2 {
             let row = claim_free_slot(l, w, 1).unwrap();
@@ -384,7 +384,11 @@ mod tests {
     fn in_flight_and_passive_health_are_shown_by_every_reader() {
         use forkd_shared::shm::upstream_state::{publish_settings, DownReason, FailPolicy};
         let (_tmp, region, w) = populated("health");
-        publish_settings(region.layout(), &config());
+        publish_settings(
+            &region.layout().upstream_state,
+            &region.layout().upstreams,
+            &config(),
+        );
         let app0 = w[0].upstream_cell(0, 0).unwrap();
         let auth = w[0].upstream_cell(1, 0).unwrap();
         // One request under way from each worker, and a second from worker 1.

@@ -85,7 +85,7 @@ pub struct RawServer {
     #[serde(default)]
     pub access_log: Option<RawLogTarget>,
     #[serde(default)]
-    pub access_log_format: super::AccessLogFormat,
+    pub access_log_format: AccessLogFormat,
     #[serde(default = "default_keepalive_timeout")]
     pub keepalive_timeout: ConfDuration,
     #[serde(default = "default_keepalive_requests")]
@@ -848,4 +848,14 @@ fn default_max_temp_file_size() -> ConfSize {
 }
 fn default_temp_max_bytes() -> ConfSize {
     ConfSize(2 << 30)
+}
+
+/// `access_log_format`: the line format of a server's access log.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+pub enum AccessLogFormat {
+    /// nginx's `combined` (the default).
+    #[default]
+    Combined,
+    /// One JSON object per line (see `worker/src/access_log.rs` for the fields).
+    Json,
 }

@@ -218,18 +218,6 @@ pub fn load_certificate(base: &Path, raw: &RawCertificate) -> Result<Certificate
     })
 }
 
-/// Whether a server name (`example.com`, or `*.example.com` for exactly one more
-/// label) matches `host` (a TLS SNI name or an HTTP `Host`), ignoring case.
-pub fn name_matches(pattern: &str, host: &[u8]) -> bool {
-    match pattern.as_bytes().strip_prefix(b"*.") {
-        Some(suffix) => host
-            .iter()
-            .position(|&b| b == b'.')
-            .is_some_and(|dot| dot > 0 && host[dot + 1..].eq_ignore_ascii_case(suffix)),
-        None => pattern.as_bytes().eq_ignore_ascii_case(host),
-    }
-}
-
 /// A warning about `cert`'s expiry at `now`, if it is due.
 pub fn expiry_warning(cert: &Certificate, now: SystemTime) -> Option<String> {
     let date = httpdate::fmt_http_date(cert.not_after);

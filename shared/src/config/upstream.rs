@@ -14,6 +14,9 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Resolves a server name: host and port to every address, or why not.
+pub type Resolver<'a> = dyn Fn(&str, u16) -> Result<Vec<std::net::SocketAddr>, String> + 'a;
+
 /// One entry of `upstreams`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {
@@ -141,7 +144,7 @@ pub(super) enum UpstreamProblem {
 pub(super) fn validate_upstream(
     name: &str,
     raw: RawUpstream,
-    resolve: &super::Resolver<'_>,
+    resolve: &Resolver<'_>,
 ) -> Result<Upstream, Vec<UpstreamProblem>> {
     let mut problems = Vec::new();
     if raw.servers.is_empty() {

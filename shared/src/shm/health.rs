@@ -27,7 +27,6 @@
 //! owner writes): the generation is `seq / 2`, so a worker notices a new set with one
 //! load.
 
-use super::layout::Layout;
 use super::upstream::UPSTREAM_CELLS;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{
@@ -402,13 +401,9 @@ impl HealthReport {
 }
 
 /// The health of `(upstream, server)` in `cell`, if the owner has written results
-/// for it. Nothing while the region is an older build's without this area.
-pub fn read(layout: &Layout, cell: usize, upstream: &str, server: &str) -> Option<HealthReport> {
-    let size = layout.header.region_size.load(Acquire) as usize;
-    if size < std::mem::size_of::<Layout>() {
-        return None;
-    }
-    let c = layout.health.cells.get(cell)?;
+/// for it (the caller passes the area only when the region has it).
+pub fn read(area: &HealthArea, cell: usize, upstream: &str, server: &str) -> Option<HealthReport> {
+    let c = area.cells.get(cell)?;
     if c.key.load(Acquire) != key(upstream, server) {
         return None;
     }
@@ -479,14 +474,14 @@ mod tests {
         );
         assert_eq!(cell.record(PASS, 2, 3, 70), (Verdict::Down, Verdict::Up));
         assert_eq!(cell.came_up_ms.load(Relaxed), 70);
-        let r = read(region.layout(), 3, "app", "127.0.0.1:9000").unwrap();
+        let r = read(&region.layout().health, 3, "app", "127.0.0.1:9000").unwrap();
         assert_eq!((r.verdict, r.checks, r.passes_in_a_row), ("up", 9, 2));
         assert_eq!(r.last_status, Some(200));
         // The cell given to another server: no results until it is checked.
         cell.claim(key("app", "127.0.0.1:9001"), &[]);
-        assert!(read(region.layout(), 3, "app", "127.0.0.1:9000").is_none());
+        assert!(read(&region.layout().health, 3, "app", "127.0.0.1:9000").is_none());
         assert_eq!(
-            read(region.layout(), 3, "app", "127.0.0.1:9001")
+            read(&region.layout().health, 3, "app", "127.0.0.1:9001")
                 .unwrap()
                 .checks,
             0

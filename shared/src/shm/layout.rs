@@ -38,8 +38,18 @@
 //! or the master for the master's and retired fields), so a read-modify-write needs no
 //! locked instruction.
 
-use super::counters::{Counter, COUNTER_CELLS, NAME_BYTES};
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+pub use super::cells::{
+    bucket_bounds, bucket_of, bump, CounterName, Counters, Histogram, Text, BUCKETS, WORDS,
+};
+use super::counters::COUNTER_CELLS;
+use super::health::HealthArea;
+use super::limits::{HeldArea, LimitsArea};
+use super::overload::OverloadArea;
+use super::tls_certs::TlsCertsArea;
+use super::tls_keys::TlsKeysArea;
+use super::upstream::UpstreamArea;
+use super::upstream_state::UpstreamStateArea;
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FORKDSHM");
 pub const LAYOUT_VERSION: u32 = 2;
@@ -47,101 +57,6 @@ pub use crate::capacity::MAX_SLOTS;
 pub const MAX_LISTENERS: usize = 32;
 /// Bytes of configuration text the snapshot area holds.
 pub const SNAPSHOT_BYTES: usize = 256 * 1024;
-
-/// Histogram buckets: exact below 16 µs, then 16 per power of two up to 2^36 µs, so a
-/// bucket's midpoint is within 1/32 (3.1%) of any value in it.
-pub const BUCKETS: usize = 16 + 32 * 16;
-
-/// Adds `n` to a counter this process alone writes.
-#[inline]
-pub fn bump(counter: &AtomicU64, n: u64) {
-    counter.store(counter.load(Relaxed).wrapping_add(n), Relaxed);
-}
-
-/// The bucket a latency of `us` microseconds falls in.
-#[inline]
-pub fn bucket_of(us: u64) -> usize {
-    if us < 16 {
-        return us as usize;
-    }
-    let e = 63 - us.leading_zeros() as usize; // >= 4
-    if e > 35 {
-        return BUCKETS - 1;
-    }
-    let sub = ((us >> (e - 4)) & 15) as usize;
-    16 + (e - 4) * 16 + sub
-}
-
-/// `[low, high)` microseconds of bucket `i`.
-pub fn bucket_bounds(i: usize) -> (u64, u64) {
-    if i < 16 {
-        return (i as u64, i as u64 + 1);
-    }
-    let e = (i - 16) / 16 + 4;
-    let sub = ((i - 16) % 16) as u64;
-    ((16 + sub) << (e - 4), (17 + sub) << (e - 4))
-}
-
-#[repr(C)]
-pub struct Histogram {
-    pub buckets: [AtomicU64; BUCKETS],
-    pub sum_us: AtomicU64,
-    pub count: AtomicU64,
-}
-
-impl Histogram {
-    #[inline]
-    pub fn record(&self, us: u64) {
-        bump(&self.buckets[bucket_of(us)], 1);
-        bump(&self.sum_us, us);
-        bump(&self.count, 1);
-    }
-}
-
-/// Counters that only grow (per worker, and retired): one cell per counter of the
-/// table in `counters` (its id is the cell number), spare cells for counters later
-/// builds add, and the latency histogram.
-#[repr(C)]
-pub struct Counters {
-    pub cells: [AtomicU64; COUNTER_CELLS],
-    pub latency: Histogram,
-}
-
-/// Every 64-bit word of a [`Counters`] block, numbered `0..WORDS` in a fixed order:
-/// the cells, the histogram's buckets, its sum and its count. Folding and zeroing go
-/// word by word in this order (the fold's journal records a word number).
-pub const WORDS: usize = COUNTER_CELLS + BUCKETS + 2;
-
-impl Counters {
-    #[inline]
-    pub fn get(&self, c: Counter) -> &AtomicU64 {
-        &self.cells[c.cell()]
-    }
-
-    /// Adds `n` to counter `c` (this process being the row's only writer).
-    #[inline]
-    pub fn bump(&self, c: Counter, n: u64) {
-        bump(self.get(c), n);
-    }
-
-    /// Word `i` of the block (see [`WORDS`]).
-    pub fn word(&self, i: usize) -> &AtomicU64 {
-        if i < COUNTER_CELLS {
-            &self.cells[i]
-        } else if i < COUNTER_CELLS + BUCKETS {
-            &self.latency.buckets[i - COUNTER_CELLS]
-        } else if i == COUNTER_CELLS + BUCKETS {
-            &self.latency.sum_us
-        } else {
-            &self.latency.count
-        }
-    }
-
-    /// Every word, in [`WORDS`] order.
-    pub fn words(&self) -> impl Iterator<Item = &AtomicU64> {
-        (0..WORDS).map(|i| self.word(i))
-    }
-}
 
 /// Worker states in a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,53 +113,6 @@ pub struct WorkerSlot {
     pub counters: Counters,
 }
 
-/// A short text (reasons, errors, addresses) written by one writer under a sequence
-/// count, so readers never take a torn one.
-#[repr(C)]
-pub struct Text<const N: usize> {
-    seq: AtomicU64,
-    len: AtomicU32,
-    bytes: [AtomicU8; N],
-}
-
-impl<const N: usize> Text<N> {
-    /// Writes `text`, cut to the capacity at a character boundary.
-    pub fn set(&self, text: &str) {
-        let mut end = text.len().min(N);
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        // Odd while writing; already odd only if a writer died mid-write.
-        let seq = self.seq.load(Relaxed) | 1;
-        self.seq.store(seq, Relaxed);
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-        for (slot, b) in self.bytes.iter().zip(&text.as_bytes()[..end]) {
-            slot.store(*b, Relaxed);
-        }
-        self.len.store(end as u32, Relaxed);
-        self.seq
-            .store(seq + 1, std::sync::atomic::Ordering::Release);
-    }
-
-    /// The text; empty if it stayed mid-write for a bounded number of readings.
-    pub fn get(&self) -> String {
-        for _ in 0..1000 {
-            let before = self.seq.load(std::sync::atomic::Ordering::Acquire);
-            if before % 2 == 1 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let len = (self.len.load(Relaxed) as usize).min(N);
-            let bytes: Vec<u8> = self.bytes[..len].iter().map(|b| b.load(Relaxed)).collect();
-            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-            if self.seq.load(Relaxed) == before {
-                return String::from_utf8_lossy(&bytes).into_owned();
-            }
-        }
-        String::new()
-    }
-}
-
 #[repr(C, align(64))]
 pub struct Header {
     pub magic: AtomicU64,
@@ -277,31 +145,6 @@ pub struct Header {
 
 /// `fold_word` before the first word of a fold is moved.
 pub const NO_WORD: u64 = u64::MAX;
-
-/// A counter's name in the region's name table, NUL-padded. Written by a master before
-/// it forks workers, read when a master attaches.
-#[repr(C)]
-pub struct CounterName([AtomicU8; NAME_BYTES]);
-
-impl CounterName {
-    pub fn get(&self) -> String {
-        let bytes: Vec<u8> = self
-            .0
-            .iter()
-            .map(|b| b.load(Relaxed))
-            .take_while(|&b| b != 0)
-            .collect();
-        String::from_utf8_lossy(&bytes).into_owned()
-    }
-
-    /// Writes `name` (the table checks names fit when compiling).
-    pub fn set(&self, name: &str) {
-        let bytes = name.as_bytes();
-        for (i, cell) in self.0.iter().enumerate() {
-            cell.store(bytes.get(i).copied().unwrap_or(0), Relaxed);
-        }
-    }
-}
 
 #[repr(C, align(64))]
 pub struct MasterStats {
@@ -357,32 +200,69 @@ pub struct SnapshotArea {
     pub data: [AtomicU8; SNAPSHOT_BYTES],
 }
 
-#[repr(C, align(4096))]
-pub struct Layout {
-    pub header: Header,
-    pub master: MasterStats,
-    pub system: SystemStats,
-    pub retired: Retired,
-    pub snapshot: SnapshotArea,
-    pub slots: [WorkerSlot; MAX_SLOTS],
-    pub limits: super::limits::LimitsArea,
+/// Declares [`Layout`] from its list of areas, in region order, and [`AREAS`], the
+/// same list as data (name, offset, size): an area is one line here and knows nothing
+/// of the others.
+macro_rules! layout {
+    ($($(#[$doc:meta])* $name:ident: $area:ty,)*) => {
+        #[repr(C, align(4096))]
+        pub struct Layout {
+            $($(#[$doc])* pub $name: $area,)*
+        }
+
+        /// Every area of [`Layout`], in region order.
+        pub const AREAS: &[Area] = &[$(Area {
+            name: stringify!($name),
+            offset: std::mem::offset_of!(Layout, $name),
+            size: std::mem::size_of::<$area>(),
+        },)*];
+    };
+}
+
+/// Where one area of the region lies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Area {
+    pub name: &'static str,
+    pub offset: usize,
+    pub size: usize,
+}
+
+layout! {
+    header: Header,
+    master: MasterStats,
+    system: SystemStats,
+    retired: Retired,
+    snapshot: SnapshotArea,
+    slots: [WorkerSlot; MAX_SLOTS],
+    limits: LimitsArea,
     /// Appended after the first builds of version 2 (see "Growing" above).
-    pub upstreams: super::upstream::UpstreamArea,
+    upstreams: UpstreamArea,
     /// Appended after the upstream area: the active checks' lease and results, and
     /// the addresses of servers given by name (`health`).
-    pub health: super::health::HealthArea,
+    health: HealthArea,
     /// Appended after the health area: the adaptive concurrency limits.
-    pub overload: super::overload::OverloadArea,
+    overload: OverloadArea,
     /// Appended after the overload area: per upstream server, what every worker sees
     /// the same (in flight, passive health; see `upstream_state`).
-    pub upstream_state: super::upstream_state::UpstreamStateArea,
+    upstream_state: UpstreamStateArea,
     /// Appended after the upstream area: TLS session-ticket keys (`tls_keys`).
-    pub tls_keys: super::tls_keys::TlsKeysArea,
+    tls_keys: TlsKeysArea,
     /// The certificates in force and their expiry (`tls_certs`).
-    pub tls_certs: super::tls_certs::TlsCertsArea,
+    tls_certs: TlsCertsArea,
     /// Per worker row, the connections it counted under each `limits` entry, so a
     /// dead worker's are released (`limits`).
-    pub limits_held: super::limits::HeldArea,
+    limits_held: HeldArea,
+}
+
+impl Layout {
+    /// Whether the region holds every area of this build: an older build's region is
+    /// shorter, and the areas it lacks read as absent (`header.region_size`).
+    pub fn complete(&self) -> bool {
+        self.header
+            .region_size
+            .load(std::sync::atomic::Ordering::Acquire) as usize
+            >= std::mem::size_of::<Layout>()
+    }
 }
 
 /// Bytes of a version-2 region of a build before the upstream area: where that area
@@ -397,82 +277,38 @@ pub const UPSTREAM_AREA_END: usize = std::mem::offset_of!(Layout, health);
 mod tests {
     use super::*;
 
+    /// The region is shared with older and newer builds during a binary upgrade:
+    /// every area stays where it was, at the size it was.
     #[test]
-    fn buckets_cover_values_in_order() {
-        let mut last = 0;
-        for us in [
-            0u64,
-            1,
-            15,
-            16,
-            17,
-            31,
-            32,
-            33,
-            100,
-            1000,
-            65_535,
-            1 << 30,
-            u64::MAX,
-        ] {
-            let b = bucket_of(us);
-            assert!(b >= last, "{us}");
-            last = b;
-            let (lo, hi) = bucket_bounds(b);
-            if us < 1 << 36 {
-                assert!(lo <= us && us < hi, "{us} not in [{lo}, {hi})");
-            }
-        }
-        assert_eq!(bucket_of(u64::MAX), BUCKETS - 1);
-    }
-
-    #[test]
-    fn bucket_midpoints_are_within_five_percent() {
-        for b in 16..BUCKETS {
-            let (lo, hi) = bucket_bounds(b);
-            let mid = (lo + hi) as f64 / 2.0;
-            assert!((mid - lo as f64) / (lo as f64) < 0.05);
-            assert_eq!(bucket_of(lo), b);
-            assert_eq!(bucket_of(hi - 1), b);
-        }
-    }
-
-    #[test]
-    fn words_cover_the_counters_block() {
-        assert_eq!(std::mem::size_of::<Counters>(), WORDS * 8);
+    fn every_area_keeps_its_offset_and_size() {
+        let expected = [
+            ("header", 0, 2176),
+            ("master", 2176, 2432),
+            ("system", 4608, 2880),
+            ("retired", 7488, 4800),
+            ("snapshot", 12288, 266304),
+            ("slots", 278592, 1245184),
+            ("limits", 1523776, 98368),
+            ("upstreams", 1626112, 6336512),
+            ("health", 7962624, 24576),
+            ("overload", 7987200, 2187328),
+            ("upstream_state", 10178560, 77824),
+            ("tls_keys", 10256384, 88),
+            ("tls_certs", 10256472, 13576),
+            ("limits_held", 10272768, 4194304),
+        ];
+        let areas: Vec<_> = AREAS.iter().map(|a| (a.name, a.offset, a.size)).collect();
+        assert_eq!(areas, expected);
+        assert_eq!(std::mem::size_of::<Layout>(), 14467072);
+        assert_eq!(std::mem::align_of::<Layout>(), 4096);
+        assert_eq!(std::mem::size_of::<WorkerSlot>(), 4864);
+        assert_eq!(std::mem::size_of::<Counters>(), 4752);
+        assert_eq!((LEGACY_SIZE, UPSTREAM_AREA_END), (1626112, 7962624));
     }
 
     #[test]
     fn slots_are_cache_line_aligned() {
         assert_eq!(std::mem::align_of::<WorkerSlot>(), 64);
         assert_eq!(std::mem::size_of::<WorkerSlot>() % 64, 0);
-    }
-
-    #[test]
-    fn text_round_trips_and_truncates_at_char_boundary() {
-        let t: Text<8> = unsafe_free_zeroed();
-        t.set("héllo wörld");
-        assert_eq!(t.get(), "héllo w");
-    }
-
-    #[test]
-    fn a_text_left_mid_write_reads_empty_and_the_next_set_repairs_it() {
-        let t: Text<8> = unsafe_free_zeroed();
-        t.set("first");
-        // A writer killed mid-write leaves the count odd.
-        t.seq.store(t.seq.load(Relaxed) + 1, Relaxed);
-        assert_eq!(t.get(), "");
-        t.set("second");
-        assert_eq!(t.seq.load(Relaxed) % 2, 0);
-        assert_eq!(t.get(), "second");
-    }
-
-    /// A zeroed Text built from atomics' constructors (no unsafe needed).
-    fn unsafe_free_zeroed() -> Text<8> {
-        Text {
-            seq: AtomicU64::new(0),
-            len: AtomicU32::new(0),
-            bytes: std::array::from_fn(|_| AtomicU8::new(0)),
-        }
     }
 }

@@ -19,7 +19,7 @@
 //! in-flight words are zeroed. An entry with connections is never evicted, so the
 //! entry a word names is still the key the worker counted under.
 
-use super::layout::MAX_SLOTS;
+use crate::capacity::MAX_SLOTS;
 use std::sync::atomic::Ordering::{AcqRel, Acquire};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 

@@ -41,7 +41,7 @@ pub enum ShmError {
     /// A cell of the region names another counter than this build's of that id.
     Counters {
         path: PathBuf,
-        mismatch: super::master::CounterMismatch,
+        mismatch: super::cells::CounterMismatch,
     },
     /// Another instance holds the region's lock; `pid`: the master its header names
     /// (0: unknown).

@@ -1,5 +1,6 @@
 //! The master's writes to the region.
 
+pub use super::cells::CounterMismatch;
 use super::counters::COUNTERS;
 use super::layout::{Header, Layout, WorkerState};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
@@ -43,15 +44,6 @@ pub fn release_slot(layout: &Layout, index: usize) {
         .state
         .store(WorkerState::Empty as u32, Release);
     layout.slots[index].pid.store(0, Relaxed);
-}
-
-/// A region cell that names another counter than this build's counter of that id: the
-/// builds cannot share the region.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CounterMismatch {
-    pub cell: usize,
-    pub region: String,
-    pub ours: &'static str,
 }
 
 /// Names this build's counters in the region's name table, after checking that each

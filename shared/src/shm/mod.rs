@@ -2,7 +2,10 @@
 //! `forkd stats`, the `Status` and `Metrics` handlers, and anything else that maps it.
 //!
 //! - `counters`: the table of counters, declared once.
-//! - `layout`: what is where (all atomics), the latency histogram's buckets.
+//! - `cells`: what every area is built from (one-writer counters, the latency
+//!   histogram and its buckets, tear-free texts, counter-name tables).
+//! - `layout`: what is where (all atomics): the list of areas, composed; no area
+//!   imports it.
 //! - `limits`: the per-client limits table the workers share.
 //! - `mapping`: creating and mapping the file (the only `unsafe`).
 //! - `master`: what the master writes: slots of new workers, the counter names,
@@ -23,6 +26,7 @@
 //! - `tls_keys`: the appended area of TLS session-ticket keys (master writes, workers read).
 //! - `tls_certs`: the appended area of the certificates in force and their expiry.
 
+pub mod cells;
 pub mod counters;
 pub mod fold;
 pub mod health;

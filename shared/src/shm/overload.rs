@@ -17,7 +17,8 @@
 //! The worker side (admission, the controllers, the sampling timer) is
 //! `forkd_worker::overload`; this is the memory, its lease and its readings.
 
-use super::layout::{Layout, Text, MAX_SLOTS};
+use super::cells::Text;
+use crate::capacity::MAX_SLOTS;
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
@@ -331,16 +332,9 @@ impl PerPriority {
     }
 }
 
-/// Every claimed group; nothing while the region is an older build's, shorter than
-/// this layout (see `mapping::RegionReader::open`).
-pub fn read(layout: &Layout) -> Vec<OverloadReport> {
-    let size = layout.header.region_size.load(Acquire) as usize;
-    if size < std::mem::size_of::<Layout>() {
-        return Vec::new();
-    }
-    layout
-        .overload
-        .groups
+/// Every claimed group.
+pub fn read(area: &OverloadArea) -> Vec<OverloadReport> {
+    area.groups
         .iter()
         .filter(|g| g.name_hash.load(Acquire) != 0)
         .map(|g| OverloadReport {
@@ -602,7 +596,7 @@ mod tests {
         assert_eq!(o.group("app"), Some(0));
         o.groups[1].limit.store(12, Relaxed);
         o.groups[1].shed[2].store(5, Relaxed);
-        let r = read(region.layout());
+        let r = read(&region.layout().overload);
         assert_eq!(r.len(), 2);
         assert_eq!(
             (r[1].upstream.as_str(), r[1].limit, r[1].shed.low),

@@ -249,8 +249,16 @@ fn read_once(layout: &Layout) -> Report {
         totals,
         upstreams: super::upstream_values::read(layout),
         checks: checks_report(layout),
-        overload: super::overload::read(layout),
-        tls_certificates: super::tls_certs::read(layout),
+        overload: if layout.complete() {
+            super::overload::read(&layout.overload)
+        } else {
+            Vec::new()
+        },
+        tls_certificates: if layout.complete() {
+            super::tls_certs::read(&layout.tls_certs)
+        } else {
+            Vec::new()
+        },
     }
 }
 

@@ -4,7 +4,7 @@
 //! and `Metrics` routes read it, so an operator's monitoring sees a renewal that did
 //! not happen before clients do.
 
-use super::layout::{Layout, Text};
+use super::cells::Text;
 use crate::config::Config;
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -73,14 +73,8 @@ pub fn publish(area: &TlsCertsArea, config: &Config) -> Option<String> {
     })
 }
 
-/// The certificates in force; none while the region is an older build's, shorter
-/// than this layout.
-pub fn read(layout: &Layout) -> Vec<CertReport> {
-    let size = layout.header.region_size.load(Acquire) as usize;
-    if size < std::mem::size_of::<Layout>() {
-        return Vec::new();
-    }
-    let area = &layout.tls_certs;
+/// The certificates in force.
+pub fn read(area: &TlsCertsArea) -> Vec<CertReport> {
     let n = (area.count.load(Acquire) as usize).min(MAX_CERTS);
     area.entries[..n]
         .iter()

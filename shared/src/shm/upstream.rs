@@ -29,9 +29,10 @@
 //! 6 MiB of file (pages are only touched for cells in use); growing it would change
 //! the layout a binary upgrade shares with the old master.
 
+use super::cells::{bump, CounterMismatch, CounterName, Text};
 use super::counters::Counter;
-use super::layout::{bump, CounterName, Layout, Text, MAX_SLOTS};
 use super::upstream_counters::{UPSTREAM_COUNTERS, UPSTREAM_COUNTER_CELLS};
+use crate::capacity::MAX_SLOTS;
 use std::sync::atomic::{
     AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
 };
@@ -163,12 +164,12 @@ pub struct UpstreamArea {
 /// Names this build's upstream counters in the area's name table, after checking that
 /// each of their cells is unnamed or names the same counter (see
 /// `master::adopt_counter_names`).
-pub fn adopt_counter_names(area: &UpstreamArea) -> Result<(), super::master::CounterMismatch> {
+pub fn adopt_counter_names(area: &UpstreamArea) -> Result<(), CounterMismatch> {
     let h = &area.header;
     for def in UPSTREAM_COUNTERS {
         let region = h.counter_names[def.counter.cell()].get();
         if !region.is_empty() && region != def.name {
-            return Err(super::master::CounterMismatch {
+            return Err(CounterMismatch {
                 cell: def.counter.cell(),
                 region,
                 ours: def.name,
@@ -214,8 +215,7 @@ impl std::fmt::Display for NotCounted {
 /// upstream's name and its servers' labels, as `config::upstream_labels` gives them).
 /// Kept labels keep their cells; new ones take a free cell. Returns the servers left
 /// out, for the master to warn about.
-pub fn publish_labels(layout: &Layout, wanted: &[(String, Vec<String>)]) -> Vec<NotCounted> {
-    let area = &layout.upstreams;
+pub fn publish_labels(area: &UpstreamArea, wanted: &[(String, Vec<String>)]) -> Vec<NotCounted> {
     let h = &area.header;
     let seq = h.labels_seq.load(Relaxed) | 1;
     h.labels_seq.store(seq, Relaxed);
@@ -380,7 +380,7 @@ mod tests {
         let l = region.layout();
         let a = &l.upstreams;
         assert!(publish_labels(
-            l,
+            a,
             &wanted(&[("app", &["127.0.0.1:9000", "127.0.0.1:9001"])])
         )
         .is_empty());
@@ -391,7 +391,7 @@ mod tests {
 
         // 9001 leaves, 9002 and another upstream arrive.
         publish_labels(
-            l,
+            a,
             &wanted(&[
                 ("app", &["127.0.0.1:9000", "127.0.0.1:9002"]),
                 ("auth", &["unix:/run/a.sock"]),
@@ -409,7 +409,7 @@ mod tests {
         assert_eq!(a.header.labels[c1].server.get(), "127.0.0.1:9001");
 
         // 9001 comes back: its cell, with its counts.
-        publish_labels(l, &wanted(&[("app", &["127.0.0.1:9001"])]));
+        publish_labels(&l.upstreams, &wanted(&[("app", &["127.0.0.1:9001"])]));
         assert_eq!(lookup(a, "app", "127.0.0.1:9001"), Some(c1));
         assert_eq!(a.rows[3][c1].cells[0].load(Relaxed), 5);
     }
@@ -425,7 +425,7 @@ mod tests {
         let long = "x".repeat(SERVER_LABEL_BYTES + 1);
         let mut want = vec![("big".to_string(), servers.clone())];
         want.push(("other".to_string(), vec![long.clone()]));
-        let left = publish_labels(l, &want);
+        let left = publish_labels(&l.upstreams, &want);
         assert_eq!(left.len(), 3, "{left:?}");
         assert_eq!(left[0].server, long);
         assert!(left[0].why.contains("longer"));
@@ -440,7 +440,10 @@ mod tests {
         // A smaller configuration: cells of servers that left without counts are
         // reclaimed once no never-used cell is left.
         l.upstreams.retired[0].bump(super::super::upstream_counters::RETRIES, 1);
-        let left = publish_labels(l, &wanted(&[("new", &["10.9.9.9:1", "10.9.9.9:2"])]));
+        let left = publish_labels(
+            &l.upstreams,
+            &wanted(&[("new", &["10.9.9.9:1", "10.9.9.9:2"])]),
+        );
         assert!(left.is_empty());
         let c = lookup(&l.upstreams, "new", "10.9.9.9:1").unwrap();
         assert_ne!(c, 0, "a cell with counts is never given to another server");
@@ -499,7 +502,7 @@ mod tests {
 
         // Its configuration's upstreams get cells, counted by a worker, folded
         // with the old row when that worker exits.
-        publish_labels(l, &wanted(&[("app", &["127.0.0.1:9000"])]));
+        publish_labels(&l.upstreams, &wanted(&[("app", &["127.0.0.1:9000"])]));
         let c = lookup(&l.upstreams, "app", "127.0.0.1:9000").unwrap();
         l.upstreams.rows[row][c].bump(super::super::upstream_counters::REQUESTS, 3);
         l.upstreams.rows[row][c].record_time(1500);

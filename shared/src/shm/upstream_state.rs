@@ -31,8 +31,8 @@
 //! Times are CLOCK_MONOTONIC milliseconds ([`super::monotonic_ms`]): one clock for
 //! every process of the machine.
 
-use super::layout::{Layout, MAX_SLOTS};
-use super::upstream::{LabelState, UPSTREAM_CELLS};
+use super::upstream::{LabelState, UpstreamArea, UPSTREAM_CELLS};
+use crate::capacity::MAX_SLOTS;
 use std::sync::atomic::{
     AtomicU32, AtomicU64, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
 };
@@ -389,9 +389,12 @@ pub fn clear_slot(area: &UpstreamStateArea, slot: usize) {
 /// publishes a configuration, after the label table). Cells no longer configured
 /// lose their health state, so a server given the cell later starts up; in-flight
 /// words are left to their workers (a draining worker still ends its requests).
-pub fn publish_settings(layout: &Layout, config: &crate::config::Config) {
-    let area = &layout.upstream_state;
-    let labels = &layout.upstreams.header.labels;
+pub fn publish_settings(
+    area: &UpstreamStateArea,
+    upstreams: &UpstreamArea,
+    config: &crate::config::Config,
+) {
+    let labels = &upstreams.header.labels;
     for (cell, label) in labels.iter().enumerate() {
         if LabelState::from_u32(label.state.load(Acquire)) != LabelState::Configured {
             area.servers[cell].reset_health();
@@ -399,7 +402,7 @@ pub fn publish_settings(layout: &Layout, config: &crate::config::Config) {
     }
     for u in &config.upstreams {
         for s in &u.servers {
-            let Some(cell) = super::upstream::lookup(&layout.upstreams, &u.name, &s.label) else {
+            let Some(cell) = super::upstream::lookup(upstreams, &u.name, &s.label) else {
                 continue;
             };
             let state = &area.servers[cell];

@@ -138,8 +138,9 @@ pub fn read(layout: &Layout) -> Vec<UpstreamReport> {
             continue;
         }
         let (upstream, server) = (label.upstream.get(), label.server.get());
-        let health = configured
-            .then(|| super::health::read(layout, cell, &upstream, &server))
+        // The health area, like the shared state, is absent from an older build's region.
+        let health = (configured && shared.is_some())
+            .then(|| super::health::read(&layout.health, cell, &upstream, &server))
             .flatten();
         out.push(UpstreamReport {
             upstream,

@@ -2,8 +2,8 @@
 //! JSON from the counter table, so a new counter appears in `forkd stats --json` and
 //! the `Status` route without further code.
 
+use super::cells::{bucket_bounds, Counters, BUCKETS};
 use super::counters::{Counter, COUNTERS, COUNTER_CELLS};
-use super::layout::{bucket_bounds, Counters, BUCKETS};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use std::sync::atomic::Ordering::Relaxed;

@@ -308,7 +308,7 @@ mod tests {
         let config =
             Config::parse_with(std::path::Path::new("/tmp/forkd.ron"), CONFIG, &resolve).unwrap();
         let l = region.layout();
-        assert!(publish_labels(l, &config_labels(&config)).is_empty());
+        assert!(publish_labels(&l.upstreams, &config_labels(&config)).is_empty());
         let mut stats = Stats::new(region.clone(), claim_free_slot(l, 0, 1).unwrap());
         stats.map_upstreams(&config);
         let leaked: &'static Rc<Region> = Box::leak(Box::new(region.clone()));

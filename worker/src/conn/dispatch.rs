@@ -30,9 +30,9 @@ use crate::spool::{self, Spool};
 use crate::timers::Micros;
 use crate::upstream_health;
 use crate::upstreams::{ClientRequest, Proxied};
+use forkd_shared::config::names::name_matches;
 use forkd_shared::config::overload::Priority;
 use forkd_shared::config::shaping::SentHost;
-use forkd_shared::config::tls::name_matches;
 use forkd_shared::config::{Handler, Server, UpstreamAddress};
 use std::borrow::Cow;
 use std::net::IpAddr;
@@ -123,7 +123,11 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
         };
         return Next::Reject(e);
     }
-    if let Some(retry_after) = over_rate(svc, server, req, head, x.peer) {
+    // Normalised once, here: the rate check, the proxy route and the response all
+    // route by it.
+    let routed = route_path(req.path);
+    let path = routed.as_deref().map_err(|&e| e);
+    if let Some(retry_after) = over_rate(svc, server, path, head, x.peer) {
         let status = Status::TOO_MANY_REQUESTS;
         return refuse_now(&mut x, svc, req, server, status, retry_after);
     }
@@ -141,7 +145,7 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
             svc.config.servers[server].max_header_bytes,
         ))),
     };
-    if let Some((upstream, upgrade, priority, route)) = proxy_route(svc, server, req, x.peer) {
+    if let Some((upstream, upgrade, priority, route)) = proxy_route(svc, server, path, x.peer) {
         let now = svc.clock.precise_us();
         return match svc.overload.admit(upstream, priority, now) {
             Admission::Admit(ticket) => {
@@ -158,11 +162,11 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
         };
     }
     if let Some(body) = body {
-        if req.expect_continue && refused_from_head(svc, server, req, x.peer) {
+        if req.expect_continue && refused_from_head(svc, server, req, path, x.peer) {
             // RFC 9110 §10.1.1: the final answer instead of `100 Continue`. The client
             // may or may not send the body now, so the connection cannot tell where
             // the next request starts: it closes (lingering, so the answer is read).
-            respond(x, svc, req, server, Close::Now);
+            respond(x, svc, req, path, server, Close::Now);
             return Next::Finish(After::Linger);
         }
         ensure_out(x.out);
@@ -178,7 +182,7 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
             server,
         });
     }
-    match respond(x, svc, req, server, Close::IfAsked) {
+    match respond(x, svc, req, path, server, Close::IfAsked) {
         Persistence::Close => Next::Finish(After::Close),
         _ => Next::Continue,
     }
@@ -193,7 +197,9 @@ pub fn answer_after_body(
     server: usize,
 ) -> Option<After> {
     x.peer = client_of(svc, server, x.peer, head);
-    match respond(x, svc, req, server, Close::IfAsked) {
+    let routed = route_path(req.path);
+    let path = routed.as_deref().map_err(|&e| e);
+    match respond(x, svc, req, path, server, Close::IfAsked) {
         Persistence::Close => Some(After::Close),
         _ => None,
     }
@@ -233,11 +239,11 @@ fn client_of(svc: &Services, server: usize, peer: IpAddr, head: &[u8]) -> IpAddr
     }
 }
 
-/// The rate limits of the route `req` goes to: `Some(Retry-After seconds)` if over.
+/// The rate limits of the route `path` goes to: `Some(Retry-After seconds)` if over.
 fn over_rate(
     svc: &mut Services,
     server: usize,
-    req: &Request,
+    path: RoutePath<'_>,
     head: &[u8],
     peer: IpAddr,
 ) -> Option<u64> {
@@ -245,7 +251,7 @@ fn over_rate(
     if s.limits.is_none() && s.routes.iter().all(|r| r.limits.is_none()) {
         return None; // no limits: no routing twice
     }
-    let route = route_path(req.path).ok().and_then(|p| s.route_index(&p));
+    let route = path.ok().and_then(|p| s.route_index(p));
     crate::limits::admit::request(svc, server, route, head, peer)
 }
 
@@ -313,18 +319,17 @@ fn stays_open(x: &Exchange, svc: &Services, req: &Request, server: &Server) -> b
         && (server.keepalive_requests == 0 || u64::from(*x.requests) < server.keepalive_requests)
 }
 
-/// The upstream of the route `req` goes to, whether it allows upgrades, the
+/// The upstream of the route `path` goes to, whether it allows upgrades, the
 /// route's priority and its index, if that route is a `Proxy` the client `peer` may
 /// use (a refused one is answered 403 by `respond`, like any route).
 fn proxy_route(
     svc: &Services,
     server: usize,
-    req: &Request,
+    path: RoutePath<'_>,
     peer: IpAddr,
 ) -> Option<(usize, bool, Priority, usize)> {
     let server = &svc.config.servers[server];
-    let path = route_path(req.path).ok()?;
-    let index = server.route_index(&path)?;
+    let index = server.route_index(path.ok()?)?;
     let route = &server.routes[index];
     if !route.access.permits(peer) {
         return None;
@@ -503,12 +508,18 @@ fn redirects(
 
 /// Whether the answer to `req` is an error known from its head alone (a path that
 /// cannot be normalised, no route, a method the route's handler refuses).
-fn refused_from_head(svc: &Services, server: usize, req: &Request, peer: IpAddr) -> bool {
+fn refused_from_head(
+    svc: &Services,
+    server: usize,
+    req: &Request,
+    path: RoutePath<'_>,
+    peer: IpAddr,
+) -> bool {
     let server = &svc.config.servers[server];
-    let Ok(path) = route_path(req.path) else {
+    let Ok(path) = path else {
         return true;
     };
-    match server.route_index(&path) {
+    match server.route_index(path) {
         None => true,
         Some(route) => {
             let route = &server.routes[route];
@@ -531,6 +542,7 @@ fn respond(
     x: Exchange,
     svc: &mut Services,
     req: &Request,
+    path: RoutePath<'_>,
     server_index: usize,
     close: Close,
 ) -> Persistence {
@@ -541,8 +553,7 @@ fn respond(
     let server: &Server = &svc.config.servers[server_index];
     let persistence = keep_alive(&x, svc, req, server, close == Close::IfAsked);
     ensure_out(x.out);
-    let path = route_path(req.path);
-    let route_index = path.as_deref().ok().and_then(|p| server.route_index(p));
+    let route_index = path.ok().and_then(|p| server.route_index(p));
     let route = route_index.map(|i| &server.routes[i]);
     let mut reply = Reply {
         out: x.out,
@@ -554,7 +565,7 @@ fn respond(
             pages: &server.error_pages,
         },
     };
-    let outcome = match path.as_deref().map(|p| (p, route_index)) {
+    let outcome = match path.map(|p| (p, route_index)) {
         Err(_) => reply.error(Status::BAD_REQUEST, &[]),
         Ok((_, None)) => reply.error(Status::NOT_FOUND, &[]),
         // allow/deny: on the connection's peer (behind a balancer, the balancer's).
@@ -633,6 +644,9 @@ fn respond(
     }
     persistence
 }
+
+/// A request's path as [`route_path`] made it, or why it could not.
+type RoutePath<'a> = Result<&'a [u8], PathError>;
 
 /// The path a request is routed and served by: decoded and normalised by
 /// [`path::normalize`], so that `//api`, `/%61pi` and `/x/../api` all reach the route

@@ -422,7 +422,7 @@ impl Conn {
                 svc.upstreams.forget(token); // the session's socket closes with it
             }
             if let Some(tunnel) = busy.tunnel.take() {
-                tunnel.close(svc);
+                tunnel.close(&mut svc.upstreams, &mut svc.stats);
             }
             svc.give_busy(busy);
         }

@@ -28,10 +28,10 @@
 //! to a pool: its token is forgotten when the connection closes.
 
 use crate::proxy::connect::UpstreamSocket;
-use crate::services::Services;
 use crate::stats::Stats;
 use crate::timers::Micros;
 use crate::tls::Transport;
+use crate::upstreams::Upstreams;
 use forkd_shared::shm::counters;
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -408,10 +408,12 @@ impl Tunnel {
 
     /// The connection closed: the upstream socket closes with the tunnel, its token
     /// is free, and the tunnel is counted in `tunnels_closed` (`tunnels_opened` is
-    /// counted by the caller of [`Tunnel::open`]).
-    pub fn close(self, svc: &mut Services) {
-        svc.upstreams.forget(self.token);
-        svc.stats.bump(counters::TUNNELS_CLOSED, 1);
+    /// counted by the caller of [`Tunnel::open`]). Takes the worker's upstream tokens
+    /// and stats rather than all its services: `busy` holds a tunnel, and the services
+    /// hold the busy pool.
+    pub fn close(self, upstreams: &mut Upstreams, stats: &mut Stats) {
+        upstreams.forget(self.token);
+        stats.bump(counters::TUNNELS_CLOSED, 1);
     }
 }
 

@@ -1,7 +1,7 @@
 //! Liveness and readiness probes: answered from memory, never logged, never touching
 //! disk, so a probe measures the process and not the file system.
 
-use super::{Outcome, Reply};
+use super::reply::{Outcome, Reply};
 use crate::http::request::Method;
 use crate::http::response::{self, Status};
 

@@ -6,7 +6,7 @@
 //! target's leading slashes are collapsed to one (so `//evil` cannot appear), and the
 //! host of the expanded URL is compared with the configured one before it is sent.
 
-use super::{Outcome, Reply};
+use super::reply::{Outcome, Reply};
 use crate::http::path;
 use crate::http::request::Request;
 use crate::http::response::Status;

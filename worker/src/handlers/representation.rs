@@ -3,7 +3,7 @@
 //! in the worker's cache (`compress`), by the client's `Accept-Encoding`. Ranges and
 //! conditionals then apply to the representation chosen (each has its own ETag).
 
-use super::static_files::{open_regular, StaticRoute};
+use super::root::{open_regular, StaticRoute};
 use crate::file_cache::{CachedFile, FileCache};
 use crate::http::accept_encoding::{self, Coding};
 use crate::http::request::Request;

@@ -1,6 +1,6 @@
 //! `Return(status, body, content_type)`: a fixed answer from memory, for any method.
 
-use super::{Outcome, Reply};
+use super::reply::{Outcome, Reply};
 use crate::http::response::{self, Status};
 
 /// What a `Return` route answers.

@@ -7,40 +7,19 @@
 //! has made sure it cannot climb out of the root; a symlink that points outside the
 //! root is refused too.
 
+use super::reply::{Outcome, Reply};
 use super::representation;
-use super::{Outcome, Reply};
+pub use super::root::StaticRoute;
+use super::root::{inside_root, open_regular, Refused};
 use crate::file_cache::{CachedFile, FileCache};
 use crate::http::path;
 use crate::http::range::{self, RangeSet};
 use crate::http::request::{Method, Request};
 use crate::http::response::{self, Status};
-use forkd_shared::config::Compress;
 use std::ffi::OsString;
-use std::fs::OpenOptions;
-use std::io;
 use std::os::unix::ffi::OsStringExt;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::rc::Rc;
-
-/// The configuration of one static route.
-pub struct StaticRoute<'a> {
-    /// Identifies the route in the file cache.
-    pub id: usize,
-    pub root: &'a Path,
-    pub index: &'a [String],
-    /// The path answering a request for a file that does not exist (a single-page
-    /// app's entry point), if any.
-    pub fallback: Option<&'a str>,
-    /// Most ranges one request may list (more: the whole file); 0: ranges ignored.
-    pub max_ranges: usize,
-    /// Serve `X.br` / `X.gz` beside `X`.
-    pub precompressed: bool,
-    /// gzip on the fly, kept in the cache.
-    pub compress: Option<Compress>,
-    /// Bytes the worker keeps of compressed bodies.
-    pub compress_cache: usize,
-}
 
 /// What a request path resolves to.
 enum Resolved {
@@ -164,71 +143,6 @@ fn resolve(route: &StaticRoute, normalized: &[u8], now_secs: u64) -> Resolved {
         Ok(None) => Resolved::Status(Status::NOT_FOUND),
         Err(Refused::Missing) => Resolved::Missing,
         Err(Refused::Status(status)) => Resolved::Status(status),
-    }
-}
-
-/// Why a file is not opened.
-pub(super) enum Refused {
-    /// Nothing by that name.
-    Missing,
-    /// There, but not to be served (outside the root, no permission), or an error.
-    Status(Status),
-}
-
-/// Opens `path` if it is a regular file inside `root`. `Ok(None)`: it exists but is
-/// not a regular file.
-pub(super) fn open_regular(
-    path: &Path,
-    root: &Path,
-    now_secs: u64,
-) -> Result<Option<CachedFile>, Refused> {
-    // O_NONBLOCK: opening a FIFO someone left in the root must not hang the worker.
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| refused(&e, path))?;
-    let meta = file.metadata().map_err(|e| refused(&e, path))?;
-    if !meta.is_file() {
-        return Ok(None);
-    }
-    if !inside_root(path, root) {
-        forkd_shared::warn!(
-            "{} resolves outside its root {}: refused",
-            path.display(),
-            root.display()
-        );
-        return Err(Refused::Status(Status::NOT_FOUND));
-    }
-    CachedFile::open(path.to_path_buf(), file, &meta, now_secs)
-        .map(Some)
-        .map_err(|e| refused(&e, path))
-}
-
-fn refused(e: &io::Error, path: &Path) -> Refused {
-    match e.kind() {
-        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory => Refused::Missing,
-        _ => Refused::Status(io_status(e, path)),
-    }
-}
-
-/// Whether `path`, with symlinks resolved, is below `root` (also resolved).
-fn inside_root(path: &Path, root: &Path) -> bool {
-    match (path.canonicalize(), root.canonicalize()) {
-        (Ok(p), Ok(r)) => p.starts_with(r),
-        _ => false,
-    }
-}
-
-fn io_status(e: &io::Error, path: &Path) -> Status {
-    match e.kind() {
-        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory => Status::NOT_FOUND,
-        io::ErrorKind::PermissionDenied => Status::FORBIDDEN,
-        _ if e.raw_os_error() == Some(nix::libc::ENAMETOOLONG) => Status::NOT_FOUND,
-        _ => {
-            forkd_shared::error!("open({}) failed: {e}", path.display());
-            Status::INTERNAL_SERVER_ERROR
-        }
     }
 }
 

@@ -3,7 +3,7 @@
 //! consistent in bounded time (a master died mid-fold) is a 503 saying so, never a
 //! worker waiting.
 
-use super::{Outcome, Reply};
+use super::reply::{Outcome, Reply};
 use crate::http::request::Method;
 use crate::http::response::{self, Status};
 use forkd_shared::shm::Region;

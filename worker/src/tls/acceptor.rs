@@ -3,8 +3,9 @@
 
 use super::stream::Tls;
 use super::tickets::Tickets;
-use crate::services::Routing;
-use forkd_shared::config::tls::{name_matches, TlsVersion};
+use crate::routing::Routing;
+use forkd_shared::config::names::name_matches;
+use forkd_shared::config::tls::TlsVersion;
 use forkd_shared::config::Config;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -187,22 +188,5 @@ impl ResolvesServerCert for Resolver {
             .find(|k| k.key.choose_scheme(schemes).is_some())
             .or_else(|| entry.keys.first())
             .cloned()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    fn name_matches(pattern: &str, name: &str) -> bool {
-        super::name_matches(pattern, name.as_bytes())
-    }
-
-    #[test]
-    fn a_wildcard_matches_one_label() {
-        assert!(name_matches("*.example.com", "a.example.com"));
-        assert!(name_matches("*.example.com", "A.Example.COM"));
-        assert!(!name_matches("*.example.com", "example.com"));
-        assert!(!name_matches("*.example.com", ".example.com"));
-        assert!(!name_matches("*.example.com", "a.b.example.com"));
-        assert!(name_matches("example.com", "EXAMPLE.com"));
     }
 }

@@ -158,7 +158,7 @@ pub fn request_key(balance: &Balance, req: &Request, head: &[u8], peer: IpAddr) 
         HashKey::Path => hash_key(req.path),
         // The head parsed already: a scan for the first field of that name.
         HashKey::Header(name) => {
-            hash_key(crate::limits::admit::header(head, name.0.as_bytes()).unwrap_or_default())
+            hash_key(crate::http::fields::header(head, name.0.as_bytes()).unwrap_or_default())
         }
     }
 }

@@ -29,17 +29,6 @@ pub struct Shaping {
 }
 
 impl Shaping {
-    /// Whether the head sent upstream may say something else than the client did
-    /// about what the access log writes (the target, `Referer`, `User-Agent`): then
-    /// the log reads the client's head, kept for it.
-    pub fn hides_logged_fields(&self) -> bool {
-        let logged =
-            |n: &str| n.eq_ignore_ascii_case("referer") || n.eq_ignore_ascii_case("user-agent");
-        self.path.is_some()
-            || self.set_headers.iter().any(|h| logged(&h.name.0))
-            || self.remove_headers.iter().any(|n| logged(&n.0))
-    }
-
     /// Whether `name` is set or removed by the route (so neither the client's field
     /// nor forkd's own of that name is sent).
     pub fn replaces(&self, name: &[u8]) -> bool {

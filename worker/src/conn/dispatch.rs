@@ -233,7 +233,7 @@ fn client_of(svc: &Services, server: usize, peer: IpAddr, head: &[u8]) -> IpAddr
         Some(name) if !s.trusted_proxies.is_empty() => crate::real_ip::client(
             peer,
             &s.trusted_proxies,
-            crate::limits::admit::headers(head, name.as_bytes()),
+            crate::http::fields::headers(head, name.as_bytes()),
         ),
         _ => peer,
     }

@@ -11,6 +11,7 @@
 
 pub mod accept_encoding;
 pub mod chunked;
+pub mod fields;
 pub mod path;
 pub mod range;
 pub mod request;

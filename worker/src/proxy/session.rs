@@ -280,12 +280,6 @@ impl Session {
         self.request.wants_input()
     }
 
-    /// The request head as sent upstream (the replay copy): for the access log, which
-    /// parses it again instead of keeping a copy of the client's head.
-    pub fn request_head(&self) -> &[u8] {
-        self.request.head()
-    }
-
     /// The final response head, once it arrived.
     pub fn response_head(&self) -> Option<&super::response_head::ResponseHead> {
         self.response.head()

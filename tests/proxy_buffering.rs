@@ -313,3 +313,129 @@ fn temp_dir_that_cannot_be_made_is_an_error_in_dash_t() {
         "{err}"
     );
 }
+
+/// The buffering counters of `forkd stats --json` for one upstream server's row.
+fn buffering_of(d: &TestDaemon, upstream: &str, server: &str) -> [u64; 5] {
+    let row = stats::upstream_row(&d.config, upstream, server);
+    [
+        "bodies_in_memory",
+        "bodies_on_disk",
+        "buffering_fell_back",
+        "held_us",
+        "client_transfer_us",
+    ]
+    .map(|k| {
+        row[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no {k} in {row:#}"))
+    })
+}
+
+/// The value of the Prometheus sample `family{upstream,server[,kind]}` in `text`.
+fn sample(text: &str, family: &str, upstream: &str, server: &str, kind: Option<&str>) -> f64 {
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .expect("the /metrics body parses");
+    let s = scrape
+        .samples
+        .iter()
+        .find(|s| {
+            s.metric == family
+                && s.labels.get("upstream") == Some(upstream)
+                && s.labels.get("server") == Some(server)
+                && s.labels.get("kind") == kind
+        })
+        .unwrap_or_else(|| panic!("no {family} for {upstream} {server} {kind:?}:\n{text}"));
+    match s.value {
+        prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+        ref other => panic!("{family}: {other:?}"),
+    }
+}
+
+/// Buffering is counted in the row of the server whose exchange it was (`forkd stats
+/// --json` and `/metrics`): an upload read whole in memory and a slow reader's
+/// response spooled to disk on `app`, nothing on `other`, whose client kept up.
+#[test]
+fn buffering_is_counted_per_upstream_server() {
+    let app = SerialUpstream::start();
+    let other = SerialUpstream::start();
+    let (app_label, other_label) = (app.addr().to_string(), other.addr().to_string());
+    let d = TestDaemon::builder()
+        .workers(1)
+        .top(&format!(
+            "upstreams: {{ \
+               \"app\": (servers: [\"{app_label}\"], keepalive: 0, read_timeout: \"120s\", send_timeout: \"120s\"), \
+               \"other\": (servers: [\"{other_label}\"], keepalive: 0) }},"
+        ))
+        .server("max_body_bytes: \"64M\", send_timeout: \"120s\", body_timeout: \"120s\",")
+        .routes(
+            r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/metrics", handler: Metrics),
+            (prefix: "/tiny", handler: Proxy(upstream: "other")),
+            (prefix: "/", handler: Proxy(upstream: "app")),"#,
+        )
+        .start();
+    // A request body read whole before it went upstream: in memory.
+    let mut s = d.connect();
+    s.write_all(
+        b"POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+    )
+    .unwrap();
+    let r = read_response(&mut s, false).expect("a response");
+    assert_eq!(r.status, 200, "{}", r.head);
+    // A response the client does not read while the upstream sends it: on disk.
+    let before = app.responses();
+    let mut slow = start_get(&d, &format!("/big/{BIG}"));
+    assert!(
+        wait_until(Duration::from_secs(60), || app.responses() > before),
+        "the upstream is still writing the response the client does not read"
+    );
+    finish_pattern(&mut slow, BIG);
+    // A response a fast client takes as it comes, from the other server: not buffered.
+    let r = tiny(&d).expect("served");
+    assert_eq!(r.status, 200);
+
+    let [memory, disk, fell_back, held, transfer] = buffering_of(&d, "app", &app_label);
+    assert_eq!((memory, disk, fell_back), (1, 1, 0), "app's bodies");
+    assert!(held > 0, "the upstream's time is counted");
+    assert!(
+        transfer > 0,
+        "the slow client's time after the upstream was done is counted"
+    );
+    let [memory, disk, fell_back, _, _] = buffering_of(&d, "other", &other_label);
+    assert_eq!(
+        (memory, disk, fell_back),
+        (0, 0, 0),
+        "nothing of other's was buffered"
+    );
+
+    let metrics = String::from_utf8(d.get("/metrics").body).unwrap();
+    let family = "forkd_upstream_buffered_bodies_total";
+    assert_eq!(
+        sample(&metrics, family, "app", &app_label, Some("disk")),
+        1.0
+    );
+    assert_eq!(
+        sample(&metrics, family, "app", &app_label, Some("memory")),
+        1.0
+    );
+    assert_eq!(
+        sample(&metrics, family, "other", &other_label, Some("disk")),
+        0.0
+    );
+    for family in [
+        "forkd_upstream_buffering_fell_back_total",
+        "forkd_upstream_held_microseconds_total",
+        "forkd_upstream_client_transfer_microseconds_total",
+    ] {
+        sample(&metrics, family, "app", &app_label, None);
+    }
+    assert!(
+        sample(
+            &metrics,
+            "forkd_upstream_client_transfer_microseconds_total",
+            "app",
+            &app_label,
+            None
+        ) > 0.0
+    );
+}

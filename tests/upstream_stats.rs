@@ -58,6 +58,11 @@ fn listed(json: &Value) -> BTreeMap<(String, String), u64> {
                 "retries",
                 "connections_new",
                 "connections_reused",
+                "bodies_in_memory",
+                "bodies_on_disk",
+                "buffering_fell_back",
+                "held_us",
+                "client_transfer_us",
                 "connections_open",
                 "connections_idle",
             ] {

@@ -483,15 +483,29 @@ def client_tables(runs, servers, cases, a):
     return out
 
 
+def merge_cpu(records):
+    """The cpu records by server; a case listed more than once (CASES="cpu cpu cpu",
+    so the servers take turns) is one record of all its rounds."""
+    out = {}
+    for r in records:
+        m = out.setdefault(r["server"], dict(r, us_per_mib=[], ticks=[]))
+        m["us_per_mib"] = sorted(m["us_per_mib"] + r["us_per_mib"])
+        m["ticks"].append(r["stat_ticks_us_per_mib_mean"])
+    for m in out.values():
+        m["median_us_per_mib"] = m["us_per_mib"][len(m["us_per_mib"]) // 2]
+        m["stat_ticks_us_per_mib_mean"] = sum(m["ticks"]) / len(m["ticks"])
+    return out
+
+
 def report(a):
     rows = [json.loads(line) for line in open(a.file) if line.strip()]
     runs = {(r["server"], r["case"]): r for r in rows}
-    servers = [s for s in ("forkd", "nginx") if any(k[0] == s for k in runs)]
+    servers = [s for s in ("forkd", "forkd-b", "nginx") if any(k[0] == s for k in runs)]
     cases = [c for c in ("alone", "readers", "uploaders") if any(k[1] == c for k in runs)]
     out = []
     if cases:
         out.extend(client_tables(runs, servers, cases, a))
-    cpu_rows = {r["server"]: r for r in rows if r["case"] == "cpu"}
+    cpu_rows = merge_cpu([r for r in rows if r["case"] == "cpu"])
     if cpu_rows:
         f, n = cpu_rows.get("forkd"), cpu_rows.get("nginx")
         mb = next(iter(cpu_rows.values()))["mb"]
@@ -510,6 +524,25 @@ def report(a):
             f"{fmt(n and n['stat_ticks_us_per_mib_mean'])} |"
         )
         out.append("")
+        others = [x for x in ("forkd-b", "relay-copy", "relay-splice") if x in cpu_rows]
+        if others:
+            out.append(
+                "Each server's rounds (forkd-b: FORKD_B_BIN; relay-copy / relay-splice: "
+                "bench/app-shield/relay.py moving the bytes with recv/send or splice):\n"
+            )
+            out.append("| server | µs/MiB, each round (sorted) | median | / nginx | / forkd |")
+            out.append("|---|---|---|---|---|")
+            for name in ("forkd", "forkd-b", "nginx", "relay-copy", "relay-splice"):
+                row = cpu_rows.get(name)
+                if not row:
+                    continue
+                m = row["median_us_per_mib"]
+                out.append(
+                    f"| {name} | {', '.join(f'{v:.0f}' for v in row['us_per_mib'])} | "
+                    f"{fmt(m)} | {fmt(ratio(m, n and n['median_us_per_mib']))} | "
+                    f"{fmt(ratio(m, f and f['median_us_per_mib']))} |"
+                )
+            out.append("")
     readers = [runs.get((s, "readers")) for s in servers]
     if any(readers):
         out.append(

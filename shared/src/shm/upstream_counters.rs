@@ -24,6 +24,14 @@ counters! { UPSTREAM_COUNTERS;
     8  RETRIES              "retries"             "forkd_upstream_retries_total"                      "Requests retried after a failure on this upstream server.";
     9  CONNECTIONS_NEW      "connections_new"     "forkd_upstream_connections_total" kind = "new"     "Upstream connections used for a request, by whether they were opened for it or reused from the pool.";
     10 CONNECTIONS_REUSED   "connections_reused"  "forkd_upstream_connections_total" kind = "reused"  "Upstream connections used for a request, by whether they were opened for it or reused from the pool.";
+    // Proxy buffering (#20), the worker counters 14..=16, 20 and 21 by server. The
+    // temporary files' bytes and counts stay per worker: its files and their bound
+    // (`temp_max_bytes`) are the worker's, not a server's.
+    11 BODIES_IN_MEMORY     "bodies_in_memory"    "forkd_upstream_buffered_bodies_total" kind = "memory" "Bodies of exchanges with the upstream server (requests read whole, responses a client fell behind on) buffered, by where they fit: memory only, or a temporary file too.";
+    12 BODIES_ON_DISK       "bodies_on_disk"      "forkd_upstream_buffered_bodies_total" kind = "disk"   "Bodies of exchanges with the upstream server (requests read whole, responses a client fell behind on) buffered, by where they fit: memory only, or a temporary file too.";
+    13 BUFFERING_FELL_BACK  "buffering_fell_back" "forkd_upstream_buffering_fell_back_total"          "Bodies of exchanges with the upstream server that streamed past a bound (max_temp_file_size, temp_max_bytes) or a temporary file that could not be written.";
+    14 HELD_US              "held_us"             "forkd_upstream_held_microseconds_total"            "Microseconds the upstream server spent on proxied requests, from the request going upstream to the response read whole.";
+    15 CLIENT_TRANSFER_US   "client_transfer_us"  "forkd_upstream_client_transfer_microseconds_total" "Microseconds clients took for the rest of the upstream server's responses after it was done with them.";
 }
 
 const _: () = check_table(UPSTREAM_COUNTERS, UPSTREAM_COUNTER_CELLS);

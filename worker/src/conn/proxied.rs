@@ -704,25 +704,44 @@ fn account(p: &Proxied, svc: &mut Services) {
 /// The buffering counters of an exchange that ended: its bodies held in memory or a
 /// temporary file, fallbacks to streaming, how long the upstream was busy with it
 /// and how long the client took after that; and the temporary files' counts.
+/// Each is counted for the worker and, once a server was chosen, for that server (the
+/// last attempt's).
 fn count_buffering(p: &Proxied, svc: &Services, now: Micros) {
-    use forkd_shared::shm::counters;
+    use forkd_shared::shm::{counters, upstream_counters as uc};
     let stats = &svc.stats;
+    let cell = p
+        .server_index()
+        .and_then(|s| stats.upstream_cell(p.upstream_index(), s));
+    let bump = |worker, server, n| {
+        stats.bump(worker, n);
+        if let Some(cell) = cell {
+            stats.upstream_bump(cell, server, n);
+        }
+    };
     for spool in [p.session.request_spool(), p.spool.as_ref()]
         .into_iter()
         .flatten()
     {
         if spool.used_file() {
-            stats.bump(counters::BODIES_ON_DISK, 1);
+            bump(counters::BODIES_ON_DISK, uc::BODIES_ON_DISK, 1);
         } else if spool.pushed() > 0 {
-            stats.bump(counters::BODIES_IN_MEMORY, 1);
+            bump(counters::BODIES_IN_MEMORY, uc::BODIES_IN_MEMORY, 1);
         }
         if spool.refused().is_some() && spool.pushed() > 0 {
-            stats.bump(counters::BUFFERING_FELL_BACK, 1);
+            bump(counters::BUFFERING_FELL_BACK, uc::BUFFERING_FELL_BACK, 1);
         }
     }
     if let (Some(start), Some(done)) = (p.upstream_started_at, p.upstream_done_at) {
-        stats.bump(counters::UPSTREAM_HELD_US, done.saturating_sub(start));
-        stats.bump(counters::CLIENT_TRANSFER_US, now.saturating_sub(done));
+        bump(
+            counters::UPSTREAM_HELD_US,
+            uc::HELD_US,
+            done.saturating_sub(start),
+        );
+        bump(
+            counters::CLIENT_TRANSFER_US,
+            uc::CLIENT_TRANSFER_US,
+            now.saturating_sub(done),
+        );
     }
     stats.temp_files(svc.temp.take_counts());
 }

@@ -193,7 +193,10 @@ impl Encoder {
 pub struct Relay {
     decoder: Decoder,
     encoder: Encoder,
+    /// `out[sent..end]` waits for the receiver. Past `end` is room a direct read
+    /// ([`Relay::direct_room`]) made once and reuses without zeroing it again.
     out: Vec<u8>,
+    end: usize,
     /// Bytes of `out` already written to the receiver.
     sent: usize,
     capacity: usize,
@@ -208,6 +211,7 @@ impl Relay {
             decoder,
             encoder,
             out: Vec::new(),
+            end: 0,
             sent: 0,
             capacity,
             finished: false,
@@ -230,7 +234,9 @@ impl Relay {
             let step = self.decoder.decode(&input[taken..end])?;
             let data = &input[taken + step.data.start..taken + step.data.end];
             self.data_bytes += data.len() as u64;
+            self.out.truncate(self.end);
             self.encoder.data(data, &mut self.out);
+            self.end = self.out.len();
             taken += step.consumed;
             if step.consumed == 0 {
                 break;
@@ -254,18 +260,58 @@ impl Relay {
 
     /// Framed bytes waiting to be written to the receiver.
     pub fn pending(&self) -> &[u8] {
-        &self.out[self.sent..]
+        &self.out[self.sent..self.end]
+    }
+
+    /// Where the sender's next bytes can be read straight into, sparing a copy: a
+    /// body relayed as is (`Content-Length` or close-delimited, identity encoding) has
+    /// framed bytes equal to its data. At most the room left and, for a length, the
+    /// bytes left of the body, so nothing past the body lands here. None when the
+    /// body is re-framed or there is no room. Then [`Relay::commit_direct`].
+    pub fn direct_room(&mut self) -> Option<&mut [u8]> {
+        if self.encoder != Encoder::Identity {
+            return None;
+        }
+        let left = match self.decoder.state {
+            Decoding::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            Decoding::UntilClose => usize::MAX,
+            Decoding::Chunked(_) | Decoding::Done => return None,
+        };
+        let want = self.capacity.saturating_sub(self.end - self.sent).min(left);
+        if want == 0 {
+            return None;
+        }
+        if self.out.len() < self.end + want {
+            self.out.resize(self.end + want, 0);
+        }
+        Some(&mut self.out[self.end..self.end + want])
+    }
+
+    /// `n` bytes were read into [`Relay::direct_room`].
+    pub fn commit_direct(&mut self, n: usize) -> Result<(), BodyError> {
+        let end = (self.end + n).min(self.out.len());
+        let step = self.decoder.decode(&self.out[self.end..end])?;
+        debug_assert_eq!(
+            step.consumed,
+            end - self.end,
+            "direct room is within the body"
+        );
+        self.data_bytes += step.consumed as u64;
+        self.end += step.consumed;
+        self.finish_if_done();
+        Ok(())
     }
 
     /// `n` bytes of [`Relay::pending`] were written.
     pub fn advance(&mut self, n: usize) {
         self.sent += n;
-        debug_assert!(self.sent <= self.out.len());
-        if self.sent == self.out.len() {
-            self.out.clear();
+        debug_assert!(self.sent <= self.end);
+        if self.sent == self.end {
+            self.end = 0;
             self.sent = 0;
         } else if self.sent >= self.capacity / 2 {
-            self.out.drain(..self.sent);
+            self.out.copy_within(self.sent..self.end, 0);
+            self.end -= self.sent;
             self.sent = 0;
         }
     }
@@ -283,7 +329,9 @@ impl Relay {
     fn finish_if_done(&mut self) {
         if self.decoder.is_done() && !self.finished {
             self.finished = true;
+            self.out.truncate(self.end);
             self.encoder.finish(self.decoder.trailers(), &mut self.out);
+            self.end = self.out.len();
         }
     }
 }
@@ -390,6 +438,60 @@ mod tests {
         assert!(relay.wants_input());
         assert_eq!(relay.feed(&[b'x'; 40]).unwrap(), 10);
         assert_eq!(relay.pending().len(), 16);
+    }
+
+    /// Reads `body` into the relay's direct room `piece` bytes at a time (as a socket
+    /// would), draining `drain` bytes after each; returns what the receiver got.
+    fn relay_direct(relay: &mut Relay, body: &[u8], piece: usize, drain: usize) -> Vec<u8> {
+        let (mut out, mut at) = (Vec::new(), 0);
+        while !relay.is_complete() {
+            if let Some(room) = relay.direct_room() {
+                let n = room.len().min(piece).min(body.len() - at);
+                room[..n].copy_from_slice(&body[at..at + n]);
+                relay.commit_direct(n).unwrap();
+                at += n;
+            }
+            let n = relay.pending().len().min(drain);
+            out.extend_from_slice(&relay.pending()[..n]);
+            relay.advance(n);
+        }
+        out
+    }
+
+    #[test]
+    fn a_length_body_read_in_place_is_relayed_whole_and_never_past_its_end() {
+        let body: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        for (piece, drain) in [(7, 5), (4096, 1000), (100_000, 100_000), (30_000, 64)] {
+            let mut relay = Relay::new(Decoder::length(100_000), Encoder::Identity, 16 * 1024);
+            let out = relay_direct(&mut relay, &body, piece, drain);
+            assert_eq!(out, body, "piece {piece}, drain {drain}");
+            assert_eq!(relay.data_bytes, 100_000);
+            assert!(relay.direct_room().is_none(), "no room past the body");
+        }
+    }
+
+    #[test]
+    fn room_in_place_is_bounded_by_the_buffer_and_the_body_left() {
+        let mut relay = Relay::new(Decoder::length(100), Encoder::Identity, 64);
+        assert_eq!(relay.feed(&[1; 10]).unwrap(), 10);
+        assert_eq!(relay.direct_room().map(|r| r.len()), Some(54));
+        relay.commit_direct(54).unwrap();
+        assert!(relay.direct_room().is_none(), "full");
+        relay.advance(64);
+        assert_eq!(
+            relay.direct_room().map(|r| r.len()),
+            Some(36),
+            "the body's rest"
+        );
+        let mut until_close = Relay::new(Decoder::until_close(), Encoder::Identity, 64);
+        assert_eq!(until_close.direct_room().map(|r| r.len()), Some(64));
+        let mut chunked = Relay::new(Decoder::chunked(), Encoder::Chunked, 64);
+        assert!(
+            chunked.direct_room().is_none(),
+            "re-framed bodies go through feed"
+        );
+        let mut rechunked = Relay::new(Decoder::length(10), Encoder::Chunked, 64);
+        assert!(rechunked.direct_room().is_none());
     }
 
     #[test]

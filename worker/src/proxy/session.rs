@@ -430,6 +430,13 @@ impl Session {
             if !self.response.wants_input() || !self.readable {
                 return None;
             }
+            if let Some(step) = self.read_direct() {
+                match step {
+                    Direct::Read => continue,
+                    Direct::Stop => return None,
+                    Direct::Step(step) => return Some(step),
+                }
+            }
             self.inbox_end = 0;
             self.inbox_at = 0;
             if self.inbox.len() < READ_CHUNK {
@@ -459,6 +466,36 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// A read of body bytes straight into the response stream's relay, sparing the
+    /// copy out of the inbox: for a body relayed as is, its bytes are its data. None
+    /// when the stream has no such room (a head, a chunked body): read the inbox.
+    fn read_direct(&mut self) -> Option<Direct> {
+        let socket = self.socket.as_mut()?;
+        let room = self.response.direct_room()?;
+        let want = room.len();
+        Some(match socket.read(room) {
+            Ok(0) => Direct::Step(self.upstream_closed()),
+            Ok(n) => {
+                // A short read emptied the socket: the next edge says when more came.
+                self.readable = self.hung_up || n == want;
+                self.progressed = true;
+                if let Err(e) = self.response.commit_direct(n) {
+                    return Some(Direct::Step(self.fail(stream_failure(e, true))));
+                }
+                match self.apply(Event::ResponseBytes) {
+                    Some(step) => Direct::Step(step),
+                    None => Direct::Read,
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.readable = self.hung_up;
+                Direct::Stop
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Direct::Read,
+            Err(_) => Direct::Step(self.fail(Failure::Reset)),
+        })
     }
 
     /// Feeds inbox bytes to the response stream.
@@ -621,6 +658,16 @@ impl Drop for Session {
             });
         }
     }
+}
+
+/// What a direct read did ([`Session::read_direct`]).
+enum Direct {
+    /// Bytes went in: deliver them and read on.
+    Read,
+    /// The socket is empty.
+    Stop,
+    /// The exchange moved on.
+    Step(Step),
 }
 
 fn stream_failure(e: StreamError, head_seen: bool) -> Failure {

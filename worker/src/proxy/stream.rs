@@ -475,6 +475,26 @@ impl ResponseStream {
         }
     }
 
+    /// Where the next upstream bytes can be read straight into the body relay (see
+    /// [`Relay::direct_room`]): in the body of a response relayed as is, once the
+    /// bytes that came with the head went through. Then [`ResponseStream::commit_direct`].
+    pub fn direct_room(&mut self) -> Option<&mut [u8]> {
+        match &mut self.phase {
+            Phase::Body {
+                relay, leftover, ..
+            } if leftover.is_empty() && !self.upstream_closed => relay.direct_room(),
+            _ => None,
+        }
+    }
+
+    /// `n` upstream bytes were read into [`ResponseStream::direct_room`].
+    pub fn commit_direct(&mut self, n: usize) -> Result<(), StreamError> {
+        match &mut self.phase {
+            Phase::Body { relay, .. } => relay.commit_direct(n).map_err(StreamError::Body),
+            Phase::Head { .. } => Ok(()),
+        }
+    }
+
     /// Whether the upstream should be read.
     pub fn wants_input(&self) -> bool {
         match &self.phase {

@@ -229,6 +229,16 @@ impl Upstreams {
     }
 }
 
+/// What a proxied exchange waits on its client for, when it does (the connection's
+/// rate window, `Busy::rate`, measures that): the request body (wanted, none
+/// buffered) or the response (bytes for the client it has not taken). A client
+/// waiting for the upstream has neither, and is not judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transfer {
+    Body,
+    Response,
+}
+
 /// One client's proxied exchange: the [`Session`] (upstream socket, both bounded
 /// streams, the state machine), which upstream and server it uses, its token, and
 /// the times its deadlines and the logs need. Owned by the client connection's
@@ -286,6 +296,9 @@ pub struct Proxied {
     pub upgraded: Option<(UpstreamSocket, Vec<u8>)>,
     /// Its place under the upstream group's adaptive limit, given back when dropped.
     pub overload: Option<crate::overload::admission::Ticket>,
+    /// What the exchange waited on the client for at the last look: the rate window
+    /// (`Busy::rate`) measures it, and starts again when it changes.
+    pub rated: Option<Transfer>,
     /// The current attempt, counted in flight in the region while it lasts.
     pub in_flight: Option<crate::stats::InFlight>,
     /// The request's key for a `Hash` upstream, once computed.
@@ -356,6 +369,7 @@ impl Proxied {
             http10,
             upgraded: None,
             overload: None,
+            rated: None,
             in_flight: None,
             hash_key: None,
             buffering: false,

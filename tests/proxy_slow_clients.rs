@@ -17,8 +17,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+use support::gate::Gate;
 use support::scripted::{Ended, Script, ScriptedUpstream};
 use support::serial::SerialUpstream;
+use support::upstream::TestUpstream;
 use support::*;
 
 /// Minimum rates judged every second; idle timeouts that never fire in a test.
@@ -258,4 +260,59 @@ fn a_client_waiting_for_a_slow_upstream_is_not_judged() {
         r.head
     );
     assert_eq!(total(&d, "slow_clients_closed"), 0);
+}
+
+#[test]
+fn a_slow_uploader_holds_no_place_under_the_adaptive_limit() {
+    // A limit fixed at 2: a Normal request may have 1 in flight.
+    let gate = Gate::closed();
+    let up: TestUpstream = gate.upstream();
+    let d = TestDaemon::builder()
+        .workers(1)
+        .top(&format!(
+            "upstreams: {{ \"app\": (servers: [\"{}\"], keepalive: 0, overload: Some((mode: Enforce, sample_every: \"50ms\", min_limit: 2, max_limit: 2))) }},",
+            up.addr()
+        ))
+        .server(r#"min_body_rate: 0,"#)
+        .routes(
+            r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/", handler: Proxy(upstream: "app")),"#,
+        )
+        .start();
+    // The uploader's head is read (forkd answers `100 Continue` once it is) and part
+    // of its body; the rest comes later.
+    let mut upload = d.connect();
+    upload
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let body = noise(100_000, 5);
+    upload
+        .write_all(b"POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 100000\r\nExpect: 100-continue\r\n\r\n")
+        .unwrap();
+    let r = read_response(&mut upload, false).expect("an interim response");
+    assert_eq!(r.status, 100, "{}", r.head);
+    upload.write_all(&body[..10_000]).unwrap();
+    // A request admitted beside it: the upload is not in flight.
+    let mut held = Conn::connect(d.port).unwrap();
+    held.send(b"GET /first HTTP/1.1\r\nHost: h\r\n\r\n")
+        .unwrap();
+    gate.wait_arrived(1);
+    // The limit still holds: a second Normal request is shed.
+    let mut shed = Conn::connect(d.port).unwrap();
+    let r = shed
+        .exchange(b"GET /second HTTP/1.1\r\nHost: h\r\n\r\n")
+        .unwrap();
+    assert_eq!(r.status, 503, "{}", r.head);
+    gate.set(true);
+    let r = held.response().unwrap();
+    assert_eq!((r.status, r.body_str().as_str()), (200, "ok /first"));
+    // Once its body is in, the upload goes upstream (and is admitted then).
+    upload.write_all(&body[10_000..]).unwrap();
+    let r = read_response(&mut upload, false).expect("a response");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"ok /upload"[..]));
+    assert_eq!(
+        gate.arrived(),
+        2,
+        "the shed request never reached the upstream"
+    );
 }

@@ -294,8 +294,11 @@ pub struct Proxied {
     /// The upstream switched protocols (101): its socket and the bytes after the
     /// head, for the tunnel the client connection becomes once the 101 is written.
     pub upgraded: Option<(UpstreamSocket, Vec<u8>)>,
-    /// Its place under the upstream group's adaptive limit, given back when dropped.
+    /// Its place under the upstream group's adaptive limit, taken when the request
+    /// goes upstream (not while its body is buffered), given back when dropped.
     pub overload: Option<crate::overload::admission::Ticket>,
+    /// The route's priority, for that admission.
+    pub priority: forkd_shared::config::overload::Priority,
     /// What the exchange waited on the client for at the last look: the rate window
     /// (`Busy::rate`) measures it, and starts again when it changes.
     pub rated: Option<Transfer>,
@@ -369,6 +372,7 @@ impl Proxied {
             http10,
             upgraded: None,
             overload: None,
+            priority: Default::default(),
             rated: None,
             in_flight: None,
             hash_key: None,

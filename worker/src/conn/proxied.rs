@@ -18,6 +18,7 @@ use crate::handlers::Outcome;
 use crate::http::request::{self, Version};
 use crate::http::response::{Persistence, Status};
 use crate::out::Flush;
+use crate::overload::admission::Admission;
 use crate::proxy::response_head::ClientBody;
 use crate::proxy::retry::Failure;
 use crate::proxy::session::Step;
@@ -134,11 +135,25 @@ fn step(
             }
         }
     }
-    // With request buffering no server is chosen (nor a slot of it taken) before
-    // the body is here whole: a slow upload costs the application nothing.
+    // With request buffering no server is chosen (nor a slot of it taken, nor a
+    // place under the adaptive limit) before the body is here whole: a slow upload
+    // costs the application nothing.
     if p.server.is_none() && !p.upstream_done && p.session.ready_to_send() {
         if p.upstream_started_at.is_none() {
-            p.upstream_started_at = Some(svc.clock.precise_us());
+            let now = svc.clock.precise_us();
+            p.upstream_started_at = Some(now);
+            match svc.overload.admit(p.upstream, p.priority, now) {
+                Admission::Admit(ticket) => p.overload = ticket,
+                // Over the upstream's adaptive limit: refused at once, never queued.
+                Admission::Shed => {
+                    let step = Step::Unavailable {
+                        retry_after_secs: 1,
+                    };
+                    if let Some(done) = act(p, c, busy, svc, step) {
+                        return done;
+                    }
+                }
+            }
         }
         let step = next_server(p, c.key, c.peer, svc);
         if let Some(done) = act(p, c, busy, svc, step) {

@@ -133,7 +133,9 @@ fn slow_readers_and_uploaders_do_not_starve_gunicorns_workers() {
             "upstreams: {{ \"app\": (servers: [\"{}\"]) }},",
             g.addr()
         ))
-        .server("max_body_bytes: \"4MiB\", body_timeout: \"120s\", send_timeout: \"120s\",")
+        // The slow clients stall for the whole test: no timeout or minimum rate may
+        // let them go first (`min_*_rate` apply to proxied exchanges too).
+        .server("max_body_bytes: \"4MiB\", body_timeout: \"120s\", send_timeout: \"120s\", min_body_rate: 0, min_send_rate: 0,")
         .routes(
             r#"(prefix: "/healthz", handler: Liveness),
             (prefix: "/", handler: Proxy(upstream: "app")),"#,

@@ -245,6 +245,16 @@ pub struct ClientRequest {
     pub hash_key: u64,
 }
 
+/// What a proxied exchange waits on its client for, when it does (the connection's
+/// rate window, `Busy::rate`, measures that): the request body (wanted, none
+/// buffered) or the response (bytes for the client it has not taken). A client
+/// waiting for the upstream has neither, and is not judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transfer {
+    Body,
+    Response,
+}
+
 /// One client's proxied exchange: the [`Session`] (upstream socket, both bounded
 /// streams, the state machine), which upstream and server it uses, its token, and
 /// the times its deadlines and the logs need. Owned by the client connection's
@@ -300,8 +310,14 @@ pub struct Proxied {
     /// The upstream switched protocols (101): its socket and the bytes after the
     /// head, for the tunnel the client connection becomes once the 101 is written.
     pub upgraded: Option<(UpstreamSocket, Vec<u8>)>,
-    /// Its place under the upstream group's adaptive limit, given back when dropped.
+    /// Its place under the upstream group's adaptive limit, taken when the request
+    /// goes upstream (not while its body is buffered), given back when dropped.
     pub overload: Option<crate::overload::admission::Ticket>,
+    /// The route's priority, for that admission.
+    pub priority: forkd_shared::config::overload::Priority,
+    /// What the exchange waited on the client for at the last look: the rate window
+    /// (`Busy::rate`) measures it, and starts again when it changes.
+    pub rated: Option<Transfer>,
     /// The current attempt, counted in flight in the region while it lasts.
     pub in_flight: Option<crate::stats::InFlight>,
     /// Response buffering: the route asks for it and the response did not refuse it
@@ -370,6 +386,8 @@ impl Proxied {
             http10: client.line.line().http10,
             upgraded: None,
             overload: None,
+            priority: Default::default(),
+            rated: None,
             in_flight: None,
             buffering: false,
             spool: None,

@@ -20,7 +20,6 @@ use crate::http::path::{self, PathError};
 use crate::http::request::{self, BodyKind, Method, Request, RequestError, Version};
 use crate::http::response::{self, Persistence, Status};
 use crate::out::OutQueue;
-use crate::overload::admission::{Admission, Ticket};
 use crate::proxy::response_head::{Redirects, ResponseContext};
 use crate::proxy::session::Session;
 use crate::proxy::upgrade;
@@ -146,20 +145,15 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
         ))),
     };
     if let Some((upstream, upgrade, priority, route)) = proxy_route(svc, server, path, x.peer) {
-        let now = svc.clock.precise_us();
-        return match svc.overload.admit(upstream, priority, now) {
-            Admission::Admit(ticket) => {
-                let to = ProxyTo {
-                    upstream,
-                    upgrade,
-                    ticket,
-                    route,
-                };
-                proxy(x, svc, req, head, server, to)
-            }
-            // Over the upstream's adaptive limit: refused at once, never queued.
-            Admission::Shed => refuse_now(&mut x, svc, req, server, Status::SERVICE_UNAVAILABLE, 1),
+        // Admitted under the upstream's adaptive limit when the request goes
+        // upstream (`conn/proxied.rs`), not now: a body buffered first holds no place.
+        let to = ProxyTo {
+            upstream,
+            upgrade,
+            priority,
+            route,
         };
+        return proxy(x, svc, req, head, server, to);
     }
     if let Some(body) = body {
         if req.expect_continue && refused_from_head(svc, server, req, path, x.peer) {
@@ -348,11 +342,11 @@ const PROXY_BUFFER: usize = 64 * 1024;
 const MAX_UPSTREAM_HEAD: usize = 32 * 1024;
 
 /// Where a proxied request goes: its upstream, whether the route allows an upgrade,
-/// its place under the upstream's adaptive limit and its route.
+/// its priority under the upstream's adaptive limit and its route.
 struct ProxyTo {
     upstream: usize,
     upgrade: bool,
-    ticket: Option<Ticket>,
+    priority: Priority,
     /// The route's index in its server's `routes` (its prefix, shaping, buffering).
     route: usize,
 }
@@ -369,7 +363,7 @@ fn proxy(
     let ProxyTo {
         upstream: upstream_index,
         upgrade: allow_upgrade,
-        ticket,
+        priority,
         route,
     } = to;
     *x.requests = x.requests.saturating_add(1);
@@ -464,7 +458,7 @@ fn proxy(
         client,
         &request_id,
     ));
-    proxied.overload = ticket;
+    proxied.priority = priority;
     // A switched protocol is a tunnel, never held back.
     proxied.buffering = *buffering && protocol.is_none();
     proxied.timeouts = shaping.timeouts;

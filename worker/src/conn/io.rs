@@ -37,6 +37,7 @@ use crate::proxy_protocol::{self, Parsed};
 use crate::services::Services;
 use crate::timers::{Deadline, Micros};
 use crate::tls::{Tls, Transport};
+use crate::upstreams::Transfer;
 use forkd_shared::config::Server;
 use forkd_shared::shm::counters;
 use mio::net::TcpStream;
@@ -862,7 +863,8 @@ impl Conn {
                         self.head_since = now;
                     }
                     busy.in_end += n;
-                    if self.phase == Phase::ReadBody {
+                    // In `Proxy` the client is read only for its body.
+                    if matches!(self.phase, Phase::ReadBody | Phase::Proxy) {
                         busy.rate.bytes += n as u64;
                     }
                     self.progress = now;
@@ -984,9 +986,18 @@ impl Conn {
     }
 
     /// The idle timeout and the minimum rate of the transfer under way (a body or a
-    /// response), if one is.
+    /// response; in `Proxy`, what the exchange waits on the client for), if one is.
     fn transfer_limits(&self, svc: &Services) -> Option<(Duration, u64)> {
         match self.phase {
+            Phase::Proxy => {
+                let p = self.busy.as_ref()?.proxy.as_ref()?;
+                let server = svc.server(p.client_server);
+                let timeout = match p.rated? {
+                    Transfer::Body => server.body_timeout,
+                    Transfer::Response => server.send_timeout,
+                };
+                Some((timeout, proxied::min_rate(p.rated?, server)))
+            }
             Phase::ReadBody => {
                 let s = self.busy.as_ref().and_then(|b| b.body.as_ref());
                 let server = svc.server(s.map_or(usize::from(self.server), |p| p.server));
@@ -1023,8 +1034,9 @@ impl Conn {
             }
         }
         svc.stats.slow_client();
-        let what = match self.phase {
-            Phase::ReadBody => "sent its request body",
+        let rated = self.proxied().and_then(|p| p.rated);
+        let what = match (self.phase, rated) {
+            (Phase::ReadBody, _) | (Phase::Proxy, Some(Transfer::Body)) => "sent its request body",
             _ => "read its response",
         };
         forkd_shared::info!(
@@ -1033,6 +1045,27 @@ impl Conn {
         );
         match self.phase {
             Phase::ReadBody => self.request_timeout(key, svc),
+            Phase::Proxy => self.proxy_too_slow(key, svc),
+            _ => self.abort(),
+        }
+    }
+
+    /// A proxied exchange's client was below its minimum rate: the exchange ends
+    /// (`proxied::too_slow`), with a 408 for a body if nothing of the response was
+    /// sent, else with a reset, as `abort` does.
+    fn proxy_too_slow(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        let Some(busy) = self.busy.as_deref_mut() else {
+            return Verdict::Close;
+        };
+        let Some(mut p) = busy.proxy.take() else {
+            return Verdict::Close;
+        };
+        match proxied::too_slow(&mut p, busy, svc) {
+            Progress::Failed { .. } => {
+                self.phase = Phase::ReadHead;
+                self.start_writing(After::Linger, svc);
+                self.drive(key, svc)
+            }
             _ => self.abort(),
         }
     }
@@ -1053,7 +1086,11 @@ impl Conn {
     }
 
     pub fn on_timeout(&mut self, key: usize, svc: &mut Services) -> Verdict {
-        if let Some((timeout, _)) = self.transfer_limits(svc) {
+        // In `Proxy` the deadline may be the upstream's: `proxy_timeout` tells.
+        if let Some((timeout, _)) = self
+            .transfer_limits(svc)
+            .filter(|_| self.phase != Phase::Proxy)
+        {
             if svc.clock.now_us < self.progress + timeout.as_micros() as Micros {
                 return self.on_rate_period(key, svc);
             }
@@ -1116,6 +1153,12 @@ impl Conn {
             return self.drive(key, svc);
         }
         if client <= now {
+            // Before the idle timeout: a rate period ended.
+            if let Some((timeout, _)) = self.transfer_limits(svc) {
+                if now < self.progress + timeout.as_micros() as Micros {
+                    return self.on_rate_period(key, svc);
+                }
+            }
             forkd_shared::info!("client {} timed out during a proxied exchange", self.peer);
             return Verdict::Close;
         }

@@ -10,13 +10,14 @@
 //! client socket when asked ([`Progress::ReadClient`]).
 
 use super::dispatch;
-pub use super::proxied_deadlines::deadlines;
-use super::proxied_deadlines::note_hold;
+pub use super::proxied_deadlines::{deadlines, min_rate};
+use super::proxied_deadlines::{note_hold, note_transfer};
 use crate::access_log;
-use crate::busy::Busy;
+use crate::busy::{Busy, RateWindow};
 use crate::handlers::Outcome;
 use crate::http::response::{Persistence, Status};
 use crate::out::Flush;
+use crate::overload::admission::Admission;
 use crate::proxy::response_head::ClientBody;
 use crate::proxy::retry::Failure;
 use crate::proxy::session::Step;
@@ -26,7 +27,7 @@ use crate::stats::CellId;
 use crate::timers::Micros;
 use crate::tls::Transport;
 use crate::upstream_health::{self, fail_policy, Choice};
-use crate::upstreams::Proxied;
+use crate::upstreams::{Proxied, Transfer};
 use forkd_shared::shm::upstream_state::{usability, ActiveChecks, DownReason, Usability};
 use std::io::{self, IoSlice, Write};
 use std::net::IpAddr;
@@ -79,6 +80,7 @@ pub fn advance(
 ) -> Progress {
     let progress = step(p, c, busy, svc, budget);
     note_hold(p, busy, svc.clock.now_us);
+    note_transfer(p, busy, svc.clock.now_us);
     progress
 }
 
@@ -134,11 +136,25 @@ fn step(
             }
         }
     }
-    // With request buffering no server is chosen (nor a slot of it taken) before
-    // the body is here whole: a slow upload costs the application nothing.
+    // With request buffering no server is chosen (nor a slot of it taken, nor a
+    // place under the adaptive limit) before the body is here whole: a slow upload
+    // costs the application nothing.
     if p.server.is_none() && !p.upstream_done && p.session.ready_to_send() {
         if p.upstream_started_at.is_none() {
-            p.upstream_started_at = Some(svc.clock.precise_us());
+            let now = svc.clock.precise_us();
+            p.upstream_started_at = Some(now);
+            match svc.overload.admit(p.upstream, p.priority, now) {
+                Admission::Admit(ticket) => p.overload = ticket,
+                // Over the upstream's adaptive limit: refused at once, never queued.
+                Admission::Shed => {
+                    let step = Step::Unavailable {
+                        retry_after_secs: 1,
+                    };
+                    if let Some(done) = act(p, c, busy, svc, step) {
+                        return done;
+                    }
+                }
+            }
         }
         let step = next_server(p, c.key, svc);
         if let Some(done) = act(p, c, busy, svc, step) {
@@ -168,7 +184,7 @@ fn step(
             return Progress::Again;
         }
     }
-    if let Some(progress) = write_client(p, c, svc, budget) {
+    if let Some(progress) = write_client(p, c, svc, budget, &mut busy.rate) {
         return progress;
     }
     if p.truncated {
@@ -207,6 +223,7 @@ fn write_client(
     c: &mut Client,
     svc: &mut Services,
     budget: &mut u64,
+    rate: &mut RateWindow,
 ) -> Option<Progress> {
     let mut blocked = false;
     if let Some(spool) = p.spool.as_mut().filter(|s| !s.is_empty()) {
@@ -217,7 +234,7 @@ fn write_client(
             Ok(w) => {
                 blocked = w.blocked;
                 if w.n > 0 {
-                    wrote(p, c, svc, budget, w.n);
+                    wrote(p, c, svc, budget, rate, w.n);
                 }
             }
             Err(_) => return Some(Progress::Close),
@@ -252,7 +269,7 @@ fn write_client(
             Ok(0) => return Some(Progress::Close),
             Ok(n) => {
                 p.session.client_wrote(n);
-                wrote(p, c, svc, budget, n);
+                wrote(p, c, svc, budget, rate, n);
                 return Some(Progress::Again);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => blocked = true,
@@ -285,9 +302,17 @@ fn write_client(
 /// Response bytes the client took buffered for it in memory before a temporary file.
 const SPOOL_MEMORY: usize = 64 * 1024;
 
-/// `n` bytes reached the client.
-fn wrote(p: &mut Proxied, c: &mut Client, svc: &Services, budget: &mut u64, n: usize) {
+/// `n` bytes reached the client (counted in its rate window: `min_send_rate`).
+fn wrote(
+    p: &mut Proxied,
+    c: &mut Client,
+    svc: &Services,
+    budget: &mut u64,
+    rate: &mut RateWindow,
+    n: usize,
+) {
     p.sent += n as u64;
+    rate.bytes += n as u64;
     *budget = budget.saturating_sub(n as u64);
     *c.progress = svc.clock.now_us;
     svc.stats.bytes_out(n as u64);
@@ -644,6 +669,27 @@ pub fn abandon(p: &mut Proxied, peer: IpAddr, svc: &mut Services) -> Progress {
     p.upstream_done = true;
     let latency = svc.clock.precise_us().saturating_sub(p.started);
     log_line(p, svc, 499, latency);
+    Progress::Close
+}
+
+/// The client moved what forkd waited on it for (`Proxied::rated`) below its
+/// server's minimum rate (`io.rs` judged the period): the exchange ends here, its
+/// upstream connection closed, never pooled (with request buffering still under
+/// way, none was ever opened). A body with nothing of the response sent yet is
+/// answered 408, as nginx answers a slow body, and the connection then closes
+/// (`Failed`); otherwise the response is counted and logged as what it was, and the
+/// caller resets the connection (`Close`).
+pub fn too_slow(p: &mut Proxied, busy: &mut Busy, svc: &mut Services) -> Progress {
+    forget_token(p, svc);
+    p.session.abandon();
+    p.upstream_done = true;
+    p.overload = None;
+    p.in_flight = None;
+    if p.rated == Some(Transfer::Body) && p.sent == 0 {
+        busy.discard_input(); // the rest of the body, unread
+        return fail(p, busy, svc, Status::REQUEST_TIMEOUT, false, &[]);
+    }
+    account(p, svc);
     Progress::Close
 }
 

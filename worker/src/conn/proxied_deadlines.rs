@@ -1,13 +1,15 @@
 //! The deadlines of a proxied exchange: the upstream's (the exchange state's
 //! timeout, held while forkd waits on the client, its clock restarted when such a
-//! hold ends) and the client's. [`note_hold`] runs after each `proxied::advance`;
-//! [`deadlines`] when the connection arms its one deadline or finds it passed.
+//! hold ends) and the client's (its idle timeout, and the end of its rate period
+//! while forkd waits on it: `min_body_rate` / `min_send_rate`). [`note_hold`] and
+//! [`note_transfer`] run after each `proxied::advance`; [`deadlines`] when the
+//! connection arms its one deadline or finds it passed.
 
-use crate::busy::Busy;
+use crate::busy::{Busy, RateWindow};
 use crate::proxy::exchange::{State, Timeout};
 use crate::services::Services;
 use crate::timers::Micros;
-use crate::upstreams::Proxied;
+use crate::upstreams::{Proxied, Transfer};
 
 /// Whether the exchange waits on the client now: writing the response to it (bytes
 /// the session holds that it has not taken: the upstream is held back by it; bytes
@@ -17,6 +19,44 @@ fn client_waits(p: &Proxied, busy: &Busy) -> (bool, bool) {
     let writing = !busy.out.is_empty() || !p.session.client_output().is_empty();
     let waiting_body = p.session.wants_client_body() && !busy.has_input();
     (writing, waiting_body)
+}
+
+/// What the exchange waits on the client for now, if anything: the response first
+/// (its bytes are there, whoever holds them: the output queue, the session, the
+/// spool), then the body, once the client was told to send it (a client that asked
+/// `Expect: 100-continue` waits for the `100 Continue`, which a streamed request
+/// sends only when its upstream connection is up). Neither: the client waits for
+/// forkd or the upstream.
+fn client_transfer(p: &Proxied, busy: &Busy) -> Option<Transfer> {
+    let (writing, waiting_body) = client_waits(p, busy);
+    let spooled = p.spool.as_ref().is_some_and(|s| !s.is_empty());
+    if writing || spooled {
+        Some(Transfer::Response)
+    } else if waiting_body && !p.expect_continue {
+        Some(Transfer::Body)
+    } else {
+        None
+    }
+}
+
+/// Notes, after each `proxied::advance`, what the exchange waits on the client for:
+/// when that changes, the connection's rate window starts again, so a period that
+/// began while the client waited for the upstream (or moved the other way) is not
+/// held against it.
+pub(super) fn note_transfer(p: &mut Proxied, busy: &mut Busy, now: Micros) {
+    let transfer = client_transfer(p, busy);
+    if transfer != p.rated {
+        p.rated = transfer;
+        busy.rate = RateWindow::starting(now);
+    }
+}
+
+/// The minimum rate of `transfer` on `server` (0: none).
+pub fn min_rate(transfer: Transfer, server: &forkd_shared::config::Server) -> u64 {
+    match transfer {
+        Transfer::Body => server.min_body_rate,
+        Transfer::Response => server.min_send_rate,
+    }
 }
 
 /// Whether the upstream's deadline is held in `state`: the exchange waits on the
@@ -105,6 +145,12 @@ pub fn deadlines(
         client_progress + us(server.body_timeout)
     } else {
         Micros::MAX
+    };
+    // A client forkd waits on is judged at the end of each rate period.
+    let grace = us(server.min_rate_grace);
+    let client = match p.rated {
+        Some(t) if min_rate(t, server) > 0 => client.min(busy.rate.since + grace),
+        _ => client,
     };
     let state = &p.session.exchange().state;
     let clock = UpstreamClock {

@@ -16,7 +16,13 @@
       A fast client (pinned to CPU 1) GETs /big?mb=N through the proxy and reads it
       whole; the proxy worker's time on the CPU (/proc/PID/schedstat, in ns; the
       utime+stime of /proc/PID/stat beside it as a check) before and after, per MiB.
-      Prints one JSON object.
+      Prints one JSON object. With --spooled (case `cpu-spooled`): the client sends
+      the request and reads nothing until the worker has read the response into its
+      temporary file (its open temporary files and its CPU time stopped growing for
+      0.5 s; at most 120 s), then reads it whole at full speed; the CPU time is from
+      before the request to the last byte. Per round it records the bytes in the
+      worker's open temporary files when the read began and, with --forkd BIN
+      --forkd-config FILE, how much forkd's `temp_file_bytes` total grew.
   load.py settle --port P
       Waits (at most 60 s) until the application answers /tiny 5 times in a row
       within 0.5 s each: no worker is still held by the previous scenario.
@@ -30,6 +36,8 @@ import argparse
 import json
 import os
 import socket
+import stat
+import subprocess
 import sys
 import threading
 import time
@@ -342,7 +350,84 @@ def proc_cpu_ns(pid):
         return int(f.read().split()[0])
 
 
+def read_big(s, buf, want, server):
+    """Reads the response to GET /big on s whole (head, then `want` body bytes) at full
+    speed; exits if it is not a 200 of exactly `want` bytes."""
+    got, head = 0, b""
+    view = memoryview(buf)
+    while True:
+        n = s.recv_into(view)
+        if not n:
+            break
+        if head is not None:
+            head += bytes(view[:n])
+            if b"\r\n\r\n" not in head:
+                continue
+            h, _, rest = head.partition(b"\r\n\r\n")
+            if not h.startswith(b"HTTP/1.1 200"):
+                sys.exit(f"cpu: {server} answered {h[:40]!r}")
+            got, head = len(rest), None
+        else:
+            got += n
+        if got >= want:
+            break
+    if got != want:
+        sys.exit(f"cpu: {server} sent {got} body bytes, not {want}")
+
+
+def temp_file_bytes_open(pid):
+    """The size of the regular files without a name PID holds open (its temporary
+    files: forkd's O_TMPFILE ones, nginx's proxy_temp files it unlinks once made), as
+    /proc/PID/fd shows them ("... (deleted)")."""
+    total = 0
+    fd_dir = f"/proc/{pid}/fd"
+    for fd in os.listdir(fd_dir):
+        try:
+            target = os.readlink(f"{fd_dir}/{fd}")
+            if not target.endswith(" (deleted)"):
+                continue
+            st = os.stat(f"{fd_dir}/{fd}")
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_size
+    return total
+
+
+def forkd_temp_file_bytes(forkd, config):
+    """forkd's `temp_file_bytes` total (`forkd stats -c CONFIG --json`)."""
+    out = subprocess.run(
+        [forkd, "stats", "-c", config, "--json"], capture_output=True, check=True, timeout=30
+    )
+    return json.loads(out.stdout)["totals"]["temp_file_bytes"]
+
+
+def wait_spooled(a, want, deadline_s=120, quiet_s=0.5):
+    """Until the proxy has read the whole response into its temporary file while the
+    client reads nothing: its open temporary files have stopped growing and its
+    worker's CPU time too (less than 1 ms in quiet_s), both for quiet_s, with at least
+    half the body in the files (what the sockets hold, a few MiB, is the rest).
+    Bounded: exits after deadline_s. Returns (seconds waited, temp file bytes)."""
+    t0 = time.monotonic()
+    last_change = t0
+    cpu, size = proc_cpu_ns(a.pid), temp_file_bytes_open(a.pid)
+    while True:
+        time.sleep(0.05)
+        now = time.monotonic()
+        c, z = proc_cpu_ns(a.pid), temp_file_bytes_open(a.pid)
+        if z != size or c - cpu > 1_000_000:
+            cpu, size, last_change = c, z, now
+        elif now - last_change >= quiet_s and size >= want // 2:
+            return now - t0, size
+        if now - t0 > deadline_s:
+            sys.exit(
+                f"cpu-spooled: {a.server} had {size} bytes in temporary files after "
+                f"{deadline_s} s (want most of {want}): it did not spool the response"
+            )
+
+
 def cpu(a):
+    """The `cpu` and `cpu-spooled` cases (a.spooled)."""
     try:
         os.sched_setaffinity(0, {1})
     except OSError:
@@ -350,47 +435,41 @@ def cpu(a):
     request = f"GET /big?mb={a.mb} HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n"
     want = a.mb << 20
     buf = bytearray(1 << 20)
-    per_mib, ticks_per_mib = [], []
+    per_mib, ticks_per_mib, spool = [], [], []
     for _ in range(a.rounds):
+        stats_before = forkd_temp_file_bytes(a.forkd, a.forkd_config) if a.forkd else None
         before, ticks_before = proc_cpu_ns(a.pid), proc_ticks(a.pid)
         s = socket.create_connection((HOST, a.port), timeout=30)
         s.sendall(request.encode())
-        got, head = 0, b""
-        view = memoryview(buf)
-        while True:
-            n = s.recv_into(view)
-            if not n:
-                break
-            if head is not None:
-                head += bytes(view[:n])
-                if b"\r\n\r\n" not in head:
-                    continue
-                h, _, rest = head.partition(b"\r\n\r\n")
-                if not h.startswith(b"HTTP/1.1 200"):
-                    sys.exit(f"cpu: {a.server} answered {h[:40]!r}")
-                got, head = len(rest), None
-            else:
-                got += n
-            if got >= want:
-                break
+        if a.spooled:
+            # Reading nothing: the receive buffer stays at its initial size (no
+            # SO_RCVBUF, so autotuning is left to the read below, as in `cpu`), the
+            # proxy's send buffer fills, and the rest must go to its temporary file.
+            waited, in_files = wait_spooled(a, want)
+        read_big(s, buf, want, a.server)
         s.close()
-        if got != want:
-            sys.exit(f"cpu: {a.server} sent {got} body bytes, not {want}")
         per_mib.append((proc_cpu_ns(a.pid) - before) / 1e3 / a.mb)
         ticks_per_mib.append((proc_ticks(a.pid) - ticks_before) / TICK * 1e6 / a.mb)
+        if a.spooled:
+            round_ = {"waited_s": round(waited, 2), "temp_file_bytes_open": in_files}
+            if a.forkd:
+                round_["forkd_temp_file_bytes"] = (
+                    forkd_temp_file_bytes(a.forkd, a.forkd_config) - stats_before
+                )
+            spool.append(round_)
+            print(f"{a.server}: {round_}", file=sys.stderr)
     per_mib.sort()
-    print(
-        json.dumps(
-            {
-                "server": a.server,
-                "case": "cpu",
-                "mb": a.mb,
-                "us_per_mib": per_mib,
-                "stat_ticks_us_per_mib_mean": sum(ticks_per_mib) / len(ticks_per_mib),
-                "median_us_per_mib": per_mib[len(per_mib) // 2],
-            }
-        )
-    )
+    record = {
+        "server": a.server,
+        "case": "cpu-spooled" if a.spooled else "cpu",
+        "mb": a.mb,
+        "us_per_mib": per_mib,
+        "stat_ticks_us_per_mib_mean": sum(ticks_per_mib) / len(ticks_per_mib),
+        "median_us_per_mib": per_mib[len(per_mib) // 2],
+    }
+    if a.spooled:
+        record["spool"] = spool
+    print(json.dumps(record))
 
 
 def settle(a):
@@ -427,7 +506,7 @@ def client_tables(runs, servers, cases, a):
         "readers": "beside {n} slow readers of /big?mb={mb}",
         "uploaders": "beside {n} slow uploaders of {kb} KB",
     }
-    first = next(r for r in runs.values() if r["case"] != "cpu")
+    first = next(r for r in runs.values() if r["case"] in names)
     out = []
     out.append(
         f"Normal client: GET /tiny one after another, {first.get('rate', 0) or 'back to back'}"
@@ -497,6 +576,76 @@ def merge_cpu(records):
     return out
 
 
+def cpu_tables(rows, case):
+    """The CPU-per-MiB tables of case `cpu` or `cpu-spooled`."""
+    out = []
+    cpu_rows = merge_cpu([r for r in rows if r["case"] == case])
+    if not cpu_rows:
+        return out
+    f, n = cpu_rows.get("forkd"), cpu_rows.get("nginx")
+    mb = next(iter(cpu_rows.values()))["mb"]
+    r = ratio(f and f["median_us_per_mib"], n and n["median_us_per_mib"])
+    what = (
+        "fast client"
+        if case == "cpu"
+        else "the client reads nothing until the proxy has the response in its temporary "
+        "file, then everything at full speed; from before the request to the last byte"
+    )
+    out.append(
+        f"Proxy worker CPU per MiB of a {mb} MiB response, case `{case}` ({what}; median of "
+        f"{len(next(iter(cpu_rows.values()))['us_per_mib'])}, time on the CPU from "
+        f"/proc/PID/schedstat; target forkd / nginx ≤ 0.7):\n"
+    )
+    out.append("| forkd µs/MiB | nginx µs/MiB | forkd / nginx | met | utime+stime mean: forkd, nginx |")
+    out.append("|---|---|---|---|---|")
+    out.append(
+        f"| {fmt(f and f['median_us_per_mib'])} | {fmt(n and n['median_us_per_mib'])} | "
+        f"{fmt(r)} | {'-' if r is None else ('yes' if r <= 0.7 else 'NO')} | "
+        f"{fmt(f and f['stat_ticks_us_per_mib_mean'])}, "
+        f"{fmt(n and n['stat_ticks_us_per_mib_mean'])} |"
+    )
+    out.append("")
+    others = [x for x in ("forkd-b", "relay-copy", "relay-splice") if x in cpu_rows]
+    if others or case == "cpu-spooled":
+        out.append(
+            "Each server's rounds (forkd-b: FORKD_B_BIN; relay-copy / relay-splice: "
+            "bench/app-shield/relay.py moving the bytes with recv/send or splice):\n"
+        )
+        out.append("| server | µs/MiB, each round (sorted) | median | / nginx | / forkd |")
+        out.append("|---|---|---|---|---|")
+        for name in ("forkd", "forkd-b", "nginx", "relay-copy", "relay-splice"):
+            row = cpu_rows.get(name)
+            if not row:
+                continue
+            m = row["median_us_per_mib"]
+            out.append(
+                f"| {name} | {', '.join(f'{v:.0f}' for v in row['us_per_mib'])} | "
+                f"{fmt(m)} | {fmt(ratio(m, n and n['median_us_per_mib']))} | "
+                f"{fmt(ratio(m, f and f['median_us_per_mib']))} |"
+            )
+        out.append("")
+    if case == "cpu-spooled":
+        out.append(
+            "Did it spool? Per round: the bytes in the worker's open temporary files (files "
+            "without a name in /proc/PID/fd) when the client started reading, and forkd's "
+            "`temp_file_bytes` total (`forkd stats --json`) grown over the round:\n"
+        )
+        out.append("| server | temporary files when the read began, MiB | forkd temp_file_bytes grown, MiB | waited s |")
+        out.append("|---|---|---|---|")
+        mib = 1 << 20
+        for r in rows:
+            if r["case"] != case:
+                continue
+            for sp in r.get("spool", []):
+                grown = sp.get("forkd_temp_file_bytes")
+                out.append(
+                    f"| {r['server']} | {sp['temp_file_bytes_open'] / mib:.1f} | "
+                    f"{'-' if grown is None else f'{grown / mib:.1f}'} | {sp['waited_s']} |"
+                )
+        out.append("")
+    return out
+
+
 def report(a):
     rows = [json.loads(line) for line in open(a.file) if line.strip()]
     runs = {(r["server"], r["case"]): r for r in rows}
@@ -505,44 +654,8 @@ def report(a):
     out = []
     if cases:
         out.extend(client_tables(runs, servers, cases, a))
-    cpu_rows = merge_cpu([r for r in rows if r["case"] == "cpu"])
-    if cpu_rows:
-        f, n = cpu_rows.get("forkd"), cpu_rows.get("nginx")
-        mb = next(iter(cpu_rows.values()))["mb"]
-        r = ratio(f and f["median_us_per_mib"], n and n["median_us_per_mib"])
-        out.append(
-            f"Proxy worker CPU per MiB of a {mb} MiB response (fast client; median of "
-            f"{len(next(iter(cpu_rows.values()))['us_per_mib'])}, time on the CPU from "
-            f"/proc/PID/schedstat; target forkd / nginx ≤ 0.7):\n"
-        )
-        out.append("| forkd µs/MiB | nginx µs/MiB | forkd / nginx | met | utime+stime mean: forkd, nginx |")
-        out.append("|---|---|---|---|---|")
-        out.append(
-            f"| {fmt(f and f['median_us_per_mib'])} | {fmt(n and n['median_us_per_mib'])} | "
-            f"{fmt(r)} | {'-' if r is None else ('yes' if r <= 0.7 else 'NO')} | "
-            f"{fmt(f and f['stat_ticks_us_per_mib_mean'])}, "
-            f"{fmt(n and n['stat_ticks_us_per_mib_mean'])} |"
-        )
-        out.append("")
-        others = [x for x in ("forkd-b", "relay-copy", "relay-splice") if x in cpu_rows]
-        if others:
-            out.append(
-                "Each server's rounds (forkd-b: FORKD_B_BIN; relay-copy / relay-splice: "
-                "bench/app-shield/relay.py moving the bytes with recv/send or splice):\n"
-            )
-            out.append("| server | µs/MiB, each round (sorted) | median | / nginx | / forkd |")
-            out.append("|---|---|---|---|---|")
-            for name in ("forkd", "forkd-b", "nginx", "relay-copy", "relay-splice"):
-                row = cpu_rows.get(name)
-                if not row:
-                    continue
-                m = row["median_us_per_mib"]
-                out.append(
-                    f"| {name} | {', '.join(f'{v:.0f}' for v in row['us_per_mib'])} | "
-                    f"{fmt(m)} | {fmt(ratio(m, n and n['median_us_per_mib']))} | "
-                    f"{fmt(ratio(m, f and f['median_us_per_mib']))} |"
-                )
-            out.append("")
+    for case in ("cpu", "cpu-spooled"):
+        out.extend(cpu_tables(rows, case))
     readers = [runs.get((s, "readers")) for s in servers]
     if any(readers):
         out.append(
@@ -562,7 +675,7 @@ def report(a):
         out.append("")
     notes = []
     for (s, c), r in sorted(runs.items()):
-        if c == "cpu":
+        if c.startswith("cpu"):
             continue
         if r.get("reasons"):
             notes.append(f"- {s} {c}: normal client failures: {r['reasons']}")
@@ -600,6 +713,9 @@ def main():
     cp.add_argument("--pid", type=int, required=True)
     cp.add_argument("--mb", type=int, default=100)
     cp.add_argument("--rounds", type=int, default=5)
+    cp.add_argument("--spooled", action="store_true")
+    cp.add_argument("--forkd", help="forkd binary: count temp_file_bytes per round (spooled)")
+    cp.add_argument("--forkd-config")
     st = sub.add_parser("settle")
     st.add_argument("--port", type=int, required=True)
     rp = sub.add_parser("report")

@@ -453,9 +453,16 @@ def cpu(a):
         if a.spooled:
             round_ = {"waited_s": round(waited, 2), "temp_file_bytes_open": in_files}
             if a.forkd:
-                round_["forkd_temp_file_bytes"] = (
-                    forkd_temp_file_bytes(a.forkd, a.forkd_config) - stats_before
-                )
+                # The worker adds its temporary files' counts to the stats region when
+                # an exchange is accounted and once per clock tick, so the total lags:
+                # give it 5 s to show at least what the files held.
+                deadline = time.monotonic() + 5
+                while True:
+                    grown = forkd_temp_file_bytes(a.forkd, a.forkd_config) - stats_before
+                    if grown >= in_files or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.2)
+                round_["forkd_temp_file_bytes"] = grown
             spool.append(round_)
             print(f"{a.server}: {round_}", file=sys.stderr)
     per_mib.sort()

@@ -446,12 +446,19 @@ def cpu(a):
             # SO_RCVBUF, so autotuning is left to the read below, as in `cpu`), the
             # proxy's send buffer fills, and the rest must go to its temporary file.
             waited, in_files = wait_spooled(a, want)
+            spooling_ns = proc_cpu_ns(a.pid) - before
         read_big(s, buf, want, a.server)
         s.close()
         per_mib.append((proc_cpu_ns(a.pid) - before) / 1e3 / a.mb)
         ticks_per_mib.append((proc_ticks(a.pid) - ticks_before) / TICK * 1e6 / a.mb)
         if a.spooled:
-            round_ = {"waited_s": round(waited, 2), "temp_file_bytes_open": in_files}
+            round_ = {
+                "waited_s": round(waited, 2),
+                "temp_file_bytes_open": in_files,
+                # The worker's CPU until the client began to read (upstream → file),
+                # per MiB of the response; the rest of us_per_mib is file → client.
+                "spooling_us_per_mib": round(spooling_ns / 1e3 / a.mb, 1),
+            }
             if a.forkd:
                 # The worker adds its temporary files' counts to the stats region when
                 # an exchange is accounted and once per clock tick, so the total lags:
@@ -637,8 +644,11 @@ def cpu_tables(rows, case):
             "without a name in /proc/PID/fd) when the client started reading, and forkd's "
             "`temp_file_bytes` total (`forkd stats --json`) grown over the round:\n"
         )
-        out.append("| server | temporary files when the read began, MiB | forkd temp_file_bytes grown, MiB | waited s |")
-        out.append("|---|---|---|---|")
+        out.append(
+            "| server | temporary files when the read began, MiB | forkd temp_file_bytes "
+            "grown, MiB | waited s | CPU until the read began, µs/MiB |"
+        )
+        out.append("|---|---|---|---|---|")
         mib = 1 << 20
         for r in rows:
             if r["case"] != case:
@@ -647,7 +657,8 @@ def cpu_tables(rows, case):
                 grown = sp.get("forkd_temp_file_bytes")
                 out.append(
                     f"| {r['server']} | {sp['temp_file_bytes_open'] / mib:.1f} | "
-                    f"{'-' if grown is None else f'{grown / mib:.1f}'} | {sp['waited_s']} |"
+                    f"{'-' if grown is None else f'{grown / mib:.1f}'} | {sp['waited_s']} | "
+                    f"{sp.get('spooling_us_per_mib', '-')} |"
                 )
         out.append("")
     return out

@@ -1,7 +1,8 @@
 /* bench/lib/loopback.h — what the benchmarks' small C servers share: dying with the
  * reason, and a non-blocking listener on 127.0.0.1. Included by
- * bench/proxy/upstream.c and bench/overload/upstream.c (each built alone with
- * `cc -O2`, so everything here is static). */
+ * bench/proxy/upstream.c, bench/proxy/floor.c and bench/overload/upstream.c (each
+ * built alone with `cc -O2`, so everything here is static; the functions a program
+ * may not use are inline, so it builds without -Wunused-function warnings). */
 #ifndef FORKD_BENCH_LOOPBACK_H
 #define FORKD_BENCH_LOOPBACK_H
 
@@ -20,7 +21,7 @@ static void die(const char *what) {
 
 /* A non-blocking TCP listener on 127.0.0.1:PORT (a decimal string), SO_REUSEADDR,
  * with a deep backlog; exits on failure. */
-static int loopback_listener(const char *port) {
+static inline int loopback_listener(const char *port) {
     int ls = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
     if (ls < 0)
         die("socket");
@@ -38,7 +39,7 @@ static int loopback_listener(const char *port) {
 /* The next connection waiting on listener LS, non-blocking and with TCP_NODELAY; -1
  * once none waits. A descriptor at or above LIMIT (the caller's table size) is
  * closed and skipped. */
-static int accept_nodelay(int ls, int limit) {
+static inline int accept_nodelay(int ls, int limit) {
     for (;;) {
         int fd = accept4(ls, NULL, NULL, SOCK_NONBLOCK);
         if (fd < 0)

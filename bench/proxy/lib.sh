@@ -1,6 +1,7 @@
 # bench/proxy/lib.sh — what bench/proxy/run and bench/proxy/stale-race share:
 # settings, cleanup, installing tools, the canned upstream, and starting forkd, nginx
-# and HAProxy as reverse proxies in front of it. Sourced, not run.
+# and HAProxy as reverse proxies in front of it, and the proxy floor (floor.c, #23).
+# Sourced, not run.
 # shellcheck shell=bash
 
 readonly SERVER_CPU=0
@@ -65,7 +66,8 @@ has_server() { [[ " $SERVERS " == *" $1 "* ]]; }
 check_args() {
     local s
     for s in $SERVERS; do
-        [[ $s == forkd || $s == nginx || $s == haproxy ]] || die "unknown server '$s' in SERVERS"
+        [[ $s == forkd || $s == nginx || $s == haproxy || $s == floor ]] \
+            || die "unknown server '$s' in SERVERS"
     done
 }
 
@@ -204,6 +206,17 @@ start_haproxy() {
         >"$TMP/haproxy-stdout.log" 2>&1 &
     MASTER[haproxy]=$!
     wait_ready haproxy "$!" 0
+}
+
+# The proxy floor (bench/proxy/floor.c): one process, pinned like the proxies; the pid
+# we start is the one whose CPU time is measured.
+start_floor() {
+    cc -O2 -Wall -Wextra -o "$TMP/floor" "$HERE/floor.c" || die "bench/proxy/floor.c failed to build"
+    PORT[floor]=$(free_port)
+    (trap - INT QUIT; exec taskset -c "$SERVER_CPU" "$TMP/floor" "${PORT[floor]}" "$UPSTREAM_PORT") \
+        >"$TMP/floor-stdout.log" 2>&1 &
+    MASTER[floor]=$!
+    wait_ready floor "$!" 0
 }
 
 start_forkd() {

@@ -56,20 +56,15 @@ pub struct ResponseContext {
 /// What a redirect naming the upstream is rewritten to, for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Redirects {
-    /// `scheme://host[:port]` as the client reached forkd: what replaces a matching
-    /// scheme and authority.
-    origin: Vec<u8>,
-    /// The authorities that name the upstream, each followed by a space.
-    upstream: Vec<u8>,
-    paths: Option<PathMap>,
-}
-
-/// The upstream path's literal start (the route's `path` before a final `{path}`)
-/// and the route's prefix, which takes its place.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct PathMap {
-    from: Box<[u8]>,
-    to: Box<[u8]>,
+    /// `scheme://host[:port]` as the client reached forkd (what replaces a matching
+    /// scheme and authority), the authorities that name the upstream (each followed
+    /// by a space), then the upstream path's literal start and the route prefix that
+    /// takes its place: one allocation per exchange, moved from attempt to attempt.
+    buf: Box<[u8]>,
+    origin_end: usize,
+    names_end: usize,
+    /// Where the path map's `from` ends and `to` begins; None: no path map.
+    from_end: Option<usize>,
 }
 
 impl Redirects {
@@ -80,25 +75,48 @@ impl Redirects {
     pub fn new<'a>(
         https: bool,
         client_host: &[u8],
-        upstream: impl IntoIterator<Item = &'a [u8]>,
+        upstream: impl IntoIterator<Item = &'a [u8]> + Clone,
         paths: Option<(&[u8], &[u8])>,
     ) -> Redirects {
-        let mut origin = Vec::with_capacity(client_host.len() + 8);
-        origin.extend_from_slice(if https { b"https://" } else { b"http://" });
-        origin.extend_from_slice(client_host);
-        let mut names = Vec::new();
+        let scheme: &[u8] = if https { b"https://" } else { b"http://" };
+        let names: usize = upstream.clone().into_iter().map(|n| n.len() + 1).sum();
+        let path_len = paths.map_or(0, |(from, to)| from.len() + to.len());
+        // Exactly sized: `into_boxed_slice` keeps the one allocation.
+        let mut buf = Vec::with_capacity(scheme.len() + client_host.len() + names + path_len);
+        buf.extend_from_slice(scheme);
+        buf.extend_from_slice(client_host);
+        let origin_end = buf.len();
         for name in upstream {
-            names.extend_from_slice(name);
-            names.push(b' ');
+            buf.extend_from_slice(name);
+            buf.push(b' ');
         }
+        let names_end = buf.len();
+        let from_end = paths.map(|(from, to)| {
+            buf.extend_from_slice(from);
+            let end = buf.len();
+            buf.extend_from_slice(to);
+            end
+        });
         Redirects {
-            origin,
-            upstream: names,
-            paths: paths.map(|(from, to)| PathMap {
-                from: Box::from(from),
-                to: Box::from(to),
-            }),
+            buf: buf.into_boxed_slice(),
+            origin_end,
+            names_end,
+            from_end,
         }
+    }
+
+    fn origin(&self) -> &[u8] {
+        &self.buf[..self.origin_end]
+    }
+
+    fn upstream(&self) -> &[u8] {
+        &self.buf[self.origin_end..self.names_end]
+    }
+
+    /// The path map: the upstream path's literal start and the prefix for it.
+    fn paths(&self) -> Option<(&[u8], &[u8])> {
+        self.from_end
+            .map(|end| (&self.buf[self.names_end..end], &self.buf[end..]))
     }
 
     /// `url` rewritten for the client when it names the upstream; None otherwise.
@@ -115,7 +133,7 @@ impl Redirects {
             .unwrap_or(rest.len());
         let authority = without_suffix(&rest[..end], b":80");
         let names = self
-            .upstream
+            .upstream()
             .split(|&b| b == b' ')
             .filter(|n| !n.is_empty());
         if !names
@@ -125,10 +143,10 @@ impl Redirects {
             return None;
         }
         let mut tail = &rest[end..];
-        let mut out = Vec::with_capacity(self.origin.len() + tail.len());
-        out.extend_from_slice(&self.origin);
-        if let Some(PathMap { from, to }) = &self.paths {
-            if let Some(after) = tail.strip_prefix(&from[..]) {
+        let mut out = Vec::with_capacity(self.origin().len() + tail.len());
+        out.extend_from_slice(self.origin());
+        if let Some((from, to)) = self.paths() {
+            if let Some(after) = tail.strip_prefix(from) {
                 out.extend_from_slice(to);
                 tail = after;
             }

@@ -20,7 +20,6 @@ use super::stream::{RequestStream, ResponseStream, StreamError};
 use super::upstream_request::Framing;
 use std::cell::RefCell;
 use std::io::{self, IoSlice, Read, Write};
-use std::rc::Rc;
 
 /// Upstream bytes read at once.
 const READ_CHUNK: usize = 16 * 1024;
@@ -81,8 +80,6 @@ pub struct Session {
     response: ResponseStream,
     /// The response context without the per-connection request count.
     context: ResponseContext,
-    /// How `Location` and `Refresh` naming the upstream are rewritten, every attempt.
-    redirects: Option<Rc<Redirects>>,
     capacity: usize,
     socket: Option<UpstreamSocket>,
     connecting: bool,
@@ -130,7 +127,6 @@ impl Session {
             request: RequestStream::new(head, framing, capacity),
             response: ResponseStream::new(context, capacity),
             context,
-            redirects: None,
             capacity,
             socket: None,
             connecting: false,
@@ -154,6 +150,8 @@ impl Session {
         self.exchange.hold_whole_copy(self.request.held_whole());
         self.connecting = pooled.is_none();
         self.conn_requests = pooled.unwrap_or(0) + 1;
+        // The redirect rewriting moves on to the attempt's new stream (no copy).
+        let redirects = self.response.take_redirects();
         self.response = ResponseStream::new(
             ResponseContext {
                 upstream_requests: self.conn_requests,
@@ -161,7 +159,7 @@ impl Session {
             },
             self.capacity,
         );
-        self.response.rewrite_redirects(self.redirects.clone());
+        self.response.rewrite_redirects(redirects);
         self.inbox_end = 0;
         self.inbox_at = 0;
         self.readable = false;
@@ -202,9 +200,7 @@ impl Session {
     /// Rewrites a `Location` or `Refresh` naming the upstream in every attempt's
     /// final head (`response_head::Redirects`).
     pub fn rewrite_redirects(&mut self, redirects: Redirects) {
-        let redirects = Some(Rc::new(redirects));
-        self.response.rewrite_redirects(redirects.clone());
-        self.redirects = redirects;
+        self.response.rewrite_redirects(Some(redirects));
     }
 
     /// A connect attempt failed before there was a socket (`connect` itself failed).

@@ -22,7 +22,6 @@ use super::response_head::{
 };
 use super::upstream_request::Framing;
 use crate::spool::{Spool, Written};
-use std::rc::Rc;
 
 /// The request on its way upstream.
 #[derive(Debug)]
@@ -309,7 +308,7 @@ pub struct ResponseStream {
     #[cfg(test)]
     parses: usize,
     /// How a final head's `Location` and `Refresh` naming the upstream are rewritten.
-    redirects: Option<Rc<Redirects>>,
+    redirects: Option<Redirects>,
 }
 
 impl ResponseStream {
@@ -331,8 +330,13 @@ impl ResponseStream {
     }
 
     /// Rewrites the final head's `Location` and `Refresh` with `redirects`.
-    pub fn rewrite_redirects(&mut self, redirects: Option<Rc<Redirects>>) {
+    pub fn rewrite_redirects(&mut self, redirects: Option<Redirects>) {
         self.redirects = redirects;
+    }
+
+    /// The redirect rewriting, for the next attempt's stream.
+    pub fn take_redirects(&mut self) -> Option<Redirects> {
+        self.redirects.take()
     }
 
     /// The final head, once read.
@@ -380,7 +384,7 @@ impl ResponseStream {
                     let parsed = response_head::parse_with(
                         buf,
                         &self.ctx,
-                        self.redirects.as_deref(),
+                        self.redirects.as_ref(),
                         &mut self.heads,
                     )
                     .map_err(StreamError::Head)?;

@@ -281,7 +281,7 @@ pub struct Proxied {
     pub upstream_progress: Micros,
     /// The upstream's deadline was held (forkd waited on the client) at the last
     /// look, and when a hold last ended: forkd went back to waiting on the upstream
-    /// (`conn::proxied_deadlines::note_hold`).
+    /// (`conn::proxied_deadlines::note_client`).
     pub held: bool,
     pub resumed: Micros,
     /// The exchange state `state_since` is for (to notice a change).
@@ -435,6 +435,11 @@ impl Proxied {
     /// The last attempt used a pooled connection (else a new one).
     pub fn reused_connection(&self) -> bool {
         self.session.exchange().reused()
+    }
+
+    /// Response bytes wait in the exchange's spool for the client.
+    pub fn spooled(&self) -> bool {
+        self.spool.as_ref().is_some_and(|s| !s.is_empty())
     }
 
     /// The `X-Request-Id` sent upstream (the client's, or generated).

@@ -261,10 +261,9 @@ impl Conn {
         self.tls.pending()
             || self.busy.as_ref().is_some_and(|b| {
                 !b.out.is_empty()
-                    || b.proxy.as_ref().is_some_and(|p| {
-                        !p.session.client_output().is_empty()
-                            || p.spool.as_ref().is_some_and(|s| !s.is_empty())
-                    })
+                    || b.proxy
+                        .as_ref()
+                        .is_some_and(|p| !p.session.client_output().is_empty() || p.spooled())
                     || b.tunnel.as_ref().is_some_and(|t| t.wants_client_write())
             })
     }

@@ -10,8 +10,8 @@
 //! client socket when asked ([`Progress::ReadClient`]).
 
 use super::dispatch;
+use super::proxied_deadlines::note_client;
 pub use super::proxied_deadlines::{deadlines, min_rate};
-use super::proxied_deadlines::{note_hold, note_transfer};
 use crate::access_log;
 use crate::busy::{Busy, RateWindow};
 use crate::handlers::Outcome;
@@ -79,8 +79,7 @@ pub fn advance(
     budget: &mut u64,
 ) -> Progress {
     let progress = step(p, c, busy, svc, budget);
-    note_hold(p, busy, svc.clock.now_us);
-    note_transfer(p, busy, svc.clock.now_us);
+    note_client(p, busy, svc.clock.now_us);
     progress
 }
 
@@ -240,7 +239,7 @@ fn write_client(
             Err(_) => return Some(Progress::Close),
         }
     }
-    let spooled = p.spool.as_ref().is_some_and(|s| !s.is_empty());
+    let spooled = p.spooled();
     let [head, body] = p.session.client_output_parts();
     if head.is_empty() && body.is_empty() {
         return match (spooled, blocked) {

@@ -1,8 +1,8 @@
 //! The deadlines of a proxied exchange: the upstream's (the exchange state's
 //! timeout, held while forkd waits on the client, its clock restarted when such a
 //! hold ends) and the client's (its idle timeout, and the end of its rate period
-//! while forkd waits on it: `min_body_rate` / `min_send_rate`). [`note_hold`] and
-//! [`note_transfer`] run after each `proxied::advance`; [`deadlines`] when the
+//! while forkd waits on it: `min_body_rate` / `min_send_rate`). [`note_client`] runs
+//! after each `proxied::advance`; [`deadlines`] when the
 //! connection arms its one deadline or finds it passed.
 
 use crate::busy::{Busy, RateWindow};
@@ -27,27 +27,13 @@ fn client_waits(p: &Proxied, busy: &Busy) -> (bool, bool) {
 /// `Expect: 100-continue` waits for the `100 Continue`, which a streamed request
 /// sends only when its upstream connection is up). Neither: the client waits for
 /// forkd or the upstream.
-fn client_transfer(p: &Proxied, busy: &Busy) -> Option<Transfer> {
-    let (writing, waiting_body) = client_waits(p, busy);
-    let spooled = p.spool.as_ref().is_some_and(|s| !s.is_empty());
-    if writing || spooled {
+fn client_transfer(p: &Proxied, (writing, waiting_body): (bool, bool)) -> Option<Transfer> {
+    if writing || p.spooled() {
         Some(Transfer::Response)
     } else if waiting_body && !p.expect_continue {
         Some(Transfer::Body)
     } else {
         None
-    }
-}
-
-/// Notes, after each `proxied::advance`, what the exchange waits on the client for:
-/// when that changes, the connection's rate window starts again, so a period that
-/// began while the client waited for the upstream (or moved the other way) is not
-/// held against it.
-pub(super) fn note_transfer(p: &mut Proxied, busy: &mut Busy, now: Micros) {
-    let transfer = client_transfer(p, busy);
-    if transfer != p.rated {
-        p.rated = transfer;
-        busy.rate = RateWindow::starting(now);
     }
 }
 
@@ -69,14 +55,25 @@ fn held(state: &State, writing: bool, waiting_body: bool) -> bool {
     }
 }
 
-/// Notes, after each `proxied::advance`, whether the upstream's deadline is held, and when
-/// a hold ends (the client took the last response bytes forkd had, or sent the
-/// body bytes it waited for): the moment forkd goes back to waiting on the upstream.
-pub(super) fn note_hold(p: &mut Proxied, busy: &Busy, now: Micros) {
-    let (writing, waiting_body) = client_waits(p, busy);
-    let held_now = held(&p.session.exchange().state, writing, waiting_body);
+/// Notes, after each `proxied::advance`, what the exchange waits on the client for,
+/// from one look at both sides:
+///
+/// - whether the upstream's deadline is held, and when a hold ends (the client took
+///   the last response bytes the session had, or sent the body bytes it waited for):
+///   the moment forkd goes back to waiting on the upstream;
+/// - what the client's rate is judged on: when that changes, the connection's rate
+///   window starts again, so a period that began while the client waited for the
+///   upstream (or moved the other way) is not held against it.
+pub(super) fn note_client(p: &mut Proxied, busy: &mut Busy, now: Micros) {
+    let waits = client_waits(p, busy);
+    let held_now = held(&p.session.exchange().state, waits.0, waits.1);
     p.resumed = resumed_at(p.held, held_now, p.resumed, now);
     p.held = held_now;
+    let transfer = client_transfer(p, waits);
+    if transfer != p.rated {
+        p.rated = transfer;
+        busy.rate = RateWindow::starting(now);
+    }
 }
 
 /// When forkd last went back to waiting on the upstream (`resumed`), after a look at
@@ -138,8 +135,7 @@ pub fn deadlines(
     let server = svc.server(p.client_server);
     let us = |d: std::time::Duration| d.as_micros() as Micros;
     let (writing, waiting_body) = client_waits(p, busy);
-    let spooled = p.spool.as_ref().is_some_and(|s| !s.is_empty());
-    let client = if writing || spooled || p.upstream_done {
+    let client = if writing || p.spooled() || p.upstream_done {
         client_progress + us(server.send_timeout)
     } else if waiting_body {
         client_progress + us(server.body_timeout)

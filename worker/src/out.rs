@@ -4,6 +4,7 @@
 
 use crate::file_cache::CachedFile;
 use std::collections::VecDeque;
+use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::AsFd;
 use std::rc::Rc;
@@ -185,44 +186,17 @@ impl OutQueue {
                         if left == 0 {
                             return Ok(Flush::Budget);
                         }
-                        if !sock.can_sendfile() {
-                            match copy_range(sock, file, *offset, (*remaining).min(left)) {
-                                Ok(n) => {
-                                    *offset += n as u64;
-                                    *remaining -= n as u64;
-                                    *sent += n as u64;
-                                }
-                                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                                    return Ok(Flush::Blocked)
-                                }
-                                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                                Err(e) => return Err(e),
-                            }
-                            continue;
-                        }
-                        let mut off = *offset as i64;
-                        let count = (*remaining).min(SENDFILE_CHUNK as u64).min(left) as usize;
-                        match nix::sys::sendfile::sendfile(
-                            sock.as_fd(),
-                            file.file.as_fd(),
-                            Some(&mut off),
-                            count,
-                        ) {
-                            Ok(0) => {
-                                // The file shrank under us: the response cannot be completed.
-                                return Err(io::Error::new(
-                                    io::ErrorKind::UnexpectedEof,
-                                    "file truncated while being sent",
-                                ));
-                            }
+                        match send_range(sock, &file.file, *offset, (*remaining).min(left)) {
                             Ok(n) => {
                                 *offset += n as u64;
                                 *remaining -= n as u64;
                                 *sent += n as u64;
                             }
-                            Err(nix::errno::Errno::EAGAIN) => return Ok(Flush::Blocked),
-                            Err(nix::errno::Errno::EINTR) => {}
-                            Err(e) => return Err(e.into()),
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                return Ok(Flush::Blocked)
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) => return Err(e),
                         }
                     }
                 }
@@ -236,23 +210,35 @@ impl OutQueue {
     }
 }
 
-/// Reads up to `max` bytes of `file` at `offset` and writes them to `sock`: what the
-/// socket took (a short write leaves the rest to be read again next time).
-fn copy_range<S: Sink>(
-    sock: &mut S,
-    file: &CachedFile,
-    offset: u64,
-    max: u64,
-) -> io::Result<usize> {
+/// One write of up to `max` bytes of `file` from `offset` to `sock`: `sendfile` (at
+/// most [`SENDFILE_CHUNK`]) where the sink allows it, else a read into a buffer and a
+/// write of it ([`COPY_CHUNK`]: a short write leaves the rest to be read again next
+/// time). How many bytes the sink took; a file shorter than asked is an error (it
+/// shrank under us: the response cannot be completed). Static files' ranges and the
+/// proxy's spooled bodies both go out through here.
+pub fn send_range<S: Sink>(sock: &mut S, file: &File, offset: u64, max: u64) -> io::Result<usize> {
     use std::os::unix::fs::FileExt;
-    let mut chunk = [0u8; COPY_CHUNK];
-    let want = (max as usize).min(COPY_CHUNK);
-    let n = file.file.read_at(&mut chunk[..want], offset)?;
-    if n == 0 {
-        return Err(io::Error::new(
+    let truncated = || {
+        io::Error::new(
             io::ErrorKind::UnexpectedEof,
             "file truncated while being sent",
-        ));
+        )
+    };
+    if sock.can_sendfile() {
+        let mut off = offset as i64;
+        let count = max.min(SENDFILE_CHUNK as u64) as usize;
+        return match nix::sys::sendfile::sendfile(sock.as_fd(), file.as_fd(), Some(&mut off), count)
+        {
+            Ok(0) => Err(truncated()),
+            Ok(n) => Ok(n),
+            Err(e) => Err(e.into()),
+        };
+    }
+    let mut chunk = [0u8; COPY_CHUNK];
+    let want = (max as usize).min(COPY_CHUNK);
+    let n = file.read_at(&mut chunk[..want], offset)?;
+    if n == 0 {
+        return Err(truncated());
     }
     match sock.write(&chunk[..n])? {
         0 => Err(io::ErrorKind::WriteZero.into()),

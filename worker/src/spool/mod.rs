@@ -20,18 +20,12 @@
 
 pub mod temp;
 
-use crate::out::Sink;
+use crate::out::{send_range, Sink};
 use std::fs::File;
 use std::io;
-use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::rc::Rc;
 pub use temp::{Refusal, TempFiles};
-
-/// The most one `sendfile` call is asked for.
-const SENDFILE_CHUNK: usize = 512 * 1024;
-/// A file range copied through user space (TLS) moves at most this much a write.
-const COPY_CHUNK: usize = 16 * 1024;
 
 /// Whether bytes written out are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,39 +244,17 @@ impl Spool {
         Ok(w)
     }
 
-    /// One write of file bytes to `sink`.
+    /// One write of file bytes to `sink` (`out::send_range`: `sendfile` where it can).
     fn write_file<S: Sink>(&self, sink: &mut S, max: u64) -> io::Result<usize> {
-        let Some(file) = self.file.as_ref() else {
-            return Ok(0);
-        };
-        let left = (self.file_end - self.file_at).min(max);
-        if sink.can_sendfile() {
-            let mut off = self.file_at as i64;
-            let count = left.min(SENDFILE_CHUNK as u64) as usize;
-            return match nix::sys::sendfile::sendfile(
-                sink.as_fd(),
-                file.as_fd(),
-                Some(&mut off),
-                count,
-            ) {
-                Ok(0) => Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "temporary file shorter than written",
-                )),
-                Ok(n) => Ok(n),
-                Err(e) => Err(e.into()),
-            };
+        match self.file.as_ref() {
+            Some(file) => send_range(
+                sink,
+                file,
+                self.file_at,
+                (self.file_end - self.file_at).min(max),
+            ),
+            None => Ok(0),
         }
-        let mut chunk = [0u8; COPY_CHUNK];
-        let want = (left as usize).min(COPY_CHUNK);
-        let n = file.read_at(&mut chunk[..want], self.file_at)?;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "temporary file shorter than written",
-            ));
-        }
-        sink.write(&chunk[..n])
     }
 
     /// After bytes were written out: in `Fifo` mode, memory written out whole is
@@ -337,6 +309,7 @@ impl Drop for Spool {
 mod tests {
     use super::*;
     use std::io::Write;
+    use std::os::fd::AsFd;
 
     fn temp(max_file: u64, max_total: u64) -> (Rc<TempFiles>, std::path::PathBuf) {
         let dir = std::env::temp_dir().join(format!(

@@ -6,6 +6,8 @@
 //! root. Encoded slashes and NUL bytes are refused outright: a static server has no
 //! legitimate use for them and they are classic ways to confuse path handling.
 
+use std::borrow::Cow;
+
 /// Why a request path was refused. Each maps to 400 Bad Request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PathError {
@@ -27,30 +29,15 @@ pub fn normalize(raw: &[u8]) -> Result<Vec<u8>, PathError> {
         return Err(PathError::Malformed);
     }
     let decoded = percent_decode(raw)?;
-    let mut out: Vec<u8> = Vec::with_capacity(decoded.len());
-    let mut trailing_slash = false;
-    for segment in decoded.split(|&b| b == b'/').skip(1) {
-        trailing_slash = false;
-        match segment {
-            b"" | b"." => trailing_slash = true,
-            b".." => {
-                let cut = out
-                    .iter()
-                    .rposition(|&b| b == b'/')
-                    .ok_or(PathError::Escapes)?;
-                out.truncate(cut);
-                trailing_slash = true;
-            }
-            _ => {
-                out.push(b'/');
-                out.extend_from_slice(segment);
-            }
-        }
-    }
-    if out.is_empty() || trailing_slash {
-        out.push(b'/');
-    }
-    Ok(out)
+    // An escape never decodes to `/` (refused above): the decoded path splits where
+    // the raw one does.
+    resolve(
+        decoded
+            .split(|&b| b == b'/')
+            .skip(1)
+            .map(|s| Ok((Cow::Borrowed(s), s))),
+        decoded.len(),
+    )
 }
 
 /// [`normalize`] keeping the client's spelling: the same segments in the same
@@ -62,11 +49,28 @@ pub fn normalize_encoded(raw: &[u8]) -> Result<Vec<u8>, PathError> {
     if raw.first() != Some(&b'/') {
         return Err(PathError::Malformed);
     }
-    let mut out: Vec<u8> = Vec::with_capacity(raw.len());
+    resolve(
+        raw.split(|&b| b == b'/')
+            .skip(1)
+            .map(|segment| Ok((Cow::Owned(percent_decode(segment)?), segment))),
+        raw.len(),
+    )
+}
+
+/// Resolves a path's segments (each as decoded, which says what it is, and as it is
+/// written out) into a path that starts with `/`, has no empty, `.` or `..`
+/// segments, and keeps a trailing slash; a `..` with nothing left to remove is
+/// [`PathError::Escapes`].
+fn resolve<'s>(
+    segments: impl Iterator<Item = Result<(Cow<'s, [u8]>, &'s [u8]), PathError>>,
+    capacity: usize,
+) -> Result<Vec<u8>, PathError> {
+    let mut out: Vec<u8> = Vec::with_capacity(capacity);
     let mut trailing_slash = false;
-    for segment in raw.split(|&b| b == b'/').skip(1) {
+    for segment in segments {
+        let (decoded, written) = segment?;
         trailing_slash = false;
-        match percent_decode(segment)?.as_slice() {
+        match decoded.as_ref() {
             b"" | b"." => trailing_slash = true,
             b".." => {
                 let cut = out
@@ -78,7 +82,7 @@ pub fn normalize_encoded(raw: &[u8]) -> Result<Vec<u8>, PathError> {
             }
             _ => {
                 out.push(b'/');
-                out.extend_from_slice(segment);
+                out.extend_from_slice(written);
             }
         }
     }

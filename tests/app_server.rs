@@ -18,6 +18,19 @@ fn raw_get(g: &Gunicorn, path: &str, extra: &str) -> String {
     String::from_utf8_lossy(&read_to_close(&mut s)).into_owned()
 }
 
+/// forkd with every path but `/healthz` proxied to `g`.
+fn in_front_of(g: &Gunicorn) -> Builder {
+    TestDaemon::builder()
+        .top(&format!(
+            "upstreams: {{ \"app\": (servers: [\"{}\"]) }},",
+            g.addr()
+        ))
+        .routes(
+            r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/", handler: Proxy(upstream: "app")),"#,
+        )
+}
+
 fn upload_request(body: &[u8]) -> Vec<u8> {
     let mut req = format!(
         "POST /upload HTTP/1.1\r\nHost: app.test\r\nContent-Length: {}\r\n\
@@ -93,17 +106,7 @@ fn the_app_answers_what_wsgi_app_py_documents() {
 #[test]
 fn forkd_serves_gunicorn_and_a_1_mb_upload_round_trips() {
     let g = Gunicorn::start();
-    let d = TestDaemon::builder()
-        .top(&format!(
-            "upstreams: {{ \"app\": (servers: [\"{}\"]) }},",
-            g.addr()
-        ))
-        .server("max_body_bytes: \"4MiB\",")
-        .routes(
-            r#"(prefix: "/healthz", handler: Liveness),
-            (prefix: "/", handler: Proxy(upstream: "app")),"#,
-        )
-        .start();
+    let d = in_front_of(&g).server("max_body_bytes: \"4MiB\",").start();
 
     let tiny = d.get("/tiny");
     assert_eq!(tiny.status, 200, "{}", tiny.head);
@@ -127,19 +130,11 @@ fn forkd_serves_gunicorn_and_a_1_mb_upload_round_trips() {
 #[test]
 fn slow_readers_and_uploaders_do_not_starve_gunicorns_workers() {
     let g = Gunicorn::start();
-    let d = TestDaemon::builder()
+    let d = in_front_of(&g)
         .workers(1)
-        .top(&format!(
-            "upstreams: {{ \"app\": (servers: [\"{}\"]) }},",
-            g.addr()
-        ))
         // The slow clients stall for the whole test: no timeout or minimum rate may
         // let them go first (`min_*_rate` apply to proxied exchanges too).
         .server("max_body_bytes: \"4MiB\", body_timeout: \"120s\", send_timeout: \"120s\", min_body_rate: 0, min_send_rate: 0,")
-        .routes(
-            r#"(prefix: "/healthz", handler: Liveness),
-            (prefix: "/", handler: Proxy(upstream: "app")),"#,
-        )
         .start();
     let mut readers = Vec::new();
     for _ in 0..4 {

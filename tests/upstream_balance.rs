@@ -298,15 +298,22 @@ fn weights_are_honoured_and_a_hashed_key_keeps_its_server() {
     assert!(h.abs_diff(300) <= 6, "weight 3: {h}, weight 1: {l}");
     drop(d);
 
+    each_user_keeps_one_server(5, "");
+}
+
+/// 16 users, `rounds` requests each (with `extra` fields), on a `Hash(Header("X-User"))`
+/// upstream of 4 servers: each user keeps one server, and the users spread over more
+/// than one.
+fn each_user_keeps_one_server(rounds: usize, extra: &str) {
     let servers: Vec<Backend> = (0..4).map(|_| Backend::start(Duration::ZERO)).collect();
     let list: Vec<String> = servers.iter().map(plain).collect();
     let d = daemon_with(&list, "balance: Hash(Header(\"X-User\")),", "");
     let mut used = std::collections::HashSet::new();
     for user in 0..16 {
         let mut seen = std::collections::HashSet::new();
-        for _ in 0..5 {
+        for _ in 0..rounds {
             let r = d.request(&format!(
-                "GET /load.txt HTTP/1.1\r\nHost: localhost\r\nX-User: user-{user}\r\nConnection: close\r\n\r\n"
+                "GET /load.txt HTTP/1.1\r\nHost: localhost\r\nX-User: user-{user}\r\n{extra}Connection: close\r\n\r\n"
             ));
             assert_eq!(r.status, 200, "{}", r.head);
             let backend = r
@@ -329,31 +336,9 @@ fn weights_are_honoured_and_a_hashed_key_keeps_its_server() {
 /// over more than one.
 #[test]
 fn a_hashed_key_in_a_request_of_99_fields_keeps_its_server() {
-    let servers: Vec<Backend> = (0..4).map(|_| Backend::start(Duration::ZERO)).collect();
-    let list: Vec<String> = servers.iter().map(plain).collect();
-    let d = daemon_with(&list, "balance: Hash(Header(\"X-User\")),", "");
+    // Host, X-User, Connection and 96 more: 99 fields.
     let fill: String = (0..96).map(|i| format!("X-Fill-{i}: {i}\r\n")).collect();
-    let mut used = std::collections::HashSet::new();
-    for user in 0..16 {
-        let mut seen = std::collections::HashSet::new();
-        for _ in 0..3 {
-            // Host, X-User, Connection and 96 more: 99 fields.
-            let r = d.request(&format!(
-                "GET /load.txt HTTP/1.1\r\nHost: localhost\r\nX-User: user-{user}\r\n{fill}Connection: close\r\n\r\n"
-            ));
-            assert_eq!(r.status, 200, "{}", r.head);
-            let backend = r
-                .head
-                .lines()
-                .find_map(|l| l.strip_prefix("X-Backend: "))
-                .expect("X-Backend")
-                .to_string();
-            seen.insert(backend);
-        }
-        assert_eq!(seen.len(), 1, "user-{user} went to {seen:?}");
-        used.extend(seen);
-    }
-    assert!(used.len() >= 2, "16 users all on one server: {used:?}");
+    each_user_keeps_one_server(3, &fill);
 }
 
 /// A worker killed with a request in flight leaks nothing into the global count: the

@@ -62,7 +62,7 @@ impl Backend {
         self.addr
     }
 
-    /// Responses written whole so far.
+    /// Responses written whole so far (and the one being written, if any).
     pub fn served(&self) -> u64 {
         self.shared.served.load(SeqCst)
     }
@@ -140,12 +140,14 @@ fn serve(mut reader: TcpStream, writer: &Mutex<TcpStream>, shared: &Shared) {
         if shared.dead.load(SeqCst) {
             return;
         }
-        match s.write_all(&out) {
-            Ok(()) => {
-                shared.served.fetch_add(1, SeqCst);
+        // Counted before the write: a client may read the last byte and ask
+        // `served()` before this thread runs again. A failed write takes it back.
+        shared.served.fetch_add(1, SeqCst);
+        if let Err(e) = s.write_all(&out) {
+            shared.served.fetch_sub(1, SeqCst);
+            if e.kind() != ErrorKind::Interrupted {
+                return;
             }
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(_) => return,
         }
     }
 }

@@ -4,7 +4,7 @@
 //! Taken from the pool when bytes arrive and given back when the connection is idle
 //! again, so an idle keep-alive connection is just its `Conn` (about 80 bytes).
 
-use crate::conn::Tunnel;
+use crate::conn::{H2Session, Tunnel};
 use crate::http::chunked::ChunkedDecoder;
 use crate::out::OutQueue;
 use crate::timers::Micros;
@@ -65,6 +65,8 @@ pub struct Busy {
     pub proxy: Option<Box<Proxied>>,
     /// The connection was upgraded (a 101 from the upstream): the byte tunnel.
     pub tunnel: Option<Box<Tunnel>>,
+    /// The connection speaks HTTP/2: its session and streams.
+    pub h2: Option<Box<H2Session>>,
     /// An event said the client closed its side (or the socket failed) while these
     /// buffers were the connection's: reads go on to the EOF whatever their sizes,
     /// since a FIN that came with the last bytes raises no further edge. Kept here,
@@ -86,6 +88,7 @@ impl Busy {
             proxy: None,
             hung_up: false,
             tunnel: None,
+            h2: None,
         })
     }
 
@@ -101,6 +104,7 @@ impl Busy {
             && self.body.is_none()
             && self.proxy.is_none()
             && self.tunnel.is_none()
+            && self.h2.is_none()
     }
 
     /// Input bytes not consumed yet.
@@ -137,6 +141,7 @@ impl Busy {
         self.body = None;
         self.proxy = None;
         self.tunnel = None;
+        self.h2 = None;
         self.rate = RateWindow::default();
         self.hung_up = false;
         self.out.clear();

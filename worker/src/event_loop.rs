@@ -250,13 +250,15 @@ impl EventLoop {
                     Token(t) if upstream_key(t).is_some() => {
                         let key = t & !crate::upstreams::UPSTREAM_BIT;
                         match self.svc.upstreams.owner(key) {
-                            Some(Owner::Client(client)) => {
+                            Some(Owner::Client(owner)) => {
+                                // An HTTP/2 stream's upstream names the stream too.
+                                let (client, stream) = crate::conn::split_key(owner);
                                 let Some(conn) = self.conns.get_mut(client) else {
                                     continue;
                                 };
                                 let hung_up = event.is_read_closed() || event.is_error();
                                 if event.is_readable() || hung_up {
-                                    conn.upstream_readable(hung_up);
+                                    conn.upstream_readable(stream, hung_up);
                                 }
                                 let verdict = conn.drive(client, &mut self.svc);
                                 self.settle(client, verdict);

@@ -6,7 +6,7 @@ use crate::file_cache::CachedFile;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::rc::Rc;
 
 /// The most one `sendfile` call is asked for: about a socket buffer's worth (the
@@ -35,17 +35,25 @@ pub struct OutQueue {
 }
 
 /// Where a queue is flushed to: a socket that can take file ranges by `sendfile`,
-/// or one whose bytes must pass through user space (TLS encrypts them).
-pub trait Sink: Write + AsFd {
-    fn can_sendfile(&self) -> bool {
-        true
+/// or one whose bytes must pass through user space (TLS encrypts them; an HTTP/2
+/// stream frames them).
+pub trait Sink: Write {
+    /// The descriptor `sendfile` writes to, if file ranges may go there directly.
+    fn sendfile_fd(&self) -> Option<BorrowedFd<'_>>;
+}
+
+impl Sink for mio::net::TcpStream {
+    fn sendfile_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.as_fd())
+    }
+}
+impl Sink for std::fs::File {
+    fn sendfile_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.as_fd())
     }
 }
 
-impl Sink for mio::net::TcpStream {}
-impl Sink for std::fs::File {}
-
-/// A file range copied through user space (`Sink::can_sendfile` false) moves at most
+/// A file range copied through user space (`Sink::sendfile_fd` none) moves at most
 /// this much per write: one TLS record's worth.
 const COPY_CHUNK: usize = 16 * 1024;
 
@@ -146,7 +154,7 @@ impl OutQueue {
     /// Writes as much as the socket takes, up to about `budget` bytes (a write is cut
     /// short at the budget, or a `sendfile` call; a write from memory is not). Adds
     /// the bytes written to `sent`.
-    pub fn flush<S: Sink>(
+    pub fn flush<S: Sink + ?Sized>(
         &mut self,
         sock: &mut S,
         sent: &mut u64,
@@ -216,7 +224,12 @@ impl OutQueue {
 /// time). How many bytes the sink took; a file shorter than asked is an error (it
 /// shrank under us: the response cannot be completed). Static files' ranges and the
 /// proxy's spooled bodies both go out through here.
-pub fn send_range<S: Sink>(sock: &mut S, file: &File, offset: u64, max: u64) -> io::Result<usize> {
+pub fn send_range<S: Sink + ?Sized>(
+    sock: &mut S,
+    file: &File,
+    offset: u64,
+    max: u64,
+) -> io::Result<usize> {
     use std::os::unix::fs::FileExt;
     let truncated = || {
         io::Error::new(
@@ -224,11 +237,10 @@ pub fn send_range<S: Sink>(sock: &mut S, file: &File, offset: u64, max: u64) -> 
             "file truncated while being sent",
         )
     };
-    if sock.can_sendfile() {
+    if let Some(fd) = sock.sendfile_fd() {
         let mut off = offset as i64;
         let count = max.min(SENDFILE_CHUNK as u64) as usize;
-        return match nix::sys::sendfile::sendfile(sock.as_fd(), file.as_fd(), Some(&mut off), count)
-        {
+        return match nix::sys::sendfile::sendfile(fd, file.as_fd(), Some(&mut off), count) {
             Ok(0) => Err(truncated()),
             Ok(n) => Ok(n),
             Err(e) => Err(e.into()),

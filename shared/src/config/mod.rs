@@ -26,7 +26,8 @@ mod validate;
 
 pub use error::{ConfigError, ConfigErrorKind, ConfigErrors};
 pub use model::{
-    Compress, Config, ErrorPage, Handler, Listener, LogTarget, ProxyHeader, Route, Server,
+    Compress, Config, ErrorPage, H2Settings, Handler, Listener, LogTarget, ProxyHeader, Route,
+    Server,
 };
 pub use raw::{AcceptMode, AccessLogFormat, LogLevel};
 

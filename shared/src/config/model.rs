@@ -72,6 +72,8 @@ pub struct Listener {
     pub proxy_protocol: bool,
     /// `proxy_protocol_from`: the peers that may send it (empty: any peer).
     pub proxy_protocol_from: Vec<cidr::Cidr>,
+    /// A plain address that also takes the HTTP/2 preface (h2c, prior knowledge).
+    pub http2: bool,
 }
 
 /// What a listener expects of a new connection from a given peer.
@@ -136,6 +138,22 @@ pub struct Server {
     pub routes: Vec<Route>,
     /// Pages replacing the built-in error pages, by status.
     pub error_pages: Vec<ErrorPage>,
+    /// HTTP/2 connections: those of an address's first server apply (SETTINGS are
+    /// sent before any request names a server, as in nginx).
+    pub h2: H2Settings,
+}
+
+/// A server's HTTP/2 settings (`h2_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct H2Settings {
+    pub max_concurrent_streams: u32,
+    /// Each stream's receive window, in bytes.
+    pub initial_window: u32,
+    /// The largest decoded header list, in bytes.
+    pub max_header_list: u32,
+    pub idle_timeout: Duration,
+    /// Streams per connection before GOAWAY.
+    pub max_requests: u64,
 }
 
 #[derive(Debug, Clone)]

@@ -98,6 +98,22 @@ pub struct RawServer {
     pub send_timeout: ConfDuration,
     #[serde(default = "default_max_header_bytes")]
     pub max_header_bytes: ConfSize,
+    /// HTTP/2 (on `http2` addresses): streams a client may open at once.
+    #[serde(default = "default_h2_max_concurrent_streams")]
+    pub h2_max_concurrent_streams: u32,
+    /// HTTP/2: each stream's receive window (the connection's is raised to
+    /// `h2_max_concurrent_streams` of them, as nginx does).
+    #[serde(default = "default_h2_initial_window")]
+    pub h2_initial_window: ConfSize,
+    /// HTTP/2: the largest decoded header list (None: `max_header_bytes`).
+    #[serde(default)]
+    pub h2_max_header_list: Option<ConfSize>,
+    /// HTTP/2: a connection with no stream open is closed (GOAWAY) after this.
+    #[serde(default = "default_h2_idle_timeout")]
+    pub h2_idle_timeout: ConfDuration,
+    /// HTTP/2: streams per connection, then GOAWAY (the client opens another).
+    #[serde(default = "default_h2_max_requests")]
+    pub h2_max_requests: u64,
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: ConfSize,
     #[serde(default = "default_min_rate")]
@@ -617,6 +633,7 @@ pub struct ListenAddr {
     /// The address as written (`"*:8080"`), to locate errors about the entry.
     pub written: String,
     pub proxy: ProxyProtocol,
+    pub http2: Http2Listen,
 }
 
 /// Whether connections to a listen address start with a PROXY protocol header, and
@@ -644,6 +661,20 @@ struct ListenFields {
     /// written (`[...]`, not `Some([...])`); `None`: not written.
     #[serde(default, deserialize_with = "written_list")]
     proxy_protocol_from: Option<Vec<String>>,
+    #[serde(default)]
+    http2: Http2Listen,
+}
+
+/// Whether a plain address also speaks HTTP/2 without TLS (h2c).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum Http2Listen {
+    /// HTTP/1.1 only.
+    #[default]
+    Off,
+    /// A connection that starts with the HTTP/2 preface (a client that knows, as
+    /// `curl --http2-prior-knowledge`) speaks HTTP/2; any other speaks HTTP/1.1.
+    /// RFC 9113 removed `Upgrade: h2c`, so it is not offered.
+    PriorKnowledge,
 }
 
 /// A list that is `Some` when written at all (an empty one included).
@@ -653,22 +684,22 @@ fn written_list<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, 
 
 impl<'de> Deserialize<'de> for ListenAddr {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        type Entry = (String, bool, Option<Vec<String>>);
+        type Entry = (String, bool, Option<Vec<String>>, Http2Listen);
         struct ListenVisitor;
         impl<'de> de::Visitor<'de> for ListenVisitor {
             type Value = Entry;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("\"IP:PORT\" or (addr: \"IP:PORT\", proxy_protocol: true, proxy_protocol_from: [\"CIDR\", ...])")
+                f.write_str("\"IP:PORT\" or (addr: \"IP:PORT\", proxy_protocol: true, proxy_protocol_from: [\"CIDR\", ...], http2: PriorKnowledge)")
             }
             fn visit_str<E: de::Error>(self, text: &str) -> Result<Entry, E> {
-                Ok((text.to_string(), false, None))
+                Ok((text.to_string(), false, None, Http2Listen::Off))
             }
             fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Entry, A::Error> {
                 let f = ListenFields::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok((f.addr, f.proxy_protocol, f.proxy_protocol_from))
+                Ok((f.addr, f.proxy_protocol, f.proxy_protocol_from, f.http2))
             }
         }
-        let (text, on, from) = deserializer.deserialize_any(ListenVisitor)?;
+        let (text, on, from, http2) = deserializer.deserialize_any(ListenVisitor)?;
         let from = from
             .map(|blocks| {
                 blocks
@@ -691,6 +722,7 @@ impl<'de> Deserialize<'de> for ListenAddr {
             addr,
             written: text,
             proxy: ProxyProtocol { on, from },
+            http2,
         })
     }
 }
@@ -743,6 +775,18 @@ fn default_keepalive_timeout() -> ConfDuration {
 }
 fn default_keepalive_requests() -> u64 {
     10000
+}
+fn default_h2_max_concurrent_streams() -> u32 {
+    128
+}
+fn default_h2_initial_window() -> ConfSize {
+    ConfSize(64 * 1024)
+}
+fn default_h2_idle_timeout() -> ConfDuration {
+    ConfDuration(std::time::Duration::from_secs(180))
+}
+fn default_h2_max_requests() -> u64 {
+    1000
 }
 fn default_header_timeout() -> ConfDuration {
     ConfDuration(std::time::Duration::from_secs(10))

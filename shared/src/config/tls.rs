@@ -26,7 +26,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// A certificate expiring sooner than this is a warning.
 pub const EXPIRY_WARNING: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// `tls: Some((certificates: [...], versions: [Tls12, Tls13], session_tickets: true))`.
+/// `tls: Some((certificates: [...], versions: [Tls12, Tls13], session_tickets: true,
+/// http2: true))`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTls {
@@ -35,6 +36,13 @@ pub struct RawTls {
     pub versions: Vec<TlsVersion>,
     #[serde(default = "default_tickets")]
     pub session_tickets: bool,
+    /// Offer HTTP/2 by ALPN (`h2`, then `http/1.1`).
+    #[serde(default = "default_http2")]
+    pub http2: bool,
+}
+
+fn default_http2() -> bool {
+    true
 }
 
 /// `(cert: "chain.pem", key: "key.pem")`: the chain leaf first, then its issuers.
@@ -65,6 +73,7 @@ pub struct Tls {
     pub certificates: Vec<Certificate>,
     pub versions: Vec<TlsVersion>,
     pub session_tickets: bool,
+    pub http2: bool,
 }
 
 /// One loaded certificate chain with its key.

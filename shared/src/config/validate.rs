@@ -116,6 +116,52 @@ fn listen_proxy(entry: &raw::ListenAddr, refuse: &mut dyn FnMut(String)) -> List
         backlog: 0,
         proxy_protocol: proxy.on,
         proxy_protocol_from: proxy.from.clone().unwrap_or_default(),
+        http2: entry.http2 == raw::Http2Listen::PriorKnowledge,
+    }
+}
+
+/// A server's `h2_*` settings, each checked against what RFC 9113 allows and what
+/// makes sense; `refuse` is told the key and what is wrong.
+fn h2_settings(
+    s: &raw::RawServer,
+    max_header: u64,
+    refuse: &mut dyn FnMut(&str, String),
+) -> super::model::H2Settings {
+    if !(1..=65_536).contains(&s.h2_max_concurrent_streams) {
+        refuse(
+            "h2_max_concurrent_streams",
+            format!("{} is out of range 1..=65536", s.h2_max_concurrent_streams),
+        );
+    }
+    let window = s.h2_initial_window.0;
+    if !(1024..=(1 << 31) - 1).contains(&window) {
+        refuse(
+            "h2_initial_window",
+            format!("{window} bytes is out of range 1KiB..=2GiB-1 (RFC 9113 §6.9.2)"),
+        );
+    }
+    let list = s.h2_max_header_list.map_or(max_header, |l| l.0);
+    if !(1024..=16 << 20).contains(&list) {
+        refuse(
+            "h2_max_header_list",
+            format!("{list} bytes is out of range 1KiB..=16MiB"),
+        );
+    }
+    if s.h2_idle_timeout.0.is_zero() {
+        refuse(
+            "h2_idle_timeout",
+            "must be more than 0s (an idle connection would close at once)".into(),
+        );
+    }
+    if s.h2_max_requests == 0 {
+        refuse("h2_max_requests", "must be at least 1".into());
+    }
+    super::model::H2Settings {
+        max_concurrent_streams: s.h2_max_concurrent_streams.clamp(1, 65_536),
+        initial_window: window.clamp(1024, (1 << 31) - 1) as u32,
+        max_header_list: list.clamp(1024, 16 << 20) as u32,
+        idle_timeout: s.h2_idle_timeout.0,
+        max_requests: s.h2_max_requests.max(1),
     }
 }
 
@@ -131,6 +177,11 @@ fn proxy_disagreement(l: &Listener, wanted: &Listener, first: usize) -> Option<S
         };
         return Some(format!(
             "{addr} has `proxy_protocol: true` in {with} and not in {without}: the header comes before the request, so every server on an address must say the same"
+        ));
+    }
+    if l.http2 != wanted.http2 {
+        return Some(format!(
+            "{addr} has another `http2` in servers[{first}]: a connection speaks HTTP/2 before its request names a server, so every server on an address must say the same"
         ));
     }
     let same = |a: &[super::cidr::Cidr], b: &[super::cidr::Cidr]| a.iter().all(|c| b.contains(c));
@@ -469,6 +520,9 @@ pub(super) fn validate(
                 format!("{max_header} bytes is out of range 1KiB..=1MiB"),
             );
         }
+        let h2 = h2_settings(&s, max_header, &mut |key, why| {
+            check.error(key, si, field(key), why)
+        });
         let rated = s.min_body_rate.0 > 0 || s.min_send_rate.0 > 0;
         if rated && s.min_rate_grace.0 < std::time::Duration::from_secs(1) {
             // A rate measured over less than a second would close clients for a TCP
@@ -605,6 +659,7 @@ pub(super) fn validate(
                 certificates,
                 versions: raw.versions.clone(),
                 session_tickets: raw.session_tickets,
+                http2: raw.http2,
             }
         });
         let mut error_pages = Vec::new();
@@ -918,6 +973,7 @@ pub(super) fn validate(
             real_ip_header: s.real_ip_header,
             routes,
             error_pages,
+            h2,
         });
     }
 
@@ -934,6 +990,15 @@ pub(super) fn validate(
                 0,
                 "servers.listen".into(),
                 format!("{addr} is served with `tls` by some servers and without by others: an address is all HTTPS or all plain HTTP"),
+            );
+        }
+        if tls > 0 && l.http2 {
+            let addr = l.addr.to_string();
+            check.error(
+                &format!("\"{addr}\""),
+                0,
+                "servers.listen".into(),
+                format!("{addr}: `http2: PriorKnowledge` is for plain addresses; over TLS, HTTP/2 is offered by ALPN (`tls: Some((..., http2: true))`)"),
             );
         }
     }

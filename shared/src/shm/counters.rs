@@ -88,6 +88,15 @@ counters! { COUNTERS;
     19 TEMP_FILES_CLOSED      "temp_files_closed"      "forkd_temp_files_total" event = "closed"    "Temporary files opened and closed (open now: the difference).";
     20 UPSTREAM_HELD_US       "proxy_upstream_held_us" "forkd_proxy_upstream_held_microseconds_total" "Microseconds upstream servers spent on proxied requests, from the request going upstream to the response read whole.";
     21 CLIENT_TRANSFER_US     "proxy_client_transfer_us" "forkd_proxy_client_transfer_microseconds_total" "Microseconds clients took for the rest of a proxied response after the upstream was done with it.";
+    // HTTP/2 (#22; ids 22..=29 and 56).
+    22 H2_CONNECTIONS         "h2_connections"         "forkd_h2_connections_total"                 "Connections that spoke HTTP/2 (ALPN h2, or the h2c preface).";
+    23 H2_STREAMS             "h2_streams"             "forkd_h2_streams_total"                     "HTTP/2 streams (requests) accepted.";
+    24 H2_FLOOD_RAPID_RESET   "h2_flood_rapid_reset"   "forkd_h2_floods_total" kind = "rapid_reset"  "HTTP/2 connections closed with ENHANCE_YOUR_CALM, by flood: streams reset by the client (rapid reset) or opened too fast, control frames, header blocks.";
+    25 H2_FLOOD_CONTROL       "h2_flood_control"       "forkd_h2_floods_total" kind = "control"      "HTTP/2 connections closed with ENHANCE_YOUR_CALM, by flood: streams reset by the client (rapid reset) or opened too fast, control frames, header blocks.";
+    26 H2_FLOOD_HEADERS       "h2_flood_headers"       "forkd_h2_floods_total" kind = "headers"      "HTTP/2 connections closed with ENHANCE_YOUR_CALM, by flood: streams reset by the client (rapid reset) or opened too fast, control frames, header blocks.";
+    27 H2_REFUSED_STREAMS     "h2_refused_streams"     "forkd_h2_refused_streams_total"             "HTTP/2 streams refused (REFUSED_STREAM): over h2_max_concurrent_streams, or after GOAWAY.";
+    28 H2_PROTOCOL_ERRORS     "h2_protocol_errors"     "forkd_h2_connection_errors_total"           "HTTP/2 connections ended with a GOAWAY carrying an error (the client broke the protocol, or flooded).";
+    29 H2_STREAM_ERRORS       "h2_stream_errors"       "forkd_h2_stream_errors_total"               "HTTP/2 streams reset with an error (a malformed request, say).";
     // TLS (#14; ids 30..=39).
     30 TLS_HANDSHAKES_FULL    "tls_handshakes_full"    "forkd_tls_handshakes_total" kind = "full"        "TLS handshakes completed, by kind (full, resumed with a session ticket) or failed.";
     31 TLS_HANDSHAKES_RESUMED "tls_handshakes_resumed" "forkd_tls_handshakes_total" kind = "resumed"     "TLS handshakes completed, by kind (full, resumed with a session ticket) or failed.";
@@ -110,6 +119,7 @@ counters! { COUNTERS;
     52 CONN_LIMITED           "conn_limited"           "forkd_limited_total" limit = "conn_per_ip"  "Connections answered 503 over conn_per_ip.";
     53 LIMITS_DRY_RUN_HITS    "limits_dry_run_hits"    "forkd_limits_dry_run_hits_total"            "Requests or connections over a DryRun limit (counted, not rejected).";
     54 PROXY_HEADER_REFUSED   "proxy_header_refused"   "forkd_proxy_header_refused_total"           "Connections closed for a missing or invalid PROXY protocol header, or from a peer not in proxy_protocol_from.";
+    56 H2_GOAWAY_SENT         "h2_goaway_sent"         "forkd_h2_goaway_total"                      "Graceful GOAWAY frames sent (drain, reload, upgrade, h2_max_requests, h2_idle_timeout).";
     55 CONN_TABLE_FULL        "conn_table_full"        "forkd_limited_total" limit = "table_full"   "Connections answered 503 under conn_per_ip because every limits-table entry their client may use held other clients' connections.";
 }
 

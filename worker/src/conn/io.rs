@@ -34,6 +34,7 @@ mod deadlines;
 mod room;
 
 use super::dispatch::{self, After, Exchange, Next};
+use super::h2;
 use super::proxied::{self, Client, Progress};
 use super::tunnel::{Client as TunnelClient, Moved, Pumped, Tunnel};
 use crate::busy::{Body, Busy, RateWindow};
@@ -54,6 +55,14 @@ use nix::sys::socket::sockopt;
 use std::io::{self, Read};
 use std::net::IpAddr;
 use std::time::Duration;
+
+/// Whether a connection's first bytes ask for HTTP/2.
+enum H2Start {
+    No,
+    /// Part of the h2c preface: read on.
+    Wait,
+    Yes,
+}
 
 /// How long a closing connection's input is drained so the client reads the response
 /// instead of a reset.
@@ -130,6 +139,8 @@ enum Phase {
     /// Upgraded (a 101 from the upstream): a byte tunnel (`Busy::tunnel`) until both
     /// sides end, it idles out, or the drain ends.
     Tunnel,
+    /// HTTP/2 (`Busy::h2`): the connection's framing and its streams (`conn/h2`).
+    H2,
 }
 
 /// What a connection is doing, for the stats gauges.
@@ -241,6 +252,10 @@ impl Conn {
     pub fn activity(&self) -> Activity {
         match self.phase {
             Phase::Write(_) | Phase::Proxy | Phase::Tunnel => Activity::Writing,
+            Phase::H2 => match self.busy.as_ref().and_then(|b| b.h2.as_ref()) {
+                Some(s) if s.open_streams() > 0 => Activity::Writing,
+                _ => Activity::Idle,
+            },
             _ if self.is_idle() => Activity::Idle,
             _ => Activity::Reading,
         }
@@ -265,6 +280,7 @@ impl Conn {
                         .as_ref()
                         .is_some_and(|p| !p.session.client_output().is_empty() || p.spooled())
                     || b.tunnel.as_ref().is_some_and(|t| t.wants_client_write())
+                    || b.h2.as_ref().is_some_and(|s| s.wants_write())
             })
     }
 
@@ -323,6 +339,9 @@ impl Conn {
             if let Some(tunnel) = busy.tunnel.take() {
                 tunnel.close(&mut svc.upstreams, &mut svc.stats);
             }
+            if let Some(mut session) = busy.h2.take() {
+                session.release(svc);
+            }
             svc.give_busy(busy);
         }
     }
@@ -343,13 +362,16 @@ impl Conn {
         verdict
     }
 
-    /// The upstream socket of the exchange under way (or of the tunnel) reported
-    /// readable, or (`hung_up`) a hang-up or an error: the next drive reads it.
-    pub fn upstream_readable(&mut self, hung_up: bool) {
+    /// The upstream socket of the exchange under way (or of the tunnel, or of
+    /// HTTP/2 stream `stream`) reported readable, or (`hung_up`) a hang-up or an
+    /// error: the next drive reads it.
+    pub fn upstream_readable(&mut self, stream: Option<usize>, hung_up: bool) {
         let Some(b) = self.busy.as_mut() else {
             return;
         };
-        if let Some(t) = b.tunnel.as_mut() {
+        if let (Some(s), Some(slot)) = (b.h2.as_mut(), stream) {
+            s.upstream_readable(slot, hung_up);
+        } else if let Some(t) = b.tunnel.as_mut() {
             t.upstream_ready(hung_up);
         } else if let Some(p) = b.proxy.as_mut() {
             p.session.upstream_readable(hung_up);
@@ -429,6 +451,20 @@ impl Conn {
                     },
                 },
                 Phase::ReadHead => {
+                    match self.speaks_h2(svc) {
+                        H2Start::Yes => {
+                            if !self.start_h2(svc) {
+                                return Verdict::Close;
+                            }
+                            continue;
+                        }
+                        H2Start::Wait => match self.fill(svc) {
+                            Ok(true) => continue,
+                            Ok(false) => return Verdict::Keep,
+                            Err(_) => return Verdict::Close,
+                        },
+                        H2Start::No => {}
+                    }
                     match self.answer_buffered(svc) {
                         Some(after) => {
                             self.start_writing(after, svc);
@@ -481,9 +517,10 @@ impl Conn {
                     let Some(mut p) = busy.proxy.take() else {
                         return Verdict::Close;
                     };
+                    let mut transport = Transport::new(&mut self.stream, &mut self.tls);
                     let mut client = Client {
                         key,
-                        stream: Transport::new(&mut self.stream, &mut self.tls),
+                        stream: &mut transport,
                         peer: self.peer,
                         progress: &mut self.progress,
                     };
@@ -586,6 +623,29 @@ impl Conn {
                         Pumped::Ended => Verdict::Close,
                     };
                 }
+                Phase::H2 => {
+                    let rotate = self.bits.has(Bits::ROTATE);
+                    let Some(s) = self.busy.as_mut().and_then(|b| b.h2.as_mut()) else {
+                        return Verdict::Close;
+                    };
+                    if svc.draining || rotate {
+                        s.drain();
+                    }
+                    let peer = h2::Peer {
+                        key,
+                        peer: self.peer,
+                        listener: usize::from(self.listener),
+                        tls: s.tls,
+                    };
+                    return match s.drive(&peer, svc, &mut bytes) {
+                        h2::Driven::Wait => Verdict::Keep,
+                        h2::Driven::Budget => {
+                            self.bits.set(Bits::YIELDED, true);
+                            Verdict::Keep
+                        }
+                        h2::Driven::Closed => Verdict::Close,
+                    };
+                }
                 Phase::Linger => {
                     // Read and drop until the client closes or the socket is empty.
                     self.busy(svc).discard_input();
@@ -597,6 +657,63 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Whether the connection speaks HTTP/2: TLS chose `h2` by ALPN, or a plain
+    /// `http2: PriorKnowledge` address read the preface (`Wait`: a part of it).
+    fn speaks_h2(&self, svc: &Services) -> H2Start {
+        if self.requests > 0 {
+            return H2Start::No;
+        }
+        if self.tls.chose_h2() {
+            return H2Start::Yes;
+        }
+        let listener = usize::from(self.listener);
+        if self.tls.is_tls() || !svc.config.listeners.get(listener).is_some_and(|l| l.http2) {
+            return H2Start::No;
+        }
+        let Some(input) = self.busy.as_ref().map(|b| &b.inbuf[b.in_start..b.in_end]) else {
+            return H2Start::No;
+        };
+        let n = input.len().min(h2::PREFACE.len());
+        match (input[..n] == h2::PREFACE[..n], n == h2::PREFACE.len()) {
+            (false, _) => H2Start::No,
+            (true, true) => H2Start::Yes,
+            (true, false) if n == 0 => H2Start::No,
+            (true, false) => H2Start::Wait,
+        }
+    }
+
+    /// Hands the connection to an HTTP/2 session: a duplicate of its socket and its
+    /// TLS session go to the link, with what was read so far. False if the socket
+    /// cannot be duplicated (out of descriptors: the connection closes).
+    fn start_h2(&mut self, svc: &mut Services) -> bool {
+        use std::os::fd::AsFd;
+        let dup = match self.stream.as_fd().try_clone_to_owned() {
+            Ok(fd) => TcpStream::from_std(std::net::TcpStream::from(fd)),
+            Err(e) => {
+                forkd_shared::warn!("cannot serve HTTP/2 to {}: dup failed: {e}", self.peer);
+                return false;
+            }
+        };
+        let tls = self.tls.is_tls();
+        let settings = svc
+            .server(svc.routing[usize::from(self.listener)].default)
+            .h2;
+        let now = svc.clock.now_us;
+        let busy = self.busy.get_or_insert_with(|| svc.take_busy());
+        let early = busy.inbuf[busy.in_start..busy.in_end].to_vec();
+        busy.discard_input();
+        let inbound = h2::Inbound::new(settings.max_concurrent_streams, settings.max_header_list);
+        let link = h2::Link::new(dup, self.tls.take(), early, inbound);
+        busy.h2 = Some(Box::new(h2::Session::new(link, settings, now, tls)));
+        self.phase = Phase::H2;
+        if !self.bits.has(Bits::NODELAY) {
+            self.bits.set(Bits::NODELAY, true);
+            let _ = self.stream.set_nodelay(true);
+        }
+        svc.stats.bump(counters::H2_CONNECTIONS, 1);
+        true
     }
 
     /// Queued output is to be written, then `after`: a new response, a new rate period.

@@ -16,7 +16,7 @@ use crate::access_log;
 use crate::busy::{Busy, RateWindow};
 use crate::handlers::Outcome;
 use crate::http::response::{Persistence, Status};
-use crate::out::Flush;
+use crate::out::{Flush, Sink};
 use crate::overload::admission::Admission;
 use crate::proxy::response_head::ClientBody;
 use crate::proxy::retry::Failure;
@@ -29,7 +29,7 @@ use crate::tls::Transport;
 use crate::upstream_health::{self, fail_policy, Choice};
 use crate::upstreams::{Proxied, Transfer};
 use forkd_shared::shm::upstream_state::{usability, ActiveChecks, DownReason, Usability};
-use std::io::{self, IoSlice, Write};
+use std::io::{self, IoSlice};
 use std::net::IpAddr;
 
 /// What the connection does after [`advance`].
@@ -59,10 +59,23 @@ pub enum Progress {
     Truncated,
 }
 
+/// What a proxied exchange writes its response to: the client connection's
+/// [`Transport`], or an HTTP/2 stream (`h2::stream`), which frames what it is given.
+pub trait ClientStream: Sink {
+    /// `Ok(0)`: the client has gone (closed its connection, or reset its stream).
+    fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+}
+
+impl ClientStream for Transport<'_> {
+    fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        Transport::peek(self, buf)
+    }
+}
+
 /// The client connection's side of [`advance`].
 pub struct Client<'a> {
     pub key: usize,
-    pub stream: Transport<'a>,
+    pub stream: &'a mut dyn ClientStream,
     /// The connection's peer (for the error log; the access log names the client
     /// `real_ip_header` gave, `Proxied::client`).
     pub peer: IpAddr,
@@ -94,7 +107,7 @@ fn step(
     // `100 Continue` (queued below) goes out before any response byte.
     if !busy.out.is_empty() {
         let mut sent = 0;
-        let result = busy.out.flush(&mut c.stream, &mut sent, *budget);
+        let result = busy.out.flush(c.stream, &mut sent, *budget);
         *budget = budget.saturating_sub(sent);
         if sent > 0 {
             *c.progress = svc.clock.now_us;
@@ -229,7 +242,7 @@ fn write_client(
         if *budget == 0 {
             return Some(Progress::Budget);
         }
-        match spool.write_to(&mut c.stream, *budget) {
+        match spool.write_to(c.stream, *budget) {
             Ok(w) => {
                 blocked = w.blocked;
                 if w.n > 0 {

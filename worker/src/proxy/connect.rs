@@ -116,7 +116,11 @@ impl std::os::fd::AsFd for UpstreamSocket {
 }
 
 /// A buffered request body's file part goes to the upstream by `sendfile`.
-impl crate::out::Sink for UpstreamSocket {}
+impl crate::out::Sink for UpstreamSocket {
+    fn sendfile_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(std::os::fd::AsFd::as_fd(self))
+    }
+}
 
 impl event::Source for UpstreamSocket {
     fn register(

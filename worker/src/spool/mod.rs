@@ -212,7 +212,7 @@ impl Spool {
     /// Writes out to `sink` as much as it takes, up to about `budget` bytes: memory
     /// first, then the file (`sendfile` where the sink allows it, else through a
     /// buffer).
-    pub fn write_to<S: Sink>(&mut self, sink: &mut S, budget: u64) -> io::Result<Written> {
+    pub fn write_to<S: Sink + ?Sized>(&mut self, sink: &mut S, budget: u64) -> io::Result<Written> {
         let mut w = Written::default();
         while (w.n as u64) < budget && !self.is_empty() {
             let left = budget - w.n as u64;
@@ -245,7 +245,7 @@ impl Spool {
     }
 
     /// One write of file bytes to `sink` (`out::send_range`: `sendfile` where it can).
-    fn write_file<S: Sink>(&self, sink: &mut S, max: u64) -> io::Result<usize> {
+    fn write_file<S: Sink + ?Sized>(&self, sink: &mut S, max: u64) -> io::Result<usize> {
         match self.file.as_ref() {
             Some(file) => send_range(
                 sink,
@@ -378,14 +378,9 @@ mod tests {
             Ok(())
         }
     }
-    impl AsFd for Slow {
-        fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-            self.fd.as_fd()
-        }
-    }
     impl Sink for Slow {
-        fn can_sendfile(&self) -> bool {
-            self.sendfile
+        fn sendfile_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+            self.sendfile.then(|| self.fd.as_fd())
         }
     }
 

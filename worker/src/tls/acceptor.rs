@@ -112,6 +112,7 @@ fn server_config(
             keys: tls.certificates.iter().map(|c| c.key.clone()).collect(),
             versions: tls.versions.clone(),
             tickets: tls.session_tickets,
+            http2: tls.http2,
         });
     }
     if entries.is_empty() {
@@ -128,12 +129,17 @@ fn server_config(
         versions.push(&rustls::version::TLS12);
     }
     let session_tickets = first.tickets;
+    let http2 = first.http2;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut sc = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&versions)?
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(Resolver { entries, default }));
-    sc.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // ALPN, like versions, is chosen before SNI: the default server's `http2` decides.
+    sc.alpn_protocols = match http2 {
+        true => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+        false => vec![b"http/1.1".to_vec()],
+    };
     sc.session_storage = resumption.sessions.clone();
     if session_tickets {
         sc.ticketer = resumption.tickets.clone();
@@ -150,6 +156,7 @@ struct Entry {
     keys: Vec<Arc<CertifiedKey>>,
     versions: Vec<TlsVersion>,
     tickets: bool,
+    http2: bool,
 }
 
 /// SNI: the server whose `names` match (exactly, or `*.example.com` for one label),

@@ -53,6 +53,18 @@ impl Tls {
         })))
     }
 
+    /// The handshake is done and the client chose HTTP/2 by ALPN.
+    pub fn chose_h2(&self) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|s| s.state == State::Established && s.conn.alpn_protocol() == Some(b"h2"))
+    }
+
+    /// Moves the session out (to an HTTP/2 connection's link), leaving none.
+    pub fn take(&mut self) -> Tls {
+        std::mem::take(self)
+    }
+
     /// Whether the connection speaks TLS.
     pub fn is_tls(&self) -> bool {
         self.0.is_some()
@@ -108,6 +120,16 @@ impl<'a> Transport<'a> {
     /// Reads plaintext into `buf` (the handshake, counted in `stats`, runs inside).
     /// `Ok(0)` is the end of the stream.
     pub fn read_counted(&mut self, buf: &mut [u8], stats: &Stats) -> io::Result<usize> {
+        self.read_into(buf, Some(stats))
+    }
+
+    /// Reads plaintext into `buf` once the handshake is done (an HTTP/2 connection's
+    /// link, which has no stats to count a handshake in). `Ok(0)` is the end.
+    pub fn read_plain(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_into(buf, None)
+    }
+
+    fn read_into(&mut self, buf: &mut [u8], stats: Option<&Stats>) -> io::Result<usize> {
         let Some(s) = self.tls.0.as_deref_mut() else {
             return self.tcp.read(buf);
         };
@@ -124,14 +146,18 @@ impl<'a> Transport<'a> {
                 Err(e) => return Err(e), // WouldBlock: nothing more now
             }
             if let Err(e) = s.conn.process_new_packets() {
-                count_failure(&e, s.state, stats);
+                if let Some(stats) = stats {
+                    count_failure(&e, s.state, stats);
+                }
                 // rustls queued an alert saying why: best effort, then close.
                 let _ = s.conn.write_tls(&mut self.tcp);
                 return Err(io::Error::new(io::ErrorKind::InvalidData, e));
             }
             if s.state == State::Handshaking && !s.conn.is_handshaking() {
                 s.state = State::Established;
-                count_handshake(&s.conn, stats);
+                if let Some(stats) = stats {
+                    count_handshake(&s.conn, stats);
+                }
             }
             // Handshake messages (and tickets) go out as soon as they are made; a full
             // socket leaves them pending for the connection's next write.
@@ -220,16 +246,10 @@ impl Write for Transport<'_> {
     }
 }
 
-impl AsFd for Transport<'_> {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.tcp.as_fd()
-    }
-}
-
 impl Sink for Transport<'_> {
     /// Under TLS a file's bytes go through rustls (read, then encrypted).
-    fn can_sendfile(&self) -> bool {
-        !self.tls.is_tls()
+    fn sendfile_fd(&self) -> Option<BorrowedFd<'_>> {
+        (!self.tls.is_tls()).then(|| self.tcp.as_fd())
     }
 }
 

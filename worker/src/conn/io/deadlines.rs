@@ -43,6 +43,10 @@ impl Conn {
                 Some(t) => t.deadline(),
                 None => self.progress,
             },
+            Phase::H2 => match self.busy.as_ref().and_then(|b| b.h2.as_ref()) {
+                Some(h2) => h2.deadline(svc, usize::from(self.server)),
+                None => self.progress,
+            },
             Phase::Proxy => match self.busy.as_deref() {
                 Some(b) => match b.proxy.as_deref() {
                     Some(p) => {
@@ -195,7 +199,20 @@ impl Conn {
             }
             Phase::Proxy => self.proxy_timeout(key, svc),
             Phase::Tunnel => self.tunnel_timeout(key, svc),
+            Phase::H2 => self.h2_timeout(key, svc),
         }
+    }
+
+    /// An HTTP/2 connection's deadline passed (`h2::Session::on_deadline`).
+    pub(super) fn h2_timeout(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        let server = usize::from(self.server);
+        let Some(s) = self.busy.as_mut().and_then(|b| b.h2.as_mut()) else {
+            return Verdict::Close;
+        };
+        if s.on_deadline(self.peer, svc, server) {
+            return self.abort();
+        }
+        self.drive(key, svc)
     }
 
     /// The tunnel's deadline passed: closed if it has been idle for its

@@ -10,6 +10,9 @@ impl Conn {
     /// likely about to send, and will get `Connection: close`); a busy one closes after
     /// its current response.
     pub fn on_drain(&mut self, key: usize, svc: &mut Services) -> Verdict {
+        if self.phase == Phase::H2 {
+            return self.drive(key, svc); // GOAWAY: its streams finish
+        }
         if self.is_idle() && self.idle_since + DRAIN_IDLE_GRACE <= svc.clock.now_us {
             return self.close_if_quiet(key, svc);
         }

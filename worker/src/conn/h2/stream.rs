@@ -1,0 +1,664 @@
+//! One HTTP/2 stream: one exchange, answered by the same dispatch, handlers and
+//! proxy as an HTTP/1.1 request.
+//!
+//! ```text
+//!  HEADERS ─▶ request.rs: the HTTP/1.1 head ─▶ dispatch::answer ─┬─ Answered (busy.out)
+//!                                                                ├─ Body: DATA counted, then answered
+//!                                                                └─ Proxy: proxied::advance
+//!  DATA ─▶ busy.inbuf (chunked if no content-length) ─▶ the proxy's request body
+//!  busy.out / the proxy's writes ─▶ Pipe (HTTP/1.1 bytes) ─▶ response.rs ─▶ HEADERS, DATA
+//!                                                           (within the stream's window)
+//! ```
+//!
+//! The handlers and the proxy write an HTTP/1.1 response into the [`Pipe`], a bounded
+//! buffer: when it is full they see a full socket and wait, exactly as for a slow
+//! HTTP/1.1 client; the pipe drains as the client's flow-control window allows.
+
+use super::request::{self, Framing, Malformed};
+use super::response::{Part, Reader};
+use crate::busy::{Busy, PendingBody};
+use crate::conn::dispatch::{self, Exchange, Next};
+use crate::conn::proxied::{self, Client, ClientStream, Progress};
+use crate::http::request as h1;
+use crate::http::response::Status;
+use crate::out::{Flush, Sink};
+use crate::services::Services;
+use crate::timers::Micros;
+use bytes::{Bytes, BytesMut};
+use h2::server::SendResponse;
+use h2::{Reason, RecvStream, SendStream};
+use std::io::{self, IoSlice, Write};
+use std::net::IpAddr;
+use std::os::fd::BorrowedFd;
+use std::task::{Context, Poll};
+
+/// HTTP/1.1 response bytes a stream holds before its writer sees a full socket.
+const PIPE_BYTES: usize = 64 * 1024;
+
+/// A stream's HTTP/1.1 response as written so far, not yet framed.
+#[derive(Default)]
+pub struct Pipe {
+    pub bytes: BytesMut,
+    /// The writer is done: nothing more will come.
+    pub closed: bool,
+    /// The client reset the stream: writes fail, and `peek` says it left.
+    pub left: bool,
+}
+
+impl Write for Pipe {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_vectored(&[IoSlice::new(buf)])
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        if self.left {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        let room = PIPE_BYTES.saturating_sub(self.bytes.len());
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if room == 0 && total > 0 {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let mut taken = 0;
+        for b in bufs {
+            let n = b.len().min(room - taken);
+            self.bytes.extend_from_slice(&b[..n]);
+            taken += n;
+            if taken == room {
+                break;
+            }
+        }
+        Ok(taken)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Sink for Pipe {
+    /// A file's bytes are read into DATA frames: no descriptor to `sendfile` to.
+    fn sendfile_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+}
+
+impl ClientStream for Pipe {
+    fn peek(&mut self, _buf: &mut [u8]) -> io::Result<usize> {
+        match self.left {
+            true => Ok(0),
+            false => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+}
+
+/// What the stream's exchange is doing.
+enum Work {
+    /// A request with a body on a route that does not proxy: the body is counted
+    /// (and dropped) to its end, then the request answered.
+    Body { pending: PendingBody, received: u64 },
+    /// The answer is in `busy.out`, going into the pipe.
+    Answered,
+    /// A proxied exchange (`busy.proxy`).
+    Proxy,
+    /// Everything is in the pipe.
+    Written,
+}
+
+/// What the connection passes to each stream.
+pub struct On<'a, 'w> {
+    /// The stream's key for the upstream sockets it registers (see `super::key`).
+    pub key: usize,
+    pub peer: IpAddr,
+    pub listener: usize,
+    pub tls: bool,
+    pub cx: &'a mut Context<'w>,
+}
+
+/// How a stream ended, for the connection's stats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    Complete,
+    /// Reset by us (with this reason) or by the client.
+    Reset,
+}
+
+pub struct Stream {
+    recv: RecvStream,
+    respond: Option<SendResponse<Bytes>>,
+    send: Option<SendStream<Bytes>>,
+    busy: Box<Busy>,
+    pipe: Pipe,
+    reader: Reader,
+    work: Work,
+    framing: Framing,
+    /// The client's END_STREAM has been read.
+    body_ended: bool,
+    /// A chunked body's last chunk is still to go into the input.
+    last_chunk_due: bool,
+    /// DATA read from the stream not yet in `busy.inbuf`.
+    held: Bytes,
+    /// Taken from the pipe, not yet accepted by the stream's window.
+    unsent: Bytes,
+    /// The last part of the response to send: `unsent` ends the stream.
+    last: bool,
+    /// Last time bytes moved either way (its timeouts).
+    pub progress: Micros,
+    pub started: Micros,
+    server: usize,
+    ended: Option<Ended>,
+}
+
+impl Stream {
+    /// A new stream: its request read into the HTTP/1.1 form and dispatched.
+    pub fn start(
+        request: http::Request<RecvStream>,
+        respond: SendResponse<Bytes>,
+        on: &mut On,
+        svc: &mut Services,
+    ) -> Stream {
+        let (parts, recv) = request.into_parts();
+        let now = svc.clock.now_us;
+        let ended = recv.is_end_stream();
+        let head_request = parts.method == http::Method::HEAD;
+        let mut s = Stream {
+            recv,
+            respond: Some(respond),
+            send: None,
+            busy: svc.take_busy(),
+            pipe: Pipe::default(),
+            reader: Reader::new(head_request),
+            work: Work::Answered,
+            framing: Framing::None,
+            body_ended: ended,
+            last_chunk_due: false,
+            held: Bytes::new(),
+            unsent: Bytes::new(),
+            last: false,
+            progress: now,
+            started: now,
+            server: svc.routing[on.listener].default,
+            ended: None,
+        };
+        let mut head = Vec::with_capacity(256);
+        match request::head(&parts, ended, &mut head) {
+            Ok(framing) => s.framing = framing,
+            Err(e) => {
+                let why = match &e {
+                    Malformed::ConnectionField(name) => {
+                        format!("connection-specific field `{name}`")
+                    }
+                    Malformed::Te => "`te` other than `trailers`".into(),
+                    Malformed::HostDisagrees => "`host` other than `:authority`".into(),
+                    Malformed::NoPath => "no `:path`".into(),
+                    Malformed::LengthWithoutBody => "`content-length` without a body".into(),
+                };
+                forkd_shared::info!("client {} sent a malformed HTTP/2 request: {why}", on.peer);
+                s.reset(Reason::PROTOCOL_ERROR);
+                return s;
+            }
+        }
+        if head.len() > s.busy.inbuf.len() {
+            // Past the largest head the address reads: as HTTP/1.1 would answer.
+            s.error(svc, Status::HEADER_FIELDS_TOO_LARGE, on.peer);
+            return s;
+        }
+        s.busy.inbuf[..head.len()].copy_from_slice(&head);
+        s.busy.in_start = 0;
+        s.busy.in_end = head.len();
+        s.dispatch(on, svc);
+        s
+    }
+
+    /// The stream is over on our side (and its buffers can go back).
+    pub fn ended(&self) -> Option<Ended> {
+        self.ended
+    }
+
+    /// The buffers back to the pool, the exchange's upstream socket forgotten.
+    pub fn release(mut self, svc: &mut Services) {
+        if let Some(token) = self.busy.proxy.take().and_then(|p| p.token) {
+            svc.upstreams.forget(token);
+        }
+        svc.give_busy(self.busy);
+    }
+
+    /// The proxied exchange under way, if any (its upstream socket's events).
+    pub fn proxied(&mut self) -> Option<&mut crate::upstreams::Proxied> {
+        self.busy.proxy.as_deref_mut()
+    }
+
+    /// Waits on the client's window with response bytes to send.
+    pub fn stalled(&self) -> bool {
+        self.ended.is_none() && (!self.unsent.is_empty() || self.pipe.bytes.len() >= PIPE_BYTES)
+    }
+
+    /// The proxied exchange's deadlines (upstream, client), if it proxies.
+    pub fn deadlines(&self, svc: &Services) -> Option<(Micros, Micros)> {
+        let p = self.busy.proxy.as_deref()?;
+        Some(proxied::deadlines(p, &self.busy, svc, self.progress))
+    }
+
+    /// The upstream's deadline passed: the next pump tells the session so.
+    pub fn upstream_fired(&mut self) {
+        if let Some(p) = self.busy.proxy.as_deref_mut() {
+            p.fired = true;
+        }
+    }
+
+    fn dispatch(&mut self, on: &mut On, svc: &mut Services) {
+        let max_header = svc.routing[on.listener].max_header_bytes;
+        let busy = &mut *self.busy;
+        let buf = &busy.inbuf[busy.in_start..busy.in_end];
+        let mut requests = 0u32;
+        let mut server = self.server as u16;
+        let step = match h1::parse(buf, max_header) {
+            Ok(Some(req)) => {
+                let x = Exchange {
+                    out: &mut busy.out,
+                    requests: &mut requests,
+                    server: &mut server,
+                    peer: on.peer,
+                    listener: on.listener,
+                    started: self.started,
+                    rotate: false,
+                    tls: on.tls,
+                };
+                Ok((
+                    req.head_len,
+                    dispatch::answer(x, svc, &req, &buf[..req.head_len]),
+                ))
+            }
+            Ok(None) => Err(h1::RequestError::HeadersTooLarge),
+            Err(e) => Err(e),
+        };
+        self.server = usize::from(server);
+        match step {
+            Ok((len, next)) => {
+                busy.consume(len);
+                match next {
+                    Next::Continue | Next::Finish(_) => self.work = Work::Answered,
+                    Next::Body(pending) => {
+                        self.work = Work::Body {
+                            pending,
+                            received: 0,
+                        }
+                    }
+                    Next::Proxy(p) => {
+                        busy.proxy = Some(p);
+                        self.work = Work::Proxy;
+                    }
+                    Next::Reject(e) => {
+                        busy.discard_input();
+                        self.error(svc, e.status(), on.peer);
+                    }
+                }
+            }
+            Err(e) => {
+                busy.discard_input();
+                forkd_shared::info!("client {} sent a bad request: {}", on.peer, e.reason());
+                self.error(svc, e.status(), on.peer);
+            }
+        }
+    }
+
+    /// Queues an error page as the answer.
+    fn error(&mut self, svc: &mut Services, status: Status, peer: IpAddr) {
+        dispatch::error_page(
+            &mut self.busy.out,
+            svc,
+            status,
+            self.server,
+            peer,
+            self.started,
+        );
+        self.work = Work::Answered;
+    }
+
+    /// Resets the stream (nothing more is sent or read).
+    fn reset(&mut self, reason: Reason) {
+        if let Some(send) = self.send.as_mut() {
+            send.send_reset(reason);
+        } else if let Some(respond) = self.respond.as_mut() {
+            respond.send_reset(reason);
+        }
+        self.respond = None;
+        self.send = None;
+        self.ended = Some(Ended::Reset);
+    }
+
+    /// Moves the stream as far as it goes now; true if anything moved.
+    pub fn pump(&mut self, on: &mut On, svc: &mut Services, budget: &mut u64) -> bool {
+        if self.ended.is_some() {
+            return false;
+        }
+        let mut moved = false;
+        if self.client_reset(on.cx) {
+            self.pipe.left = true;
+            match self.busy.proxy.as_deref_mut() {
+                Some(p) => p.client_hung_up = true,
+                None => {
+                    self.ended = Some(Ended::Reset);
+                    return true;
+                }
+            }
+        }
+        moved |= self.read_body(on, svc);
+        moved |= self.run(on, svc, budget);
+        moved |= self.frame(on.cx);
+        if moved {
+            self.progress = svc.clock.now_us;
+        }
+        moved
+    }
+
+    /// Whether the client reset the stream.
+    fn client_reset(&mut self, cx: &mut Context) -> bool {
+        let polled = match (self.send.as_mut(), self.respond.as_mut()) {
+            (Some(send), _) => send.poll_reset(cx),
+            (None, Some(respond)) => respond.poll_reset(cx),
+            (None, None) => Poll::Pending,
+        };
+        matches!(polled, Poll::Ready(_))
+    }
+
+    /// Moves DATA from the stream into the exchange: counted for a `Body`, into
+    /// `busy.inbuf` (as chunks, if no `content-length`) for the proxy, dropped once
+    /// the request is answered.
+    fn read_body(&mut self, on: &mut On, svc: &mut Services) -> bool {
+        let mut moved = false;
+        loop {
+            if !self.place_held(on, svc) {
+                return moved;
+            }
+            if self.body_ended {
+                if matches!(self.work, Work::Body { .. }) {
+                    self.answer_after_body(on, svc);
+                    return true;
+                }
+                return moved;
+            }
+            match self.recv.poll_data(on.cx) {
+                Poll::Ready(Some(Ok(data))) => self.held = data,
+                Poll::Ready(Some(Err(_))) => {
+                    // Reset by the client, or the connection failed.
+                    self.pipe.left = true;
+                    self.body_ended = true;
+                    match self.busy.proxy.as_deref_mut() {
+                        Some(p) => p.client_hung_up = true,
+                        None => self.ended = Some(Ended::Reset),
+                    }
+                    return true;
+                }
+                Poll::Ready(None) => {
+                    self.body_ended = true;
+                    self.last_chunk_due = self.framing == Framing::Chunked;
+                }
+                Poll::Pending => return moved,
+            }
+            moved = true;
+        }
+    }
+
+    /// Gives the DATA held to the exchange; false if it must wait for room.
+    fn place_held(&mut self, on: &mut On, svc: &mut Services) -> bool {
+        let n = self.held.len();
+        match &mut self.work {
+            Work::Proxy => {
+                if n > 0 {
+                    let data = self.held.clone();
+                    let fits = match self.framing {
+                        Framing::Chunked => {
+                            let mut framed = Vec::with_capacity(n + 16);
+                            request::chunk(&mut framed, &data);
+                            self.put(&framed)
+                        }
+                        _ => self.put(&data),
+                    };
+                    if !fits {
+                        return false;
+                    }
+                }
+                if self.last_chunk_due && self.held.len() == n {
+                    if self.body_ended && !self.put(request::LAST_CHUNK) {
+                        self.release_held(n);
+                        return false;
+                    }
+                    self.last_chunk_due = false;
+                }
+            }
+            Work::Body { received, .. } => {
+                *received += n as u64;
+                if *received > svc.server(self.server).max_body_bytes {
+                    self.release_held(n);
+                    self.error(svc, Status::CONTENT_TOO_LARGE, on.peer);
+                    return true;
+                }
+            }
+            Work::Answered | Work::Written => {}
+        }
+        self.release_held(n);
+        true
+    }
+
+    /// The held DATA is consumed: the client may send as much again.
+    fn release_held(&mut self, n: usize) {
+        if n > 0 {
+            let _ = self.recv.flow_control().release_capacity(n);
+            self.held = Bytes::new();
+        }
+    }
+
+    /// Appends `bytes` to the input whole, if they fit.
+    fn put(&mut self, bytes: &[u8]) -> bool {
+        let busy = &mut *self.busy;
+        if busy.inbuf.len() - busy.in_end < bytes.len() {
+            busy.compact();
+        }
+        if busy.inbuf.len() - busy.in_end < bytes.len() {
+            return false;
+        }
+        busy.inbuf[busy.in_end..busy.in_end + bytes.len()].copy_from_slice(bytes);
+        busy.in_end += bytes.len();
+        true
+    }
+
+    fn answer_after_body(&mut self, on: &mut On, svc: &mut Services) {
+        let Work::Body { pending, .. } = std::mem::replace(&mut self.work, Work::Answered) else {
+            return;
+        };
+        let server = pending.server;
+        let mut requests = 0u32;
+        let mut current = server as u16;
+        if let Ok(Some(req)) = h1::parse(&pending.head, pending.head.len()) {
+            let x = Exchange {
+                out: &mut self.busy.out,
+                requests: &mut requests,
+                server: &mut current,
+                peer: on.peer,
+                listener: on.listener,
+                started: self.started,
+                rotate: false,
+                tls: on.tls,
+            };
+            dispatch::answer_after_body(x, svc, &req, &pending.head, server);
+        }
+    }
+
+    /// Runs the exchange: the proxy, or the answer into the pipe.
+    fn run(&mut self, on: &mut On, svc: &mut Services, budget: &mut u64) -> bool {
+        let mut moved = false;
+        loop {
+            match self.work {
+                Work::Written => return moved,
+                Work::Body { .. } if self.busy.out.is_empty() => return moved,
+                Work::Body { .. } | Work::Answered => {
+                    let mut sent = 0;
+                    let flushed = self.busy.out.flush(&mut self.pipe, &mut sent, *budget);
+                    *budget = budget.saturating_sub(sent);
+                    moved |= sent > 0;
+                    match flushed {
+                        Ok(Flush::Done) if matches!(self.work, Work::Body { .. }) => return moved,
+                        Ok(Flush::Done) => {
+                            self.work = Work::Written;
+                            self.pipe.closed = true;
+                            return true;
+                        }
+                        Ok(_) => return moved,
+                        Err(_) => {
+                            self.reset(Reason::INTERNAL_ERROR);
+                            return true;
+                        }
+                    }
+                }
+                Work::Proxy => {
+                    let Some(mut p) = self.busy.proxy.take() else {
+                        self.work = Work::Answered;
+                        continue;
+                    };
+                    let mut progress_at = self.progress;
+                    let mut client = Client {
+                        key: on.key,
+                        stream: &mut self.pipe,
+                        peer: on.peer,
+                        progress: &mut progress_at,
+                    };
+                    let progress =
+                        proxied::advance(&mut p, &mut client, &mut self.busy, svc, budget);
+                    self.progress = progress_at;
+                    match progress {
+                        Progress::Again => {
+                            self.busy.proxy = Some(p);
+                            moved = true;
+                        }
+                        Progress::ReadClient | Progress::Wait | Progress::Budget => {
+                            self.busy.proxy = Some(p);
+                            return moved;
+                        }
+                        Progress::Finished { .. } | Progress::Failed { .. } => {
+                            forget(&mut p, svc);
+                            self.work = Work::Answered;
+                            moved = true;
+                        }
+                        Progress::Truncated | Progress::Close | Progress::Upgraded => {
+                            forget(&mut p, svc);
+                            // What was sent stays cut short: the client sees a reset.
+                            let _ = self.frame(on.cx);
+                            self.reset(Reason::INTERNAL_ERROR);
+                            return true;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Frames what the pipe holds: heads, DATA within the window, trailers.
+    fn frame(&mut self, cx: &mut Context) -> bool {
+        let mut moved = false;
+        loop {
+            if self.ended.is_some() {
+                return moved;
+            }
+            if !self.unsent.is_empty() || self.last {
+                let Some(send) = self.send.as_mut() else {
+                    return moved;
+                };
+                if self.unsent.is_empty() {
+                    if send.send_data(Bytes::new(), true).is_err() {
+                        self.ended = Some(Ended::Reset);
+                    } else {
+                        self.ended = Some(Ended::Complete);
+                    }
+                    return true;
+                }
+                send.reserve_capacity(self.unsent.len());
+                let mut room = send.capacity();
+                if room == 0 {
+                    match send.poll_capacity(cx) {
+                        Poll::Ready(Some(Ok(n))) => room = n,
+                        Poll::Ready(Some(Err(_)) | None) => {
+                            self.ended = Some(Ended::Reset);
+                            return true;
+                        }
+                        Poll::Pending => return moved,
+                    }
+                }
+                let n = room.min(self.unsent.len());
+                if n == 0 {
+                    return moved;
+                }
+                let chunk = self.unsent.split_to(n);
+                let end = self.last && self.unsent.is_empty();
+                if send.send_data(chunk, end).is_err() {
+                    self.ended = Some(Ended::Reset);
+                    return true;
+                }
+                moved = true;
+                if end {
+                    self.ended = Some(Ended::Complete);
+                    return true;
+                }
+                continue;
+            }
+            let part = match self.reader.next(&mut self.pipe.bytes, self.pipe.closed) {
+                Ok(Some(part)) => part,
+                Ok(None) => return moved,
+                Err(bad) => {
+                    forkd_shared::error!("an HTTP/2 response could not be framed: {}", bad.0);
+                    self.reset(Reason::INTERNAL_ERROR);
+                    return true;
+                }
+            };
+            moved = true;
+            match part {
+                Part::Informational(head) => {
+                    if let Some(respond) = self.respond.as_mut() {
+                        let _ = respond.send_informational(head);
+                    }
+                }
+                Part::Head(head, body) => {
+                    let Some(mut respond) = self.respond.take() else {
+                        return moved;
+                    };
+                    match respond.send_response(head, !body) {
+                        Ok(send) if body => self.send = Some(send),
+                        Ok(_) => {
+                            self.ended = Some(Ended::Complete);
+                            return true;
+                        }
+                        Err(_) => {
+                            self.ended = Some(Ended::Reset);
+                            return true;
+                        }
+                    }
+                }
+                Part::Data(data) => {
+                    self.unsent = data;
+                    self.last = self.reader.done();
+                }
+                Part::Trailers(fields) => {
+                    if let Some(send) = self.send.as_mut() {
+                        let sent = send.send_trailers(fields);
+                        self.ended = Some(if sent.is_ok() {
+                            Ended::Complete
+                        } else {
+                            Ended::Reset
+                        });
+                    }
+                    return true;
+                }
+                Part::End => {
+                    self.last = true;
+                }
+            }
+        }
+    }
+}
+
+/// The exchange's upstream socket, still registered, is forgotten with it.
+fn forget(p: &mut crate::upstreams::Proxied, svc: &mut Services) {
+    if let Some(token) = p.token.take() {
+        svc.upstreams.forget(token);
+    }
+}

@@ -4,7 +4,7 @@
 //! Taken from the pool when bytes arrive and given back when the connection is idle
 //! again, so an idle keep-alive connection is just its `Conn` (about 80 bytes).
 
-use crate::conn::{H2Session, Tunnel};
+use crate::conn::Tunnel;
 use crate::http::chunked::ChunkedDecoder;
 use crate::out::OutQueue;
 use crate::timers::Micros;
@@ -65,8 +65,10 @@ pub struct Busy {
     pub proxy: Option<Box<Proxied>>,
     /// The connection was upgraded (a 101 from the upstream): the byte tunnel.
     pub tunnel: Option<Box<Tunnel>>,
-    /// The connection speaks HTTP/2: its session and streams.
-    pub h2: Option<Box<H2Session>>,
+    /// The connection speaks HTTP/2: its session and streams (`conn::H2Session`,
+    /// held type-erased: the session's streams hold `Busy`s of their own, and a
+    /// named type here would make the two modules import each other).
+    pub h2: Option<Box<dyn std::any::Any>>,
     /// An event said the client closed its side (or the socket failed) while these
     /// buffers were the connection's: reads go on to the EOF whatever their sizes,
     /// since a FIN that came with the last bytes raises no further edge. Kept here,

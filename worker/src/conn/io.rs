@@ -252,7 +252,11 @@ impl Conn {
     pub fn activity(&self) -> Activity {
         match self.phase {
             Phase::Write(_) | Phase::Proxy | Phase::Tunnel => Activity::Writing,
-            Phase::H2 => match self.busy.as_ref().and_then(|b| b.h2.as_ref()) {
+            Phase::H2 => match self
+                .busy
+                .as_ref()
+                .and_then(|b| b.h2.as_ref().and_then(|h| h.downcast_ref::<h2::Session>()))
+            {
                 Some(s) if s.open_streams() > 0 => Activity::Writing,
                 _ => Activity::Idle,
             },
@@ -280,7 +284,10 @@ impl Conn {
                         .as_ref()
                         .is_some_and(|p| !p.session.client_output().is_empty() || p.spooled())
                     || b.tunnel.as_ref().is_some_and(|t| t.wants_client_write())
-                    || b.h2.as_ref().is_some_and(|s| s.wants_write())
+                    || b.h2
+                        .as_ref()
+                        .and_then(|h| h.downcast_ref::<h2::Session>())
+                        .is_some_and(|s| s.wants_write())
             })
     }
 
@@ -339,7 +346,11 @@ impl Conn {
             if let Some(tunnel) = busy.tunnel.take() {
                 tunnel.close(&mut svc.upstreams, &mut svc.stats);
             }
-            if let Some(mut session) = busy.h2.take() {
+            if let Some(mut session) = busy
+                .h2
+                .take()
+                .and_then(|h| h.downcast::<h2::Session>().ok())
+            {
                 session.release(svc);
             }
             svc.give_busy(busy);
@@ -369,7 +380,10 @@ impl Conn {
         let Some(b) = self.busy.as_mut() else {
             return;
         };
-        if let (Some(s), Some(slot)) = (b.h2.as_mut(), stream) {
+        if let (Some(s), Some(slot)) = (
+            b.h2.as_mut().and_then(|h| h.downcast_mut::<h2::Session>()),
+            stream,
+        ) {
             s.upstream_readable(slot, hung_up);
         } else if let Some(t) = b.tunnel.as_mut() {
             t.upstream_ready(hung_up);
@@ -625,7 +639,11 @@ impl Conn {
                 }
                 Phase::H2 => {
                     let rotate = self.bits.has(Bits::ROTATE);
-                    let Some(s) = self.busy.as_mut().and_then(|b| b.h2.as_mut()) else {
+                    let Some(s) = self
+                        .busy
+                        .as_mut()
+                        .and_then(|b| b.h2.as_mut().and_then(|h| h.downcast_mut::<h2::Session>()))
+                    else {
                         return Verdict::Close;
                     };
                     if svc.draining || rotate {

@@ -43,7 +43,11 @@ impl Conn {
                 Some(t) => t.deadline(),
                 None => self.progress,
             },
-            Phase::H2 => match self.busy.as_ref().and_then(|b| b.h2.as_ref()) {
+            Phase::H2 => match self
+                .busy
+                .as_ref()
+                .and_then(|b| b.h2.as_ref().and_then(|h| h.downcast_ref::<h2::Session>()))
+            {
                 Some(h2) => h2.deadline(svc, usize::from(self.server)),
                 None => self.progress,
             },
@@ -206,7 +210,11 @@ impl Conn {
     /// An HTTP/2 connection's deadline passed (`h2::Session::on_deadline`).
     pub(super) fn h2_timeout(&mut self, key: usize, svc: &mut Services) -> Verdict {
         let server = usize::from(self.server);
-        let Some(s) = self.busy.as_mut().and_then(|b| b.h2.as_mut()) else {
+        let Some(s) = self
+            .busy
+            .as_mut()
+            .and_then(|b| b.h2.as_mut().and_then(|h| h.downcast_mut::<h2::Session>()))
+        else {
             return Verdict::Close;
         };
         if s.on_deadline(self.peer, svc, server) {

@@ -81,11 +81,7 @@ impl Reader {
                 }
                 State::Length(left) => {
                     if buf.is_empty() {
-                        return if closed {
-                            Err(Bad("body cut short"))
-                        } else {
-                            Ok(None)
-                        };
+                        return wait_or_cut(closed);
                     }
                     let n = (left as usize).min(buf.len());
                     // The last bytes end the body: [`Reader::done`] says so at once,
@@ -108,11 +104,7 @@ impl Reader {
                 }
                 State::ChunkSize => {
                     let Some(line) = take_line(buf)? else {
-                        return if closed {
-                            Err(Bad("body cut short"))
-                        } else {
-                            Ok(None)
-                        };
+                        return wait_or_cut(closed);
                     };
                     let hex = line.split(|&b| b == b';').next().unwrap_or(&[]);
                     let size = std::str::from_utf8(hex)
@@ -126,11 +118,7 @@ impl Reader {
                 }
                 State::ChunkData(left) => {
                     if buf.is_empty() {
-                        return if closed {
-                            Err(Bad("body cut short"))
-                        } else {
-                            Ok(None)
-                        };
+                        return wait_or_cut(closed);
                     }
                     let n = (left as usize).min(buf.len());
                     let left = left - n as u64;
@@ -143,11 +131,7 @@ impl Reader {
                 }
                 State::ChunkEnd => {
                     if buf.len() < 2 {
-                        return if closed {
-                            Err(Bad("body cut short"))
-                        } else {
-                            Ok(None)
-                        };
+                        return wait_or_cut(closed);
                     }
                     if &buf[..2] != b"\r\n" {
                         return Err(Bad("chunk not followed by CRLF"));
@@ -157,11 +141,7 @@ impl Reader {
                 }
                 State::Trailers => {
                     let Some(line) = take_line(buf)? else {
-                        return if closed {
-                            Err(Bad("body cut short"))
-                        } else {
-                            Ok(None)
-                        };
+                        return wait_or_cut(closed);
                     };
                     if line.is_empty() {
                         self.state = State::Done;
@@ -238,6 +218,14 @@ impl Reader {
         };
         let body = self.state != State::Done;
         Ok(Some(Part::Head(response, body)))
+    }
+}
+
+/// More bytes are needed: wait for them, unless the writer is done (cut short).
+fn wait_or_cut(closed: bool) -> Result<Option<Part>, Bad> {
+    match closed {
+        true => Err(Bad("body cut short")),
+        false => Ok(None),
     }
 }
 

@@ -178,6 +178,7 @@ fn enums() -> Vec<(&'static str, Vec<(&'static str, Shape)>)> {
         ("Priority", variants::<overload::Priority>()),
         ("TlsVersion", variants::<tls::TlsVersion>()),
         ("RawHost", variants::<config::shaping::RawHost>()),
+        ("Http2Listen", variants::<raw::Http2Listen>()),
     ]
 }
 

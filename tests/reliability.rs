@@ -1033,3 +1033,79 @@ fn forkd_as_pid_1_serves_reaps_orphans_and_stops_on_term() {
         assert!(!log.contains(bad), "{bad} in the error log:\n{log}");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// HTTP/2: the same lifecycle, streams instead of requests
+// ---------------------------------------------------------------------------------------
+
+/// Worker-count reloads under h2c load (3 connections, 8 streams in flight on each):
+/// each retiring worker sends the two-step GOAWAY and finishes its open streams, the
+/// clients reconnect to the new generation. `h2_max_requests: 200` makes every
+/// connection end with a GOAWAY every 200 streams as well.
+#[test]
+fn worker_count_reloads_under_h2_load_fail_no_stream() {
+    let mut d = load_site(TestDaemon::builder().workers(2).h2c())
+        .server("h2_max_requests: 200,")
+        .start();
+    let load = support::h2load::H2Load::start(d.port, 3, 8);
+    load.wait_for(300);
+    let mut generation = 1;
+    for workers in [3, 1, 2] {
+        let old = d.workers();
+        d.builder.workers = workers;
+        let (code, out, err) = d.reload();
+        generation += 1;
+        assert_eq!(code, 0, "reload to {workers} workers: {out}{err}");
+        assert!(
+            out.contains(&format!(
+                "configuration generation {generation} in force in {workers} worker(s)"
+            )),
+            "reload to {workers} workers: {out}"
+        );
+        assert!(
+            d.wait_replaced(&old, workers, Duration::from_secs(15)),
+            "the old generation {old:?} did not leave for {workers} new workers: {:?}\n{}",
+            d.workers(),
+            d.error_log()
+        );
+        load.wait_for(300);
+    }
+    let report = load.stop();
+    report.assert_clean("worker-count reloads under h2 load", 1000);
+    assert!(
+        report.goaways >= 3,
+        "the retired workers and h2_max_requests ended connections with GOAWAY: {}",
+        report.summary()
+    );
+    d.stop();
+}
+
+/// `-s quit` under h2c load: no new connection is opened once it is sent; every stream
+/// the clients began on the open connections is answered in full (the workers send
+/// GOAWAY and finish them within drain_timeout), and the daemon exits.
+#[test]
+fn quit_under_h2_load_answers_every_stream_it_began() {
+    let mut d = load_site(TestDaemon::builder().workers(2).h2c())
+        .top(r#"drain_timeout: "20s","#)
+        .server("h2_max_requests: 1000000,")
+        .start();
+    let load = support::h2load::H2Load::start(d.port, 3, 8);
+    load.wait_for(300);
+    load.server_closing();
+    let (code, out, err) = d.ctl(&["-s", "quit"]);
+    assert_eq!(code, 0, "-s quit: {out}{err}");
+    assert!(
+        d.wait_exit(Duration::from_secs(40)).is_some(),
+        "the daemon did not exit after -s quit\n{}",
+        d.error_log()
+    );
+    let report = load.stop();
+    report.assert_clean("quit under h2 load", 300);
+    assert_eq!(
+        report.goaways,
+        report.connections,
+        "every connection was ended by the server's GOAWAY: {}",
+        report.summary()
+    );
+    d.assert_log_clean();
+}

@@ -306,6 +306,36 @@ fn ten_upgrades_under_load_fail_no_request_with_reuseport_accept() {
     ten_upgrades_under_load("ReusePort");
 }
 
+/// Binary upgrades under h2c load (3 connections, 8 streams in flight on each): the old
+/// master's workers send the two-step GOAWAY and finish their streams, the clients
+/// reconnect to the new master's.
+#[test]
+fn four_upgrades_under_h2_load_fail_no_stream() {
+    let scenario = "4 upgrades under h2 load";
+    let mut srv = site(2, "Shared", r#"drain_timeout: "5s","#).h2c().prepare();
+    let first = start(&mut srv);
+    let load = support::h2load::H2Load::start(srv.port, 3, 8);
+    load.wait_for(200);
+    let config = srv.config.clone();
+    let mut masters = vec![first];
+    for round in 1..=4 {
+        let what = format!("{scenario}: upgrade {round}");
+        let new = good_upgrade(&mut srv, &config, &what);
+        assert!(!masters.contains(&new), "{what}: master {new} again");
+        masters.push(new);
+        load.wait_for(200);
+    }
+    let report = load.stop();
+    report.assert_clean(scenario, 1000);
+    assert!(
+        report.connections > 3,
+        "the clients reconnected after the old masters' GOAWAY: {}",
+        report.summary()
+    );
+    srv.stop_master();
+    srv.assert_log_clean();
+}
+
 // ---------------------------------------------------------------------------------------
 // 2. Failed upgrades roll back
 // ---------------------------------------------------------------------------------------

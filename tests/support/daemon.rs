@@ -103,6 +103,8 @@ pub struct Builder {
     /// Run from a copy of the binary at `<tmp>/bin/forkd` (a master execs whatever is at
     /// the path it was started from, so an upgrade test can put another binary there).
     pub own_binary: bool,
+    /// The server's one listen entry; `{port}` stands for the daemon's port.
+    pub listen: String,
 }
 
 impl Default for Builder {
@@ -119,6 +121,7 @@ impl Default for Builder {
             files: vec![("index.html".into(), b"<h1>index</h1>\n".to_vec())],
             expect_alerts: false,
             own_binary: false,
+            listen: r#""127.0.0.1:{port}""#.into(),
         }
     }
 }
@@ -156,6 +159,11 @@ impl Builder {
         self.own_binary = true;
         self
     }
+    /// The address also speaks HTTP/2 to a client that starts with its preface (h2c).
+    pub fn h2c(mut self) -> Self {
+        self.listen = r#"(addr: "127.0.0.1:{port}", http2: PriorKnowledge)"#.into();
+        self
+    }
 
     /// The config text for `port`.
     pub fn config_text(&self, port: u16) -> String {
@@ -169,7 +177,7 @@ impl Builder {
     log_level: Info,
     {top}
     servers: [(
-        listen: ["127.0.0.1:{{port}}"],
+        listen: [{listen}],
         names: ["localhost"],
         access_log: Some(File("access.log")),
         {server}
@@ -184,6 +192,7 @@ impl Builder {
             top = self.top,
             server = self.server,
             routes = self.routes,
+            listen = self.listen,
         );
         text.replace("{port}", &port.to_string())
     }

@@ -1077,6 +1077,13 @@ fn worker_count_reloads_under_h2_load_fail_no_stream() {
         "the retired workers and h2_max_requests ended connections with GOAWAY: {}",
         report.summary()
     );
+    let log = d.access_log();
+    assert!(
+        log.contains("\"GET /load.txt HTTP/2.0\" 200 ")
+            && log.contains("\"POST /upload HTTP/2.0\" 405 "),
+        "the access log names the streams' protocol as nginx does:\n{}",
+        &log[..log.len().min(600)]
+    );
     d.stop();
 }
 

@@ -58,7 +58,7 @@ pub struct Entry<'a> {
     pub peer: IpAddr,
     pub method: &'a str,
     pub target: &'a [u8],
-    pub http10: bool,
+    pub version: Version,
     pub status: u16,
     pub body_bytes: u64,
     pub referer: Option<&'a [u8]>,
@@ -77,7 +77,7 @@ pub struct Entry<'a> {
 pub struct RequestLine<'a> {
     pub method: &'a str,
     pub target: &'a [u8],
-    pub http10: bool,
+    pub version: Version,
     pub referer: Option<&'a [u8]>,
     pub user_agent: Option<&'a [u8]>,
 }
@@ -87,7 +87,7 @@ impl<'a> RequestLine<'a> {
         RequestLine {
             method: req.method_name,
             target: req.target,
-            http10: req.version == Version::Http10,
+            version: req.version,
             referer: req.referer,
             user_agent: req.user_agent,
         }
@@ -109,7 +109,7 @@ pub struct KeptLine {
     ends: [usize; 3],
     referer: bool,
     user_agent: bool,
-    http10: bool,
+    version: Version,
 }
 
 impl KeptLine {
@@ -133,7 +133,7 @@ impl KeptLine {
             ends,
             referer: line.referer.is_some(),
             user_agent: line.user_agent.is_some(),
-            http10: line.http10,
+            version: line.version,
         }
     }
 
@@ -143,7 +143,7 @@ impl KeptLine {
             // Copied from a `&str`: always UTF-8.
             method: std::str::from_utf8(&self.bytes[..method]).unwrap_or("-"),
             target: &self.bytes[method..target],
-            http10: self.http10,
+            version: self.version,
             referer: self.referer.then(|| &self.bytes[target..referer]),
             user_agent: self.user_agent.then(|| &self.bytes[referer..]),
         }
@@ -303,11 +303,9 @@ pub fn format_line(out: &mut Vec<u8>, e: &Entry, time: &[u8]) {
         escape(out, e.method.as_bytes());
         out.push(b' ');
         escape(out, e.target);
-        out.extend_from_slice(if e.http10 {
-            b" HTTP/1.0\" "
-        } else {
-            b" HTTP/1.1\" "
-        });
+        out.push(b' ');
+        out.extend_from_slice(e.version.name().as_bytes());
+        out.extend_from_slice(b"\" ");
     }
     let _ = write!(out, "{} {} \"", e.status, e.body_bytes);
     escape(out, e.referer.unwrap_or(b"-"));
@@ -334,7 +332,7 @@ pub fn format_json(out: &mut Vec<u8>, e: &Entry, unix_secs: u64) {
         client: e.peer,
         method: (!e.target.is_empty()).then_some(e.method),
         target: (!e.target.is_empty()).then(|| text(e.target)),
-        protocol: (!e.target.is_empty()).then_some(if e.http10 { "HTTP/1.0" } else { "HTTP/1.1" }),
+        protocol: (!e.target.is_empty()).then_some(e.version.name()),
         status: e.status,
         bytes: e.body_bytes,
         request_time: e.request_time_us.map(seconds),
@@ -412,21 +410,21 @@ mod tests {
             RequestLine {
                 method: "GET",
                 target: b"/a?b=1",
-                http10: false,
+                version: Version::Http11,
                 referer: Some(b"http://r/"),
                 user_agent: Some(b"ua/1"),
             },
             RequestLine {
                 method: "PROPFIND",
                 target: b"*",
-                http10: true,
+                version: Version::Http10,
                 referer: None,
                 user_agent: Some(b""),
             },
             RequestLine {
                 method: "HEAD",
                 target: b"/",
-                http10: false,
+                version: Version::Http11,
                 referer: Some(b""),
                 user_agent: None,
             },
@@ -438,13 +436,40 @@ mod tests {
     }
 
     #[test]
+    fn an_http2_stream_is_logged_as_http_2_0_in_both_formats() {
+        let e = Entry {
+            peer: "127.0.0.1".parse().unwrap(),
+            method: "GET",
+            target: b"/a",
+            version: Version::Http2,
+            status: 200,
+            body_bytes: 5,
+            referer: None,
+            user_agent: Some(b"h2load"),
+            request_time_us: None,
+            request_id: None,
+            upstream: None,
+        };
+        let mut out = Vec::new();
+        format_line(&mut out, &e, b"29/Nov/2026:22:10:00 +0000");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "127.0.0.1 - - [29/Nov/2026:22:10:00 +0000] \"GET /a HTTP/2.0\" 200 5 \"-\" \"h2load\"\n"
+        );
+        let mut out = Vec::new();
+        format_json(&mut out, &e, 0);
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["protocol"], "HTTP/2.0");
+    }
+
+    #[test]
     fn a_request_that_could_not_be_read_is_logged_as_dash() {
         let mut out = Vec::new();
         let e = Entry {
             peer: "127.0.0.1".parse().unwrap(),
             method: "-",
             target: b"",
-            http10: false,
+            version: Version::Http11,
             status: 408,
             body_bytes: 95,
             referer: None,
@@ -467,7 +492,7 @@ mod tests {
             peer: "127.0.0.1".parse().unwrap(),
             method: "GET",
             target: b"/a\"b",
-            http10: false,
+            version: Version::Http11,
             status: 200,
             body_bytes: 1024,
             referer: None,
@@ -496,7 +521,7 @@ mod tests {
             peer: "::1".parse().unwrap(),
             method: "GET",
             target,
-            http10: true,
+            version: Version::Http10,
             status: 200,
             body_bytes: 12,
             referer: None,

@@ -13,6 +13,7 @@
 //! Knows nothing of client connections beyond their slab keys.
 
 use crate::access_log::KeptLine;
+use crate::http::request::Version;
 use crate::proxy::balance::Balancer;
 use crate::proxy::connect::UpstreamSocket;
 use crate::proxy::exchange::State;
@@ -383,7 +384,7 @@ impl Proxied {
             truncated: false,
             sent: 0,
             client_keep_alive,
-            http10: client.line.line().http10,
+            http10: client.line.line().version == Version::Http10,
             upgraded: None,
             overload: None,
             priority: Default::default(),

@@ -18,6 +18,21 @@ pub enum Method {
 pub enum Version {
     Http10,
     Http11,
+    /// An HTTP/2 stream. The parser never reads it: `conn::h2` writes a stream's
+    /// request as an HTTP/1.1 head and marks the parsed request so, for the access
+    /// log ("HTTP/2.0", as nginx writes it).
+    Http2,
+}
+
+impl Version {
+    /// As a request line or an access log names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Version::Http10 => "HTTP/1.0",
+            Version::Http11 => "HTTP/1.1",
+            Version::Http2 => "HTTP/2.0",
+        }
+    }
 }
 
 /// How the request's body is delimited.

@@ -253,7 +253,8 @@ impl Stream {
         let mut requests = 0u32;
         let mut server = self.server as u16;
         let step = match h1::parse(buf, max_header) {
-            Ok(Some(req)) => {
+            Ok(Some(mut req)) => {
+                req.version = h1::Version::Http2;
                 let x = Exchange {
                     out: &mut busy.out,
                     requests: &mut requests,
@@ -470,7 +471,8 @@ impl Stream {
         let server = pending.server;
         let mut requests = 0u32;
         let mut current = server as u16;
-        if let Ok(Some(req)) = h1::parse(&pending.head, pending.head.len()) {
+        if let Ok(Some(mut req)) = h1::parse(&pending.head, pending.head.len()) {
+            req.version = h1::Version::Http2;
             let x = Exchange {
                 out: &mut self.busy.out,
                 requests: &mut requests,

@@ -150,3 +150,56 @@ fn group_without_user_and_unknown_group_are_config_errors() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("no group named `no-such-group-here`"), "{err}");
 }
+
+/// `temp_dir` with `user`: `-t` refuses a folder the workers could not reach once
+/// they gave up root (a folder above it they cannot search), naming it; the master
+/// makes a missing one so that they can: the folders above 0755, its own 0700 and
+/// theirs.
+#[test]
+fn temp_dir_must_be_reachable_by_the_workers_user() {
+    use std::os::unix::fs::PermissionsExt;
+    if !is_root() {
+        panic!("this test switches users and must run as root (as CI and the README do)");
+    }
+    let proxied = |temp_dir: &str| {
+        TestDaemon::builder()
+            .top(&format!(
+                r#"user: Some("nobody"), temp_dir: "{temp_dir}", upstreams: {{ "app": (servers: ["127.0.0.1:9"]) }},"#
+            ))
+            .routes(
+                r#"(prefix: "/healthz", handler: Liveness),
+                (prefix: "/app/", handler: Proxy(upstream: "app")),
+                (prefix: "/", handler: Static(root: "www")),"#,
+            )
+    };
+    let dir = TempDir::new();
+    let locked = dir.path().join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let b = proxied("locked/tmp");
+    b.write_files(dir.path());
+    let config = dir.path().join("forkd.ron");
+    std::fs::write(&config, b.config_text(free_port())).unwrap();
+    let (code, _, err) = run_forkd(&config, &["-t"]);
+    assert_eq!(code, 1, "-t passed a temp_dir nobody cannot reach: {err}");
+    assert!(
+        err.contains("temp_dir")
+            && err.contains(&format!("{} is not searchable", locked.display())),
+        "{err}"
+    );
+
+    let d = proxied("spool/run/tmp").start();
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    let above = std::fs::metadata(d.path("spool/run")).unwrap();
+    let tmp = std::fs::metadata(d.path("spool/run/tmp")).unwrap();
+    assert_eq!(
+        above.mode() & 0o777,
+        0o755,
+        "a folder above temp_dir made by the master"
+    );
+    assert_eq!(
+        (tmp.mode() & 0o777, tmp.uid()),
+        (0o700, nobody.uid.as_raw()),
+        "temp_dir made by the master"
+    );
+}

@@ -1010,7 +1010,12 @@ pub(super) fn validate(
         .iter()
         .any(|s| s.routes.iter().any(|r| r.handler.spools()));
     let usable = if spools {
-        crate::temp_dir::check(&temp_dir)
+        crate::temp_dir::check(&temp_dir).and_then(|()| {
+            match workers_credentials(raw.user.as_deref(), raw.group.as_deref()) {
+                Some((uid, gid)) => crate::temp_dir::check_reachable(&temp_dir, uid, gid),
+                None => Ok(()),
+            }
+        })
     } else {
         Ok(())
     };
@@ -1055,6 +1060,21 @@ pub(super) fn validate(
         listeners,
         warnings,
     })
+}
+
+/// The uid and gid workers drop to (`worker/src/setup.rs`) when this process can
+/// switch to them (root); `None`: they keep this process's credentials, or the
+/// names do not resolve (reported on their own keys).
+fn workers_credentials(user: Option<&str>, group: Option<&str>) -> Option<(u32, u32)> {
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let user = nix::unistd::User::from_name(user?).ok()??;
+    let gid = match group {
+        None => user.gid,
+        Some(g) => nix::unistd::Group::from_name(g).ok()??.gid,
+    };
+    Some((user.uid.as_raw(), gid.as_raw()))
 }
 
 #[cfg(test)]

@@ -57,6 +57,9 @@ pub struct Busy {
     /// The unread input is `inbuf[in_start..in_end]`.
     pub in_start: usize,
     pub in_end: usize,
+    /// Bytes of the partial head at `in_start` already looked at for its end
+    /// (`http::head_scan`); 0 when a new head starts.
+    pub head_scanned: usize,
     pub out: OutQueue,
     pub body: Option<PendingBody>,
     /// The transfer rate of the body being read or the response being written.
@@ -83,6 +86,7 @@ impl Busy {
         Box::new(Busy {
             inbuf: vec![0; in_capacity],
             in_start: 0,
+            head_scanned: 0,
             in_end: 0,
             out: OutQueue::default(),
             body: None,
@@ -118,11 +122,13 @@ impl Busy {
     pub fn discard_input(&mut self) {
         self.in_start = 0;
         self.in_end = 0;
+        self.head_scanned = 0;
     }
 
     /// Marks `n` input bytes as consumed.
     pub fn consume(&mut self, n: usize) {
         self.in_start += n;
+        self.head_scanned = 0;
         if self.in_start == self.in_end {
             self.discard_input();
         }

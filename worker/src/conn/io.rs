@@ -38,6 +38,7 @@ use super::h2;
 use super::proxied::{self, Client, Progress};
 use super::tunnel::{Client as TunnelClient, Moved, Pumped, Tunnel};
 use crate::busy::{Body, Busy, RateWindow};
+use crate::http::head_scan;
 use crate::http::request::{self, RequestError};
 use crate::http::response::Status;
 use crate::limits::rotation::Candidate;
@@ -762,6 +763,11 @@ impl Conn {
             // Borrow the input buffer and the output apart: the parsed request points
             // into the buffer while its answer is queued.
             let buf = &busy.inbuf[busy.in_start..busy.in_end];
+            // A head in pieces is parsed once its end may have come: linear, not a
+            // parse from byte 0 per read.
+            if !head_scan::worth_parsing(buf, &mut busy.head_scanned, max_header) {
+                return None;
+            }
             let step = match request::parse(buf, max_header) {
                 Ok(Some(req)) => {
                     let x = Exchange {

@@ -10,7 +10,7 @@
 //! `advance` says how much was written.
 //!
 //! A head that arrives in pieces is parsed again only when a piece may have brought
-//! its end ([`head_may_end`] over the new bytes and the 3 before them) or it reached
+//! its end (`http::head_scan::head_may_end` over the new bytes and the 3 before them) or it reached
 //! `max_head`: a head in one-byte pieces costs one scan, not one parse per byte.
 //! Bytes past the end of a response (after a body-less head, or after the body that
 //! came with a head read in pieces) are never taken: the response is still read
@@ -21,6 +21,7 @@ use super::response_head::{
     self, ClientBody, Parsed, Redirects, ResponseContext, ResponseError, ResponseHead, UpstreamBody,
 };
 use super::upstream_request::Framing;
+use crate::http::head_scan::head_may_end;
 use crate::spool::{Spool, Written};
 
 /// The request on its way upstream.
@@ -582,22 +583,6 @@ impl ResponseStream {
     }
 }
 
-/// Whether `buf` may hold the end of a head (an empty line: LF LF, or LF CR LF) in
-/// what follows its first `scanned` bytes, which hold none. The end is at most 3
-/// bytes long, so the scan starts 3 bytes before the new ones.
-pub fn head_may_end(buf: &[u8], scanned: usize) -> bool {
-    let from = scanned.saturating_sub(3);
-    let tail = &buf[from.min(buf.len())..];
-    tail.iter().enumerate().any(|(i, &b)| {
-        b == b'\n'
-            && match tail.get(i + 1) {
-                Some(b'\n') => true,
-                Some(b'\r') => tail.get(i + 2) == Some(&b'\n'),
-                _ => false,
-            }
-    })
-}
-
 fn relay_to_client(head: &ResponseHead, capacity: usize) -> Relay {
     let decoder = match head.upstream_body {
         UpstreamBody::None => Decoder::length(0),
@@ -840,20 +825,6 @@ mod tests {
         // The client takes nothing: feeding more takes nothing.
         assert!(!s.wants_input());
         assert_eq!(s.feed(&upstream[fed.consumed..]).unwrap().consumed, 0);
-    }
-
-    #[test]
-    fn the_end_of_a_head_is_found_in_new_bytes_and_the_three_before_them() {
-        let head = b"HTTP/1.1 200 OK\r\nA: b\r\n\r\n";
-        assert!(head_may_end(head, 0));
-        assert!(!head_may_end(&head[..head.len() - 1], 0));
-        // The end straddles what was scanned and what is new, at every split.
-        for scanned in 0..head.len() {
-            assert!(head_may_end(head, scanned), "scanned {scanned}");
-        }
-        assert!(head_may_end(b"HTTP/1.1 200 OK\nA: b\n\n", 0), "bare LFs");
-        assert!(!head_may_end(b"HTTP/1.1 200 OK\r\nA: b\r\n", 0));
-        assert!(!head_may_end(b"\r\r\n", 0));
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! A client connection's state machine and its socket I/O: reading heads and bodies
-//! into the buffers, writing the output queue, deadlines, lingering close. What a
-//! request is answered with is `dispatch.rs`'s business.
+//! A client connection's state machine: which phase it is in and what each step does
+//! (keep-alive, pipelining, lingering close). What a request is answered with is
+//! `dispatch.rs`'s business.
 //!
 //! ```text
 //!             ┌──────────── response(s) queued ─────────────┐
@@ -21,9 +21,11 @@
 //! read only for its body, as the upstream takes it.
 //!
 //! Beside it: `io/accept.rs` (a connection before its first request: `conn_per_ip`,
-//! the PROXY header), `io/deadlines.rs` (its one deadline and what it becomes:
-//! timeouts, minimum rates) and `io/room.rs` (drain, and room at
-//! `worker_connections`).
+//! the PROXY header), `io/requests.rs` (heads parsed and dispatched, bodies
+//! consumed), `io/socket.rs` (reads and writes through the `Transport`),
+//! `io/deadlines.rs` (its one deadline and what it becomes: timeouts, minimum
+//! rates), `io/room.rs` (drain, and room at `worker_connections`) and
+//! `io/h2_start.rs` (the switch to HTTP/2).
 //!
 //! Requests are answered in order; a buffer full of pipelined requests produces one
 //! batch of responses and one `write`. Input is only read while nothing is waiting
@@ -31,7 +33,10 @@
 
 mod accept;
 mod deadlines;
+mod h2_start;
+mod requests;
 mod room;
+mod socket;
 
 use super::dispatch::{self, After, Exchange, Next};
 use super::h2;
@@ -678,279 +683,12 @@ impl Conn {
         }
     }
 
-    /// Whether the connection speaks HTTP/2: TLS chose `h2` by ALPN, or a plain
-    /// `http2: PriorKnowledge` address read the preface (`Wait`: a part of it).
-    fn speaks_h2(&self, svc: &Services) -> H2Start {
-        if self.requests > 0 {
-            return H2Start::No;
-        }
-        if self.tls.chose_h2() {
-            return H2Start::Yes;
-        }
-        let listener = usize::from(self.listener);
-        if self.tls.is_tls() || !svc.config.listeners.get(listener).is_some_and(|l| l.http2) {
-            return H2Start::No;
-        }
-        let Some(input) = self.busy.as_ref().map(|b| &b.inbuf[b.in_start..b.in_end]) else {
-            return H2Start::No;
-        };
-        let n = input.len().min(h2::PREFACE.len());
-        match (input[..n] == h2::PREFACE[..n], n == h2::PREFACE.len()) {
-            (false, _) => H2Start::No,
-            (true, true) => H2Start::Yes,
-            (true, false) if n == 0 => H2Start::No,
-            (true, false) => H2Start::Wait,
-        }
-    }
-
-    /// Hands the connection to an HTTP/2 session: a duplicate of its socket and its
-    /// TLS session go to the link, with what was read so far. False if the socket
-    /// cannot be duplicated (out of descriptors: the connection closes).
-    fn start_h2(&mut self, svc: &mut Services) -> bool {
-        use std::os::fd::AsFd;
-        let dup = match self.stream.as_fd().try_clone_to_owned() {
-            Ok(fd) => TcpStream::from_std(std::net::TcpStream::from(fd)),
-            Err(e) => {
-                forkd_shared::warn!("cannot serve HTTP/2 to {}: dup failed: {e}", self.peer);
-                return false;
-            }
-        };
-        let tls = self.tls.is_tls();
-        let settings = svc
-            .server(svc.routing[usize::from(self.listener)].default)
-            .h2;
-        let now = svc.clock.now_us;
-        let busy = self.busy.get_or_insert_with(|| svc.take_busy());
-        let early = busy.inbuf[busy.in_start..busy.in_end].to_vec();
-        busy.discard_input();
-        let inbound = h2::Inbound::new(settings.max_concurrent_streams, settings.max_header_list);
-        let link = h2::Link::new(dup, self.tls.take(), early, inbound);
-        busy.h2 = Some(Box::new(h2::Session::new(link, settings, now, tls)));
-        self.phase = Phase::H2;
-        if !self.bits.has(Bits::NODELAY) {
-            self.bits.set(Bits::NODELAY, true);
-            let _ = self.stream.set_nodelay(true);
-        }
-        svc.stats.bump(counters::H2_CONNECTIONS, 1);
-        true
-    }
-
     /// Queued output is to be written, then `after`: a new response, a new rate period.
     fn start_writing(&mut self, after: After, svc: &Services) {
         if let Some(busy) = self.busy.as_deref_mut() {
             busy.rate = RateWindow::starting(svc.clock.now_us);
         }
         self.phase = Phase::Write(after);
-    }
-
-    /// Answers every complete request in the input buffer. Returns `Some(after)` when
-    /// the connection must stop reading requests (it closes after the output);
-    /// `None` when it needs more input or has entered `ReadBody`, or when a batch of
-    /// output should be written first.
-    fn answer_buffered(&mut self, svc: &mut Services) -> Option<After> {
-        let busy = self.busy.as_deref_mut()?;
-        // Until the head is complete its `Host` is unknown: read up to the largest
-        // head any server on the address takes; `dispatch` then applies the limit of
-        // the server the `Host` selects.
-        let max_header = svc.routing[usize::from(self.listener)].max_header_bytes;
-        loop {
-            if !busy.has_input() {
-                return None;
-            }
-            if busy.out.mem_len() >= BATCH_BYTES || busy.out.has_file() {
-                return None; // write this batch first
-            }
-            // Borrow the input buffer and the output apart: the parsed request points
-            // into the buffer while its answer is queued.
-            let buf = &busy.inbuf[busy.in_start..busy.in_end];
-            // A head in pieces is parsed once its end may have come: linear, not a
-            // parse from byte 0 per read.
-            if !head_scan::worth_parsing(buf, &mut busy.head_scanned, max_header) {
-                return None;
-            }
-            let step = match request::parse(buf, max_header) {
-                Ok(Some(req)) => {
-                    let x = Exchange {
-                        out: &mut busy.out,
-                        requests: &mut self.requests,
-                        server: &mut self.server,
-                        peer: self.peer,
-                        listener: usize::from(self.listener),
-                        started: self.head_since,
-                        rotate: self.bits.has(Bits::ROTATE),
-                        tls: self.tls.is_tls(),
-                    };
-                    let next = dispatch::answer(x, svc, &req, &buf[..req.head_len]);
-                    Ok(Some((req.head_len, next)))
-                }
-                Ok(None) => Ok(None),
-                Err(e) => Err(e),
-            };
-            match step {
-                Ok(Some((head_len, next))) => {
-                    busy.consume(head_len);
-                    match next {
-                        Next::Continue => continue,
-                        Next::Body(pending) => {
-                            busy.body = Some(pending);
-                            busy.rate = RateWindow::starting(svc.clock.now_us);
-                            self.phase = Phase::ReadBody;
-                            return None;
-                        }
-                        Next::Finish(after) => return Some(after),
-                        Next::Proxy(p) => {
-                            busy.proxy = Some(p);
-                            self.phase = Phase::Proxy;
-                            return None;
-                        }
-                        Next::Reject(e) => {
-                            self.reject(svc, e.status(), e);
-                            return Some(After::Linger);
-                        }
-                    }
-                }
-                Ok(None) => {
-                    // Make room at the end of the buffer for the rest of the head.
-                    busy.compact();
-                    return None;
-                }
-                Err(e) => {
-                    self.reject(svc, e.status(), e);
-                    return Some(After::Linger);
-                }
-            }
-        }
-    }
-
-    /// Consumes body bytes from the input buffer. When the body is complete, answers
-    /// the request (`Some` if the connection then closes).
-    fn discard_body(&mut self, svc: &mut Services) -> Option<After> {
-        let busy = self.busy.as_deref_mut()?;
-        let pending = busy.body.as_mut()?;
-        let server = pending.server;
-        let available = &busy.inbuf[busy.in_start..busy.in_end];
-        let (used, done) = match &mut pending.body {
-            Body::Length(remaining) => {
-                let used = (*remaining).min(available.len() as u64);
-                *remaining -= used;
-                (used as usize, *remaining == 0)
-            }
-            Body::Chunked(decoder) => match decoder.decode(available) {
-                Ok(used) => (used, decoder.is_done()),
-                Err(e) => {
-                    let status = e.status();
-                    busy.body = None;
-                    busy.discard_input(); // the rest cannot be trusted
-                    self.phase = Phase::ReadHead;
-                    self.simple_error(svc, status, server);
-                    return Some(After::Linger);
-                }
-            },
-        };
-        busy.consume(used);
-        if !done {
-            return None;
-        }
-        let head = busy.body.take().expect("checked above").head;
-        self.phase = Phase::ReadHead;
-        match request::parse(&head, head.len()) {
-            Ok(Some(req)) => {
-                let x = Exchange {
-                    out: &mut busy.out,
-                    requests: &mut self.requests,
-                    server: &mut self.server,
-                    peer: self.peer,
-                    listener: usize::from(self.listener),
-                    started: self.head_since,
-                    rotate: self.bits.has(Bits::ROTATE),
-                    tls: self.tls.is_tls(),
-                };
-                dispatch::answer_after_body(x, svc, &req, &head, server)
-            }
-            // It parsed before being copied; parsing it again cannot fail.
-            _ => Some(After::Close),
-        }
-    }
-
-    /// Reads what the socket has into the input buffer. `Ok(true)`: got bytes;
-    /// `Ok(false)`: nothing more now; `Err`: EOF or error (close).
-    fn fill(&mut self, svc: &mut Services) -> io::Result<bool> {
-        if !self.readable {
-            return Ok(false);
-        }
-        let now = svc.clock.now_us;
-        let starts_head = self.phase == Phase::ReadHead;
-        let busy = self.busy.get_or_insert_with(|| svc.take_busy());
-        if busy.in_end == busy.inbuf.len() {
-            if busy.in_start == 0 {
-                // A full buffer that holds no complete head: the parser reports
-                // 414/431 before this; a body is consumed as it arrives.
-                return Err(io::ErrorKind::OutOfMemory.into());
-            }
-            busy.inbuf.copy_within(busy.in_start..busy.in_end, 0);
-            busy.in_end -= busy.in_start;
-            busy.in_start = 0;
-        }
-        let space = busy.inbuf.len() - busy.in_end;
-        loop {
-            match Transport::new(&mut self.stream, &mut self.tls)
-                .read_counted(&mut busy.inbuf[busy.in_end..], &svc.stats)
-            {
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => {
-                    if busy.in_start == busy.in_end && starts_head {
-                        self.head_since = now;
-                    }
-                    busy.in_end += n;
-                    // In `Proxy` the client is read only for its body.
-                    if matches!(self.phase, Phase::ReadBody | Phase::Proxy) {
-                        busy.rate.bytes += n as u64;
-                    }
-                    self.progress = now;
-                    svc.stats.bytes_in(n as u64);
-                    // A short read drained the socket: the next edge will tell us of
-                    // more, unless the client's FIN came with these bytes.
-                    self.readable = busy.hung_up || self.tls.may_have_more(n, space);
-                    return Ok(true);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.readable = false;
-                    return Ok(false);
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    /// Writes queued output, at most `budget` bytes (less what it wrote).
-    fn flush(&mut self, svc: &Services, budget: &mut u64) -> io::Result<Flush> {
-        let Some(busy) = self.busy.as_deref_mut() else {
-            return self.push_pending();
-        };
-        let mut sent = 0;
-        let mut sink = Transport::new(&mut self.stream, &mut self.tls);
-        let result = busy.out.flush(&mut sink, &mut sent, *budget);
-        *budget = budget.saturating_sub(sent);
-        if matches!(self.phase, Phase::Write(_)) {
-            busy.rate.bytes += sent;
-        }
-        if sent > 0 {
-            self.progress = svc.clock.now_us;
-            svc.stats.bytes_out(sent);
-        }
-        match result {
-            Ok(Flush::Done) => self.push_pending(),
-            other => other,
-        }
-    }
-
-    /// TLS records the socket has not taken yet are part of the output.
-    fn push_pending(&mut self) -> io::Result<Flush> {
-        match Transport::new(&mut self.stream, &mut self.tls).push()? {
-            true => Ok(Flush::Done),
-            false => Ok(Flush::Blocked),
-        }
     }
 
     /// Gives the buffers back to the pool when they hold nothing, so an idle

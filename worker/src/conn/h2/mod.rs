@@ -12,6 +12,8 @@
 //! `conn/io.rs` switches a connection here when TLS chose `h2` by ALPN, or when a
 //! plain `http2: PriorKnowledge` address reads the preface.
 
+#[cfg(test)]
+mod fuzz;
 mod link;
 mod meter;
 mod request;

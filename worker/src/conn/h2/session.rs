@@ -71,24 +71,30 @@ pub struct Session {
     pub tls: bool,
 }
 
+/// The `h2` server as a server's `h2_*` settings make it (also what the property
+/// tests of `fuzz.rs` drive).
+pub(super) fn builder(settings: &H2Settings) -> h2::server::Builder {
+    let mut b = h2::server::Builder::new();
+    // The connection window is raised to a window per stream the client may open at
+    // once, as nginx does: one slow stream does not stall the others.
+    let window = settings.initial_window;
+    let conn_window = u64::from(window) * u64::from(settings.max_concurrent_streams);
+    b.initial_window_size(window)
+        .initial_connection_window_size(conn_window.clamp(65_535, (1 << 31) - 1) as u32)
+        .max_concurrent_streams(settings.max_concurrent_streams)
+        .max_header_list_size(settings.max_header_list)
+        .max_send_buffer_size(64 * 1024)
+        .max_pending_accept_reset_streams(64)
+        .max_local_error_reset_streams(Some(256));
+    b
+}
+
 impl Session {
     pub fn new(link: Link, settings: H2Settings, now: Micros, tls: bool) -> Session {
         let metered = Rc::clone(&link.metered);
-        let mut b = h2::server::Builder::new();
-        // The connection window is raised to a window per stream the client may
-        // open at once, as nginx does: one slow stream does not stall the others.
-        let window = settings.initial_window;
-        let conn_window = u64::from(window) * u64::from(settings.max_concurrent_streams);
-        b.initial_window_size(window)
-            .initial_connection_window_size(conn_window.clamp(65_535, (1 << 31) - 1) as u32)
-            .max_concurrent_streams(settings.max_concurrent_streams)
-            .max_header_list_size(settings.max_header_list)
-            .max_send_buffer_size(64 * 1024)
-            .max_pending_accept_reset_streams(64)
-            .max_local_error_reset_streams(Some(256));
         Session {
             metered,
-            state: State::Handshaking(Box::pin(b.handshake(link))),
+            state: State::Handshaking(Box::pin(builder(&settings).handshake(link))),
             streams: Vec::new(),
             accepted: 0,
             settings,

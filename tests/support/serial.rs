@@ -165,7 +165,10 @@ fn serve(conn: TcpStream, s: &Shared) -> std::io::Result<()> {
             }
             *released -= 1;
             drop(released);
-            write!(out, "data: event {i}\n\n")?;
+            // One write per event: `write!` on a socket writes each piece of the
+            // format on its own, forkd relays what each read got as a chunk, and the
+            // test looks for each event whole between chunk framings.
+            out.write_all(format!("data: event {i}\n\n").as_bytes())?;
             out.flush()?;
         }
         return Ok(());

@@ -351,16 +351,8 @@ fn unprocessed(e: &h2::Error) -> bool {
         || (e.is_go_away() && e.is_remote() && e.reason() == Some(h2::Reason::NO_ERROR))
 }
 
-/// The status and the whole body of a response, the window given back as it is read.
+/// The status and the whole body of a response.
 async fn read_answer(response: h2::client::ResponseFuture) -> Result<(u16, Vec<u8>), h2::Error> {
-    let response = response.await?;
-    let status = response.status().as_u16();
-    let mut body = response.into_body();
-    let mut bytes = Vec::new();
-    while let Some(chunk) = body.data().await {
-        let chunk = chunk?;
-        let _ = body.flow_control().release_capacity(chunk.len());
-        bytes.extend_from_slice(&chunk);
-    }
-    Ok((status, bytes))
+    let answer = super::h2client::read_answer(response).await?;
+    Ok((answer.status, answer.body))
 }

@@ -7,6 +7,7 @@
 //! |---|---|
 //! | `daemon` | `Builder` (config + site), `TestDaemon` (start, wait, signal, reload, upgrade steps, cleanup), `TempDir` |
 //! | `gunicorn` | `Gunicorn`: a real application server (gunicorn, two sync workers, `wsgi_app.py`) in a shared venv |
+//! | `h2client` | `H2Client`: a blocking h2c client, one request at a time, answers whole with trailers |
 //! | `h2load` | `H2Load`: HTTP/2 (h2c) load, streams in flight on each connection, GOAWAY followed by a new connection |
 //! | `http` | the raw HTTP/1.1 client: `Response`, `read_response`, the fallible `Conn` |
 //! | `load` | the load client (`Load`, per-kind counts and failure reasons) and the site it asks for |
@@ -22,6 +23,7 @@
 pub mod daemon;
 pub mod gate;
 pub mod gunicorn;
+pub mod h2client;
 pub mod h2load;
 pub mod http;
 pub mod load;

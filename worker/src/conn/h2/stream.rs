@@ -34,6 +34,8 @@ use std::task::{Context, Poll};
 
 /// HTTP/1.1 response bytes a stream holds before its writer sees a full socket.
 const PIPE_BYTES: usize = 64 * 1024;
+/// The most a chunk's framing adds to its data (a 32-bit size in hex, two CRLFs).
+const CHUNK_FRAMING: usize = 12;
 
 /// A stream's HTTP/1.1 response as written so far, not yet framed.
 #[derive(Default)]
@@ -406,27 +408,38 @@ impl Stream {
         let n = self.held.len();
         match &mut self.work {
             Work::Proxy => {
-                if n > 0 {
-                    let data = self.held.clone();
-                    let fits = match self.framing {
-                        Framing::Chunked => {
-                            let mut framed = Vec::with_capacity(n + 16);
-                            request::chunk(&mut framed, &data);
-                            self.put(&framed)
-                        }
-                        _ => self.put(&data),
-                    };
-                    if !fits {
+                // As much of the DATA as the input has room for (a frame may be
+                // larger than the whole buffer): the rest stays held, its window not
+                // given back yet.
+                while !self.held.is_empty() {
+                    let room = self.room();
+                    let take = match self.framing {
+                        Framing::Chunked => room.saturating_sub(CHUNK_FRAMING),
+                        _ => room,
+                    }
+                    .min(self.held.len());
+                    if take == 0 {
                         return false;
                     }
+                    let piece = self.held.split_to(take);
+                    let placed = match self.framing {
+                        Framing::Chunked => {
+                            let mut framed = Vec::with_capacity(take + CHUNK_FRAMING);
+                            request::chunk(&mut framed, &piece);
+                            self.put(&framed)
+                        }
+                        _ => self.put(&piece),
+                    };
+                    debug_assert!(placed, "measured room");
+                    let _ = self.recv.flow_control().release_capacity(take);
                 }
-                if self.last_chunk_due && self.held.len() == n {
-                    if self.body_ended && !self.put(request::LAST_CHUNK) {
-                        self.release_held(n);
+                if self.last_chunk_due && self.body_ended {
+                    if !self.put(request::LAST_CHUNK) {
                         return false;
                     }
                     self.last_chunk_due = false;
                 }
+                return true;
             }
             Work::Body { received, .. } => {
                 *received += n as u64;
@@ -448,6 +461,13 @@ impl Stream {
             let _ = self.recv.flow_control().release_capacity(n);
             self.held = Bytes::new();
         }
+    }
+
+    /// Room left at the end of the input, once what was read is moved to its start.
+    fn room(&mut self) -> usize {
+        let busy = &mut *self.busy;
+        busy.compact();
+        busy.inbuf.len() - busy.in_end
     }
 
     /// Appends `bytes` to the input whole, if they fit.

@@ -71,7 +71,7 @@ impl H2Client {
         }
         let request = b.body(()).unwrap();
         let send = self.send.clone();
-        let body = body.map(|b| Bytes::copy_from_slice(b));
+        let body = body.map(Bytes::copy_from_slice);
         self.runtime.block_on(async move {
             let exchange = async move {
                 let mut send = send.ready().await?;

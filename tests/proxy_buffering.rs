@@ -38,13 +38,6 @@ fn builder(up: &SerialUpstream, top: &str, route: &str) -> Builder {
         ))
 }
 
-fn total(d: &TestDaemon, key: &str) -> u64 {
-    let stats = stats::stats_json(&d.config);
-    stats["totals"][key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no counter {key} in {}", stats["totals"]))
-}
-
 /// A GET of `/tiny` on a new connection, bounded: `None` if no answer came.
 fn tiny(d: &TestDaemon) -> Option<Response> {
     let mut s = d.connect();
@@ -176,9 +169,7 @@ fn an_upload_the_client_gives_up_on_never_reaches_the_application() {
     s.write_all(&noise(40_000, 1)).unwrap();
     drop(s);
     assert!(
-        wait_until(Duration::from_secs(30), || d
-            .access_log()
-            .contains("\"POST /upload HTTP/1.1\" 499")),
+        d.wait_for_access_log("\"POST /upload HTTP/1.1\" 499", Duration::from_secs(30)),
         "the abandoned upload is logged 499:\n{}\n{}",
         d.access_log(),
         d.error_log()
@@ -333,8 +324,7 @@ fn buffering_of(d: &TestDaemon, upstream: &str, server: &str) -> [u64; 5] {
 
 /// The value of the Prometheus sample `family{upstream,server[,kind]}` in `text`.
 fn sample(text: &str, family: &str, upstream: &str, server: &str, kind: Option<&str>) -> f64 {
-    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
-        .expect("the /metrics body parses");
+    let scrape = scrape(text);
     let s = scrape
         .samples
         .iter()

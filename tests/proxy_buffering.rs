@@ -72,7 +72,12 @@ fn start_get(d: &TestDaemon, path: &str) -> TcpStream {
 /// Reads the rest of a response to `/big/N` or `/held/N` and checks it byte for
 /// byte; returns its head.
 fn finish_pattern(s: &mut TcpStream, len: u64) -> String {
-    let raw = read_to_close(s);
+    check_pattern(&read_to_close(s), len)
+}
+
+/// Checks a whole raw response of `len` body bytes of [`pattern_byte`]s; returns its
+/// head.
+fn check_pattern(raw: &[u8], len: u64) -> String {
     let end = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -90,6 +95,55 @@ fn finish_pattern(s: &mut TcpStream, len: u64) -> String {
             .unwrap_or(0);
         panic!("the body differs from byte {at}");
     }
+    head
+}
+
+/// GETs `path`, a `/gated/N` or `/gated-held/N` of `len` bytes, and shows that it
+/// streams: its head and first bytes reach the client while the upstream holds the
+/// rest back (it sends nothing more until released), and once released the upstream
+/// is held back by the client, which reads nothing more, before it has written the
+/// whole response (a buffered response would be read whole into a temporary file).
+/// Then the client reads it all, byte for byte. Returns the head.
+fn assert_streams(d: &TestDaemon, up: &SerialUpstream, path: &str, len: u64) -> String {
+    let mut s = start_get(d, path);
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    while raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .is_none_or(|at| raw.len() <= at + 4)
+    {
+        let n = s.read(&mut buf).unwrap_or_else(|e| {
+            panic!(
+                "the first bytes did not arrive ({e}): {:?}\n{}",
+                String::from_utf8_lossy(&raw),
+                d.error_log()
+            )
+        });
+        assert!(n > 0, "closed early: {:?}", String::from_utf8_lossy(&raw));
+        raw.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(
+        up.responses(),
+        0,
+        "the first bytes came while the upstream held the rest"
+    );
+    up.release(1);
+    let settled = wait_until(Duration::from_secs(60), || {
+        up.responses() >= 1 || up.stalled_at().is_some()
+    });
+    assert!(
+        settled && up.responses() == 0,
+        "the upstream wrote the whole response ({} done, stalled at {:?}) while the client \
+         read nothing past the first {} bytes: it was buffered, not streamed",
+        up.responses(),
+        up.stalled_at(),
+        raw.len()
+    );
+    raw.extend_from_slice(&read_to_close(&mut s));
+    let head = check_pattern(&raw, len);
+    assert_eq!(up.responses(), 1);
+    assert_eq!(total(d, "temp_file_bytes"), 0, "nothing was spooled");
     head
 }
 
@@ -226,25 +280,18 @@ fn server_sent_events_arrive_one_by_one() {
 fn x_accel_buffering_no_streams_and_is_not_forwarded() {
     let up = SerialUpstream::start();
     let d = daemon(&up, "", "");
-    let len = BIG;
-    let mut s = start_get(&d, &format!("/held/{len}"));
-    std::thread::sleep(Duration::from_secs(1));
-    let head = finish_pattern(&mut s, len);
+    let head = assert_streams(&d, &up, &format!("/gated-held/{BIG}"), BIG);
     assert!(
         !head.to_ascii_lowercase().contains("x-accel-buffering"),
         "{head}"
     );
-    assert_eq!(total(&d, "temp_file_bytes"), 0, "nothing was spooled");
 }
 
 #[test]
 fn a_route_without_buffering_streams_the_response() {
     let up = SerialUpstream::start();
     let d = daemon(&up, "", ", buffering: false");
-    let mut s = start_get(&d, &format!("/big/{BIG}"));
-    std::thread::sleep(Duration::from_secs(1));
-    finish_pattern(&mut s, BIG);
-    assert_eq!(total(&d, "temp_file_bytes"), 0, "nothing was spooled");
+    assert_streams(&d, &up, &format!("/gated/{BIG}"), BIG);
 }
 
 #[test]

@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 use support::serial::SerialUpstream;
-use support::upstream::{pattern_byte, pattern_hash};
+use support::upstream::{pattern_byte, pattern_hash, upstream, Reply, TestUpstream};
 use support::*;
 
 /// Far more than the socket buffers between the upstream and a client that reads
@@ -475,4 +475,79 @@ fn buffering_is_counted_per_upstream_server() {
             None
         ) > 0.0
     );
+}
+
+/// A daemon proxying to `up` (a keep-alive [`TestUpstream`]) with a pool of idle
+/// upstream connections, and the route keys of the other tests' daemons.
+fn pooled_daemon(up: &TestUpstream, server: &str) -> TestDaemon {
+    TestDaemon::builder()
+        .workers(1)
+        .top(&format!(
+            "upstreams: {{ \"app\": (servers: [\"{}\"], keepalive: 4, read_timeout: \"120s\", send_timeout: \"120s\") }},",
+            up.addr()
+        ))
+        .server(&format!(
+            "max_body_bytes: \"64M\", send_timeout: \"120s\", body_timeout: \"120s\", {server}"
+        ))
+        .routes(
+            r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/", handler: Proxy(upstream: "app")),"#,
+        )
+        .start()
+}
+
+/// `/tiny` is `ok`; anything else [`BIG`] bytes of [`pattern_byte`]s.
+fn big_or_tiny() -> TestUpstream {
+    upstream(|r| match r.path() {
+        "/tiny" => Reply::ok(b"ok"),
+        _ => Reply::Large {
+            len: BIG,
+            chunked: false,
+        },
+    })
+}
+
+/// The upstream server's requests in flight (`forkd stats`), every worker together.
+fn in_flight(d: &TestDaemon, up: &TestUpstream) -> u64 {
+    let row = stats::upstream_row(&d.config, "app", &up.addr().to_string());
+    row["in_flight"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no in_flight in {row:#}"))
+}
+
+/// With response buffering, a client that reads nothing holds nothing upstream: once
+/// forkd has read the response whole, the server's in-flight count is 0 and the same
+/// upstream connection, back in the pool, serves the next request, while the slow
+/// client has not read a byte of the body (far more than the sockets between hold).
+/// Then it reads the whole response, byte for byte.
+#[test]
+fn a_slow_reader_of_a_buffered_response_gives_its_upstream_connection_back_at_once() {
+    let up = big_or_tiny();
+    let d = pooled_daemon(&up, "");
+    let mut slow = start_get(&d, &format!("/big/{BIG}"));
+    assert!(
+        wait_until(SETTLE, || up.received().len() == 1),
+        "the request reached the upstream"
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), || in_flight(&d, &up) == 0),
+        "the response was read whole and the server has nothing in flight: {:#}",
+        stats::upstream_row(&d.config, "app", &up.addr().to_string())
+    );
+    let r = tiny(&d).expect("the next client is answered while the slow one reads nothing");
+    assert_eq!(
+        (r.status, r.body.as_slice()),
+        (200, &b"ok"[..]),
+        "{}",
+        r.head
+    );
+    let seen = up.received();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(
+        (up.connections(), seen[1].connection, seen[1].nth),
+        (1, seen[0].connection, 1),
+        "the next request went out on the slow client's upstream connection, its second"
+    );
+    finish_pattern(&mut slow, BIG);
+    d.assert_log_clean();
 }

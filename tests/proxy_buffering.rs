@@ -551,3 +551,95 @@ fn a_slow_reader_of_a_buffered_response_gives_its_upstream_connection_back_at_on
     finish_pattern(&mut slow, BIG);
     d.assert_log_clean();
 }
+
+/// The worker's counter `key` (the daemon runs one worker).
+fn worker_counter(d: &TestDaemon, key: &str) -> u64 {
+    let stats = stats_json(&d.config);
+    let workers = stats["workers"].as_array().expect("workers");
+    assert_eq!(workers.len(), 1, "{stats:#}");
+    workers[0]["counters"][key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {key} in {:#}", workers[0]))
+}
+
+/// A buffered exchange with a slow reader moves the worker's buffering counters and
+/// splits its time in the JSON access log: a request body read whole in memory
+/// counts in `proxy_bodies_in_memory`; the upstream's part of a response the client
+/// did not read for a while counts in `proxy_upstream_held_us` and the client's part
+/// in `proxy_client_transfer_us`, which is at least as long as the test kept the
+/// client from reading after forkd had the response whole; and the log line's
+/// `upstream_response_time` falls short of its `request_time` by at least as much.
+#[test]
+fn a_slow_readers_buffered_exchange_is_counted_and_logged_as_upstream_and_client_time() {
+    let up = upstream(|r| match r.path() {
+        "/upload" => Reply::Echo,
+        _ => Reply::Large {
+            len: BIG,
+            chunked: false,
+        },
+    });
+    let d = pooled_daemon(&up, "access_log_format: Json,");
+    let r = d.request(
+        "POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+    );
+    assert_eq!(r.status, 200, "{}", r.head);
+    assert!(
+        wait_until(SETTLE, || worker_counter(&d, "proxy_bodies_in_memory") == 1),
+        "the upload was counted as buffered in memory: {}",
+        worker_counter(&d, "proxy_bodies_in_memory")
+    );
+    // Counted when the exchange ends, with the others.
+    let held_before = worker_counter(&d, "proxy_upstream_held_us");
+    let transfer_before = worker_counter(&d, "proxy_client_transfer_us");
+    let mut slow = start_get(&d, &format!("/big/{BIG}"));
+    assert!(wait_until(SETTLE, || up.received().len() == 2));
+    assert!(
+        wait_until(Duration::from_secs(60), || in_flight(&d, &up) == 0),
+        "the response was read whole"
+    );
+    let read_whole_by = std::time::Instant::now();
+    assert_eq!(
+        worker_counter(&d, "proxy_client_transfer_us"),
+        transfer_before,
+        "the slow reader's exchange is not over"
+    );
+    let unread = read_whole_by.elapsed();
+    finish_pattern(&mut slow, BIG);
+    let at_least = unread.as_micros() as u64;
+    assert!(
+        wait_until(SETTLE, || worker_counter(&d, "proxy_client_transfer_us")
+            >= transfer_before + at_least),
+        "proxy_client_transfer_us grew by {} µs, at least the {at_least} µs the client read \
+         nothing after forkd had the response whole",
+        worker_counter(&d, "proxy_client_transfer_us") - transfer_before
+    );
+    assert!(
+        worker_counter(&d, "proxy_upstream_held_us") > held_before,
+        "the upstream's part of the exchange is counted"
+    );
+    let mut line = None;
+    assert!(
+        wait_until(SETTLE, || {
+            line = d
+                .access_log()
+                .lines()
+                .find(|l| l.contains("\"/big/"))
+                .map(str::to_string);
+            line.is_some()
+        }),
+        "the slow reader's request is logged:\n{}",
+        d.access_log()
+    );
+    let v: serde_json::Value = serde_json::from_str(line.as_deref().unwrap()).unwrap();
+    let (request, upstream) = (
+        v["request_time"].as_f64().expect("request_time"),
+        v["upstream_response_time"]
+            .as_f64()
+            .expect("upstream_response_time"),
+    );
+    assert!(
+        upstream > 0.0 && request - upstream >= at_least as f64 / 1e6,
+        "upstream_response_time {upstream} s is below request_time {request} s by at least \
+         the {at_least} µs the client read nothing: {v}"
+    );
+}

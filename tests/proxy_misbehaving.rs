@@ -329,3 +329,65 @@ fn a_buffered_post_that_meets_a_closing_pooled_connection_is_sent_again_whole() 
     );
     assert!(!d.error_log().contains("[error]"), "{}", d.error_log());
 }
+
+/// A response without a body (`status_head`, the answer to `request`) followed by
+/// bytes nobody asked for: a whole response that would be the next request's if the
+/// connection were pooled (response queue poisoning), then 100 000 more, so some are
+/// still in the socket when the response ends. The client gets the head alone; the
+/// next request on the worker goes out on a new upstream connection and gets its own
+/// answer; forkd closed the first.
+fn assert_bytes_past_a_bodiless_response_are_never_pooled(request: &str, status_head: &str) {
+    let mut junk = status_head.as_bytes().to_vec();
+    junk.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\npoison");
+    junk.extend(std::iter::repeat_n(b'x', 100_000));
+    let up = ScriptedUpstream::start(vec![
+        Script::new().read_head().write(&junk).await_close(),
+        Script::new()
+            .read_head()
+            .write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh")
+            .await_close(),
+    ]);
+    let d = proxy_daemon(&up, "");
+    let mut s = d.connect();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut got = Vec::new();
+    read_through(&mut s, &mut got, b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&got).into_owned();
+    let status_line = status_head.split("\r\n").next().unwrap();
+    assert!(head.starts_with(status_line), "{head}");
+    s.write_all(b"GET /next HTTP/1.1\r\nHost: h\r\n\r\n")
+        .unwrap();
+    let mut next = Vec::new();
+    read_through(&mut s, &mut next, b"fresh").unwrap_or_else(|e| {
+        panic!(
+            "{e}\nafter {head:?}; upstream connections {}",
+            up.connections()
+        )
+    });
+    assert_eq!(
+        String::from_utf8_lossy(&next),
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh",
+        "nothing of the first response came before it"
+    );
+    assert_eq!(up.connections(), 2);
+    assert!(
+        matches!(up.wait_ended(0, WAIT), Some(Ended::Finished)),
+        "forkd closed the connection with bytes left over"
+    );
+}
+
+#[test]
+fn bytes_after_a_204_response_are_never_pooled() {
+    assert_bytes_past_a_bodiless_response_are_never_pooled(
+        "DELETE /item HTTP/1.1\r\nHost: h\r\n\r\n",
+        "HTTP/1.1 204 No Content\r\n\r\n",
+    );
+}
+
+#[test]
+fn bytes_after_a_304_response_are_never_pooled() {
+    assert_bytes_past_a_bodiless_response_are_never_pooled(
+        "GET /page HTTP/1.1\r\nHost: h\r\nIf-None-Match: \"v1\"\r\n\r\n",
+        "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\n\r\n",
+    );
+}

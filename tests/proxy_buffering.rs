@@ -294,15 +294,52 @@ fn a_route_without_buffering_streams_the_response() {
     assert_streams(&d, &up, &format!("/gated/{BIG}"), BIG);
 }
 
+/// GETs a `/gated/N` response of [`BIG`] bytes while the client reads nothing, on a
+/// daemon whose temporary files take at most `limit` bytes of it: the spool fills to
+/// the bound, then the rest streams, so the upstream is held back by the client
+/// before it has written the whole response (it notes when its socket first had no
+/// room). Then the client reads it all, byte for byte; the fall-back is counted and
+/// no more than `limit` bytes went to temporary files.
+fn assert_falls_back_to_streaming(d: &TestDaemon, up: &SerialUpstream, limit: u64) {
+    let mut s = start_get(d, &format!("/gated/{BIG}"));
+    up.release(1);
+    let settled = wait_until(Duration::from_secs(60), || {
+        up.responses() >= 1 || up.stalled_at().is_some()
+    });
+    assert!(
+        settled && up.responses() == 0,
+        "the upstream wrote the whole response ({} done, stalled at {:?}) to a client that \
+         reads nothing: it was buffered past the bound",
+        up.responses(),
+        up.stalled_at()
+    );
+    finish_pattern(&mut s, BIG);
+    assert!(
+        wait_until(SETTLE, || total(d, "proxy_buffering_fell_back") >= 1),
+        "the fall-back is counted"
+    );
+    let spooled = total(d, "temp_file_bytes");
+    assert!(
+        spooled <= limit,
+        "{spooled} bytes went to temporary files, past the bound of {limit}"
+    );
+}
+
 #[test]
 fn past_temp_max_bytes_the_response_streams_byte_exact() {
     let up = SerialUpstream::start();
     let d = daemon(&up, "temp_max_bytes: \"16KiB\",", "");
-    let mut s = start_get(&d, &format!("/big/{BIG}"));
-    std::thread::sleep(Duration::from_secs(1));
-    finish_pattern(&mut s, BIG);
-    assert!(total(&d, "proxy_buffering_fell_back") >= 1);
-    assert!(total(&d, "temp_file_bytes") <= 16 * 1024);
+    assert_falls_back_to_streaming(&d, &up, 16 * 1024);
+}
+
+#[test]
+fn past_max_temp_file_size_the_response_streams_byte_exact() {
+    let up = SerialUpstream::start();
+    let d = daemon(&up, "max_temp_file_size: \"1MiB\",", "");
+    assert_falls_back_to_streaming(&d, &up, 1 << 20);
+    // The file took bytes up to its bound: the fall-back is the file's, not a
+    // spool kept in memory.
+    assert!(total(&d, "temp_file_bytes") > 0);
 }
 
 #[test]

@@ -289,9 +289,7 @@ fn overload_tickets_come_back_after_failover_errors_and_a_tls_client_leaving() {
     gate.wait_arrived(arrived + 1);
     drop(c);
     assert!(
-        wait_until(SETTLE, || d
-            .access_log()
-            .contains("\"GET /leaving HTTP/1.1\" 499")),
+        d.wait_for_access_log("\"GET /leaving HTTP/1.1\" 499", SETTLE),
         "{}",
         d.access_log()
     );

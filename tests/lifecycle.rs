@@ -12,16 +12,6 @@ use support::*;
 // Local helpers
 // ---------------------------------------------------------------------------------------
 
-/// Writes `builder`'s config and site into a fresh temp folder without starting forkd.
-/// Returns the folder and the config file.
-fn write_site(builder: &Builder) -> (TempDir, PathBuf) {
-    let dir = TempDir::new();
-    builder.write_files(dir.path());
-    let config = dir.path().join("forkd.ron");
-    std::fs::write(&config, builder.config_text(free_port())).unwrap();
-    (dir, config)
-}
-
 /// Starts `forkd -c config` in the background (stdout/stderr discarded).
 fn spawn_forkd(config: &Path) -> Child {
     forkd_command(config).spawn().expect("spawn forkd")
@@ -225,7 +215,7 @@ fn config_test_accepts_a_good_config() {
         "names the file: {out}"
     );
     // The harness's own config, as the daemon tests use it, is good too.
-    let (_dir, config) = write_site(&TestDaemon::builder());
+    let (_dir, config, _) = write_site(&TestDaemon::builder());
     let (code, out, err) = run_forkd(&config, &["-t"]);
     assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
     assert!(out.contains("test is successful"), "stdout: {out}");
@@ -313,7 +303,7 @@ fn config_test_reports_a_missing_root_and_a_duplicate_prefix_each_at_its_line() 
 
 #[test]
 fn signals_without_a_running_master_fail_clearly() {
-    let (dir, config) = write_site(&TestDaemon::builder());
+    let (dir, config, _) = write_site(&TestDaemon::builder());
     for sig in ["quit", "stop", "reload", "reopen"] {
         let (code, _out, err) = run_forkd(&config, &["-s", sig]);
         assert_eq!(code, 1, "-s {sig}: {err}");
@@ -329,7 +319,7 @@ fn signals_without_a_running_master_fail_clearly() {
 
 #[test]
 fn signal_with_a_stale_pid_file_fails_mentioning_stale() {
-    let (dir, config) = write_site(&TestDaemon::builder());
+    let (dir, config, _) = write_site(&TestDaemon::builder());
     let pid = dead_pid();
     std::fs::write(dir.path().join("forkd.pid"), format!("{pid}\n")).unwrap();
     for sig in ["quit", "reload"] {
@@ -714,7 +704,7 @@ fn crash_looping_worker_is_respawned_with_backoff_and_serves_again() {
 fn worker_that_cannot_initialise_is_not_respawned_and_the_master_exits() {
     // The access log's folder is a file: every worker fails to open it at start-up.
     let builder = TestDaemon::builder().workers(2);
-    let (dir, config) = write_site(&builder);
+    let (dir, config, _) = write_site(&builder);
     let text = std::fs::read_to_string(&config).unwrap().replace(
         r#"File("access.log")"#,
         r#"File("www/index.html/access.log")"#,
@@ -1037,9 +1027,7 @@ fn reopen_moves_logging_to_new_files_after_rotation() {
     let dir = d.dir.path().to_path_buf();
     assert_eq!(d.get("/before-rotation").status, 404);
     assert!(
-        wait_until(Duration::from_secs(5), || d
-            .access_log()
-            .contains("/before-rotation")),
+        d.wait_for_access_log("/before-rotation", Duration::from_secs(5)),
         "access log: {}",
         d.access_log()
     );
@@ -1056,9 +1044,7 @@ fn reopen_moves_logging_to_new_files_after_rotation() {
     );
     assert_eq!(d.get("/after-rotation").status, 404);
     assert!(
-        wait_until(Duration::from_secs(5), || d
-            .access_log()
-            .contains("/after-rotation")),
+        d.wait_for_access_log("/after-rotation", Duration::from_secs(5)),
         "new access log: {:?}",
         d.access_log()
     );

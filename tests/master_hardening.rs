@@ -8,16 +8,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use support::*;
 
-/// A site and config in a new folder (pid file `forkd.pid` there).
-fn write_site(builder: &Builder) -> (TempDir, PathBuf, u16) {
-    let dir = TempDir::new();
-    builder.write_files(dir.path());
-    let port = free_port();
-    let config = dir.path().join("forkd.ron");
-    std::fs::write(&config, builder.config_text(port)).unwrap();
-    (dir, config, port)
-}
-
 fn spawn_forkd(config: &Path) -> Child {
     forkd_command(config)
         .stderr(Stdio::piped())

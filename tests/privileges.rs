@@ -102,9 +102,7 @@ fn a_rotated_access_log_is_reopened_by_workers_that_gave_up_root() {
     assert_eq!(d.get("/a.txt?before").status, 200);
     let log = d.dir.path().join("access.log");
     assert!(
-        wait_until(Duration::from_secs(10), || d
-            .access_log()
-            .contains("?before")),
+        d.wait_for_access_log("?before", Duration::from_secs(10)),
         "first line never logged"
     );
     // logrotate: move the file away, then ask for a reopen. The folder belongs to

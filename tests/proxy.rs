@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
-use support::upstream::{pattern_hash, Received, Reply, Settings, TestUpstream};
+use support::upstream::{pattern_hash, upstream, Reply, Settings, TestUpstream};
 use support::*;
 
 /// A daemon with `/` proxied to `servers` (an upstream named `app`, `keys` added).
@@ -31,10 +31,6 @@ fn proxy_builder_with(servers: &[String], keys: &str, route: &str) -> Builder {
             r#"(prefix: "/healthz", handler: Liveness),
             (prefix: "/", handler: Proxy(upstream: "app"{route})),"#,
         ))
-}
-
-fn upstream(respond: impl Fn(&Received) -> Reply + Send + Sync + 'static) -> TestUpstream {
-    TestUpstream::start(Settings::default(), respond)
 }
 
 /// Reads everything until the server closes.
@@ -105,23 +101,11 @@ fn a_request_is_re_serialised_for_the_upstream() {
     assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
     // Counted and logged like any other request.
     assert!(
-        d.wait_for_log_in_access("\"GET /a/b?q=1 HTTP/1.1\" 200 5"),
+        d.wait_for_access_log("\"GET /a/b?q=1 HTTP/1.1\" 200 5", Duration::from_secs(10)),
         "{}",
         d.access_log()
     );
     d.assert_log_clean();
-}
-
-trait AccessLogWait {
-    fn wait_for_log_in_access(&self, needle: &str) -> bool;
-}
-
-impl AccessLogWait for TestDaemon {
-    fn wait_for_log_in_access(&self, needle: &str) -> bool {
-        wait_until(Duration::from_secs(10), || {
-            self.access_log().contains(needle)
-        })
-    }
 }
 
 #[test]
@@ -979,8 +963,9 @@ fn a_request_of_99_fields_is_answered_and_logged() {
     assert_eq!(r.status, 200, "{}", r.head);
     assert_eq!(r.body, b"hello");
     assert!(
-        d.wait_for_log_in_access(
-            "\"GET /many?fields=99 HTTP/1.1\" 200 5 \"http://example.test/\" \"many/1.0\""
+        d.wait_for_access_log(
+            "\"GET /many?fields=99 HTTP/1.1\" 200 5 \"http://example.test/\" \"many/1.0\"",
+            Duration::from_secs(10)
         ),
         "not logged:\n{}",
         d.access_log()
@@ -1006,7 +991,7 @@ fn a_head_request_of_99_fields_gets_a_502_without_a_body() {
         text(&body)
     );
     assert!(
-        d.wait_for_log_in_access("\"HEAD /down HTTP/1.1\" 502 "),
+        d.wait_for_access_log("\"HEAD /down HTTP/1.1\" 502 ", Duration::from_secs(10)),
         "not logged:\n{}",
         d.access_log()
     );
@@ -1027,7 +1012,7 @@ fn a_proxied_request_is_logged_with_the_client_real_ip_header_names() {
     );
     assert_eq!(r.status, 200, "{}", r.head);
     assert!(
-        d.wait_for_log_in_access("203.0.113.9 - - ["),
+        d.wait_for_access_log("203.0.113.9 - - [", Duration::from_secs(10)),
         "{}",
         d.access_log()
     );

@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 use support::serial::SerialUpstream;
-use support::upstream::{pattern_byte, pattern_hash};
+use support::upstream::{pattern_byte, pattern_hash, upstream, Reply, TestUpstream};
 use support::*;
 
 /// Far more than the socket buffers between the upstream and a client that reads
@@ -36,13 +36,6 @@ fn builder(up: &SerialUpstream, top: &str, route: &str) -> Builder {
             r#"(prefix: "/healthz", handler: Liveness),
             (prefix: "/", handler: Proxy(upstream: "app"{route})),"#
         ))
-}
-
-fn total(d: &TestDaemon, key: &str) -> u64 {
-    let stats = stats::stats_json(&d.config);
-    stats["totals"][key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no counter {key} in {}", stats["totals"]))
 }
 
 /// A GET of `/tiny` on a new connection, bounded: `None` if no answer came.
@@ -79,7 +72,12 @@ fn start_get(d: &TestDaemon, path: &str) -> TcpStream {
 /// Reads the rest of a response to `/big/N` or `/held/N` and checks it byte for
 /// byte; returns its head.
 fn finish_pattern(s: &mut TcpStream, len: u64) -> String {
-    let raw = read_to_close(s);
+    check_pattern(&read_to_close(s), len)
+}
+
+/// Checks a whole raw response of `len` body bytes of [`pattern_byte`]s; returns its
+/// head.
+fn check_pattern(raw: &[u8], len: u64) -> String {
     let end = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -97,6 +95,55 @@ fn finish_pattern(s: &mut TcpStream, len: u64) -> String {
             .unwrap_or(0);
         panic!("the body differs from byte {at}");
     }
+    head
+}
+
+/// GETs `path`, a `/gated/N` or `/gated-held/N` of `len` bytes, and shows that it
+/// streams: its head and first bytes reach the client while the upstream holds the
+/// rest back (it sends nothing more until released), and once released the upstream
+/// is held back by the client, which reads nothing more, before it has written the
+/// whole response (a buffered response would be read whole into a temporary file).
+/// Then the client reads it all, byte for byte. Returns the head.
+fn assert_streams(d: &TestDaemon, up: &SerialUpstream, path: &str, len: u64) -> String {
+    let mut s = start_get(d, path);
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    while raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .is_none_or(|at| raw.len() <= at + 4)
+    {
+        let n = s.read(&mut buf).unwrap_or_else(|e| {
+            panic!(
+                "the first bytes did not arrive ({e}): {:?}\n{}",
+                String::from_utf8_lossy(&raw),
+                d.error_log()
+            )
+        });
+        assert!(n > 0, "closed early: {:?}", String::from_utf8_lossy(&raw));
+        raw.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(
+        up.responses(),
+        0,
+        "the first bytes came while the upstream held the rest"
+    );
+    up.release(1);
+    let settled = wait_until(Duration::from_secs(60), || {
+        up.responses() >= 1 || up.stalled_at().is_some()
+    });
+    assert!(
+        settled && up.responses() == 0,
+        "the upstream wrote the whole response ({} done, stalled at {:?}) while the client \
+         read nothing past the first {} bytes: it was buffered, not streamed",
+        up.responses(),
+        up.stalled_at(),
+        raw.len()
+    );
+    raw.extend_from_slice(&read_to_close(&mut s));
+    let head = check_pattern(&raw, len);
+    assert_eq!(up.responses(), 1);
+    assert_eq!(total(d, "temp_file_bytes"), 0, "nothing was spooled");
     head
 }
 
@@ -176,9 +223,7 @@ fn an_upload_the_client_gives_up_on_never_reaches_the_application() {
     s.write_all(&noise(40_000, 1)).unwrap();
     drop(s);
     assert!(
-        wait_until(Duration::from_secs(30), || d
-            .access_log()
-            .contains("\"POST /upload HTTP/1.1\" 499")),
+        d.wait_for_access_log("\"POST /upload HTTP/1.1\" 499", Duration::from_secs(30)),
         "the abandoned upload is logged 499:\n{}\n{}",
         d.access_log(),
         d.error_log()
@@ -235,36 +280,66 @@ fn server_sent_events_arrive_one_by_one() {
 fn x_accel_buffering_no_streams_and_is_not_forwarded() {
     let up = SerialUpstream::start();
     let d = daemon(&up, "", "");
-    let len = BIG;
-    let mut s = start_get(&d, &format!("/held/{len}"));
-    std::thread::sleep(Duration::from_secs(1));
-    let head = finish_pattern(&mut s, len);
+    let head = assert_streams(&d, &up, &format!("/gated-held/{BIG}"), BIG);
     assert!(
         !head.to_ascii_lowercase().contains("x-accel-buffering"),
         "{head}"
     );
-    assert_eq!(total(&d, "temp_file_bytes"), 0, "nothing was spooled");
 }
 
 #[test]
 fn a_route_without_buffering_streams_the_response() {
     let up = SerialUpstream::start();
     let d = daemon(&up, "", ", buffering: false");
-    let mut s = start_get(&d, &format!("/big/{BIG}"));
-    std::thread::sleep(Duration::from_secs(1));
+    assert_streams(&d, &up, &format!("/gated/{BIG}"), BIG);
+}
+
+/// GETs a `/gated/N` response of [`BIG`] bytes while the client reads nothing, on a
+/// daemon whose temporary files take at most `limit` bytes of it: the spool fills to
+/// the bound, then the rest streams, so the upstream is held back by the client
+/// before it has written the whole response (it notes when its socket first had no
+/// room). Then the client reads it all, byte for byte; the fall-back is counted and
+/// no more than `limit` bytes went to temporary files.
+fn assert_falls_back_to_streaming(d: &TestDaemon, up: &SerialUpstream, limit: u64) {
+    let mut s = start_get(d, &format!("/gated/{BIG}"));
+    up.release(1);
+    let settled = wait_until(Duration::from_secs(60), || {
+        up.responses() >= 1 || up.stalled_at().is_some()
+    });
+    assert!(
+        settled && up.responses() == 0,
+        "the upstream wrote the whole response ({} done, stalled at {:?}) to a client that \
+         reads nothing: it was buffered past the bound",
+        up.responses(),
+        up.stalled_at()
+    );
     finish_pattern(&mut s, BIG);
-    assert_eq!(total(&d, "temp_file_bytes"), 0, "nothing was spooled");
+    assert!(
+        wait_until(SETTLE, || total(d, "proxy_buffering_fell_back") >= 1),
+        "the fall-back is counted"
+    );
+    let spooled = total(d, "temp_file_bytes");
+    assert!(
+        spooled <= limit,
+        "{spooled} bytes went to temporary files, past the bound of {limit}"
+    );
 }
 
 #[test]
 fn past_temp_max_bytes_the_response_streams_byte_exact() {
     let up = SerialUpstream::start();
     let d = daemon(&up, "temp_max_bytes: \"16KiB\",", "");
-    let mut s = start_get(&d, &format!("/big/{BIG}"));
-    std::thread::sleep(Duration::from_secs(1));
-    finish_pattern(&mut s, BIG);
-    assert!(total(&d, "proxy_buffering_fell_back") >= 1);
-    assert!(total(&d, "temp_file_bytes") <= 16 * 1024);
+    assert_falls_back_to_streaming(&d, &up, 16 * 1024);
+}
+
+#[test]
+fn past_max_temp_file_size_the_response_streams_byte_exact() {
+    let up = SerialUpstream::start();
+    let d = daemon(&up, "max_temp_file_size: \"1MiB\",", "");
+    assert_falls_back_to_streaming(&d, &up, 1 << 20);
+    // The file took bytes up to its bound: the fall-back is the file's, not a
+    // spool kept in memory.
+    assert!(total(&d, "temp_file_bytes") > 0);
 }
 
 #[test]
@@ -333,8 +408,7 @@ fn buffering_of(d: &TestDaemon, upstream: &str, server: &str) -> [u64; 5] {
 
 /// The value of the Prometheus sample `family{upstream,server[,kind]}` in `text`.
 fn sample(text: &str, family: &str, upstream: &str, server: &str, kind: Option<&str>) -> f64 {
-    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
-        .expect("the /metrics body parses");
+    let scrape = scrape(text);
     let s = scrape
         .samples
         .iter()
@@ -437,5 +511,172 @@ fn buffering_is_counted_per_upstream_server() {
             &app_label,
             None
         ) > 0.0
+    );
+}
+
+/// A daemon proxying to `up` (a keep-alive [`TestUpstream`]) with a pool of idle
+/// upstream connections, and the route keys of the other tests' daemons.
+fn pooled_daemon(up: &TestUpstream, server: &str) -> TestDaemon {
+    TestDaemon::builder()
+        .workers(1)
+        .top(&format!(
+            "upstreams: {{ \"app\": (servers: [\"{}\"], keepalive: 4, read_timeout: \"120s\", send_timeout: \"120s\") }},",
+            up.addr()
+        ))
+        .server(&format!(
+            "max_body_bytes: \"64M\", send_timeout: \"120s\", body_timeout: \"120s\", {server}"
+        ))
+        .routes(
+            r#"(prefix: "/healthz", handler: Liveness),
+            (prefix: "/", handler: Proxy(upstream: "app")),"#,
+        )
+        .start()
+}
+
+/// `/tiny` is `ok`; anything else [`BIG`] bytes of [`pattern_byte`]s.
+fn big_or_tiny() -> TestUpstream {
+    upstream(|r| match r.path() {
+        "/tiny" => Reply::ok(b"ok"),
+        _ => Reply::Large {
+            len: BIG,
+            chunked: false,
+        },
+    })
+}
+
+/// The upstream server's requests in flight (`forkd stats`), every worker together.
+fn in_flight(d: &TestDaemon, up: &TestUpstream) -> u64 {
+    let row = stats::upstream_row(&d.config, "app", &up.addr().to_string());
+    row["in_flight"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no in_flight in {row:#}"))
+}
+
+/// With response buffering, a client that reads nothing holds nothing upstream: once
+/// forkd has read the response whole, the server's in-flight count is 0 and the same
+/// upstream connection, back in the pool, serves the next request, while the slow
+/// client has not read a byte of the body (far more than the sockets between hold).
+/// Then it reads the whole response, byte for byte.
+#[test]
+fn a_slow_reader_of_a_buffered_response_gives_its_upstream_connection_back_at_once() {
+    let up = big_or_tiny();
+    let d = pooled_daemon(&up, "");
+    let mut slow = start_get(&d, &format!("/big/{BIG}"));
+    assert!(
+        wait_until(SETTLE, || up.received().len() == 1),
+        "the request reached the upstream"
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), || in_flight(&d, &up) == 0),
+        "the response was read whole and the server has nothing in flight: {:#}",
+        stats::upstream_row(&d.config, "app", &up.addr().to_string())
+    );
+    let r = tiny(&d).expect("the next client is answered while the slow one reads nothing");
+    assert_eq!(
+        (r.status, r.body.as_slice()),
+        (200, &b"ok"[..]),
+        "{}",
+        r.head
+    );
+    let seen = up.received();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(
+        (up.connections(), seen[1].connection, seen[1].nth),
+        (1, seen[0].connection, 1),
+        "the next request went out on the slow client's upstream connection, its second"
+    );
+    finish_pattern(&mut slow, BIG);
+    d.assert_log_clean();
+}
+
+/// The worker's counter `key` (the daemon runs one worker).
+fn worker_counter(d: &TestDaemon, key: &str) -> u64 {
+    let stats = stats_json(&d.config);
+    let workers = stats["workers"].as_array().expect("workers");
+    assert_eq!(workers.len(), 1, "{stats:#}");
+    workers[0]["counters"][key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {key} in {:#}", workers[0]))
+}
+
+/// A buffered exchange with a slow reader moves the worker's buffering counters and
+/// splits its time in the JSON access log: a request body read whole in memory
+/// counts in `proxy_bodies_in_memory`; the upstream's part of a response the client
+/// did not read for a while counts in `proxy_upstream_held_us` and the client's part
+/// in `proxy_client_transfer_us`, which is at least as long as the test kept the
+/// client from reading after forkd had the response whole; and the log line's
+/// `upstream_response_time` falls short of its `request_time` by at least as much.
+#[test]
+fn a_slow_readers_buffered_exchange_is_counted_and_logged_as_upstream_and_client_time() {
+    let up = upstream(|r| match r.path() {
+        "/upload" => Reply::Echo,
+        _ => Reply::Large {
+            len: BIG,
+            chunked: false,
+        },
+    });
+    let d = pooled_daemon(&up, "access_log_format: Json,");
+    let r = d.request(
+        "POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+    );
+    assert_eq!(r.status, 200, "{}", r.head);
+    assert!(
+        wait_until(SETTLE, || worker_counter(&d, "proxy_bodies_in_memory") == 1),
+        "the upload was counted as buffered in memory: {}",
+        worker_counter(&d, "proxy_bodies_in_memory")
+    );
+    // Counted when the exchange ends, with the others.
+    let held_before = worker_counter(&d, "proxy_upstream_held_us");
+    let transfer_before = worker_counter(&d, "proxy_client_transfer_us");
+    let mut slow = start_get(&d, &format!("/big/{BIG}"));
+    assert!(wait_until(SETTLE, || up.received().len() == 2));
+    assert!(
+        wait_until(Duration::from_secs(60), || in_flight(&d, &up) == 0),
+        "the response was read whole"
+    );
+    let read_whole_by = std::time::Instant::now();
+    assert_eq!(
+        worker_counter(&d, "proxy_client_transfer_us"),
+        transfer_before,
+        "the slow reader's exchange is not over"
+    );
+    let unread = read_whole_by.elapsed();
+    finish_pattern(&mut slow, BIG);
+    let at_least = unread.as_micros() as u64;
+    assert!(
+        wait_until(SETTLE, || worker_counter(&d, "proxy_client_transfer_us")
+            >= transfer_before + at_least),
+        "proxy_client_transfer_us grew by {} µs, at least the {at_least} µs the client read \
+         nothing after forkd had the response whole",
+        worker_counter(&d, "proxy_client_transfer_us") - transfer_before
+    );
+    assert!(
+        worker_counter(&d, "proxy_upstream_held_us") > held_before,
+        "the upstream's part of the exchange is counted"
+    );
+    let mut line = None;
+    assert!(
+        wait_until(SETTLE, || {
+            line = d
+                .access_log()
+                .lines()
+                .find(|l| l.contains("\"/big/"))
+                .map(str::to_string);
+            line.is_some()
+        }),
+        "the slow reader's request is logged:\n{}",
+        d.access_log()
+    );
+    let v: serde_json::Value = serde_json::from_str(line.as_deref().unwrap()).unwrap();
+    let (request, upstream) = (
+        v["request_time"].as_f64().expect("request_time"),
+        v["upstream_response_time"]
+            .as_f64()
+            .expect("upstream_response_time"),
+    );
+    assert!(
+        upstream > 0.0 && request - upstream >= at_least as f64 / 1e6,
+        "upstream_response_time {upstream} s is below request_time {request} s by at least \
+         the {at_least} µs the client read nothing: {v}"
     );
 }

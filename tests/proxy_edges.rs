@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use support::upstream::{
-    fnv, pattern_byte, pattern_hash, Received, Reply, Settings, TestUpstream, Writer, FNV_START,
+    fnv, pattern_byte, pattern_hash, upstream, Reply, TestUpstream, Writer, FNV_START,
 };
 use support::*;
 
@@ -30,10 +30,6 @@ fn proxy_daemon(servers: &[String], keys: &str) -> TestDaemon {
         ))
         .routes(r#"(prefix: "/", handler: Proxy(upstream: "app", buffering: false, request_buffering: false)),"#)
         .start()
-}
-
-fn upstream(respond: impl Fn(&Received) -> Reply + Send + Sync + 'static) -> TestUpstream {
-    TestUpstream::start(Settings::default(), respond)
 }
 
 /// A port nobody listens on.
@@ -115,9 +111,7 @@ fn a_client_that_leaves_while_the_upstream_answers_is_logged_499_and_its_upstrea
     );
     drop(s);
     assert!(
-        wait_until(Duration::from_secs(10), || d
-            .access_log()
-            .contains("\"GET /slow HTTP/1.1\" 499 0")),
+        d.wait_for_access_log("\"GET /slow HTTP/1.1\" 499 0", Duration::from_secs(10)),
         "{}",
         d.access_log()
     );
@@ -309,7 +303,7 @@ impl Held {
             // What forkd wrote to the client, once it has read all the upstream sent.
             let mut delivered = 0;
             let mut seen = [None; 4];
-            let all_read = poll(Duration::from_secs(10), || {
+            let all_read = wait_until(Duration::from_secs(10), || {
                 seen = tcp_queues([
                     (upstream, forkd_side),
                     (forkd_side, upstream),
@@ -357,18 +351,6 @@ fn write_pattern(s: &mut TcpStream, from: u64, len: u64) -> bool {
             return false;
         }
         at += n;
-    }
-    true
-}
-
-/// Polls `cond` every millisecond until it holds or `timeout` passes.
-fn poll(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
     }
     true
 }
@@ -656,7 +638,7 @@ fn a_request_body_forkd_has_read_goes_on_once_the_upstream_takes_what_it_buffere
     // all in them: then the upstream starts reading.
     let mut last = (0, Instant::now());
     assert!(
-        poll(Duration::from_secs(60), || {
+        wait_until(Duration::from_secs(60), || {
             let now = written.load(Ordering::SeqCst);
             if now != last.0 {
                 last = (now, Instant::now());
@@ -683,7 +665,7 @@ fn send_timeout_counts_from_when_forkd_went_back_to_writing_after_waiting_for_th
     let gated = Arc::new(Gated::new());
     let (d, mut s, head_len) = post_to_gated(&gated, "send_timeout: \"1s\", retries: 0,", LEN);
     let (client, forkd) = (s.local_addr().unwrap(), s.peer_addr().unwrap());
-    let on = poll(Duration::from_secs(10), || gated.body_on.get().is_some());
+    let on = wait_until(Duration::from_secs(10), || gated.body_on.get().is_some());
     assert!(on, "the request reached the upstream");
     let &(upstream, forkd_side) = gated.body_on.get().unwrap();
     // The body in pieces, each once forkd has read the one before, until the upstream
@@ -696,7 +678,7 @@ fn send_timeout_counts_from_when_forkd_went_back_to_writing_after_waiting_for_th
         at += PIECE;
         sent += PIECE;
         let mut delivered = 0;
-        let all_read = poll(Duration::from_secs(10), || {
+        let all_read = wait_until(Duration::from_secs(10), || {
             match tcp_queues([
                 (client, forkd),
                 (forkd, client),

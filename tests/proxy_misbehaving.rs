@@ -4,7 +4,8 @@
 //! request body is sent whole, bytes past a response without a body, a head split
 //! over two reads with bytes past its body, and a trailer line that is not a field.
 //! Request bodies stream (`request_buffering: false`), so a response can begin while
-//! the upload is under way.
+//! the upload is under way, except where a test needs a buffered body: one sent again
+//! after the stale pooled-connection race.
 
 mod support;
 use std::io::{ErrorKind, Read, Write};
@@ -18,6 +19,12 @@ const WAIT: Duration = Duration::from_secs(20);
 
 /// One worker with `/` proxied to `up` (an upstream named `app`, `keys` added).
 fn proxy_daemon(up: &ScriptedUpstream, keys: &str) -> TestDaemon {
+    daemon_with_route(up, keys, ", request_buffering: false")
+}
+
+/// As [`proxy_daemon`], the proxy route with `route` keys (request bodies buffered
+/// unless they say otherwise).
+fn daemon_with_route(up: &ScriptedUpstream, keys: &str, route: &str) -> TestDaemon {
     TestDaemon::builder()
         .workers(1)
         .top(&format!(
@@ -25,10 +32,10 @@ fn proxy_daemon(up: &ScriptedUpstream, keys: &str) -> TestDaemon {
             up.addr()
         ))
         // The readiness probe must not take a scripted connection.
-        .routes(
+        .routes(&format!(
             r#"(prefix: "/healthz", handler: Liveness),
-            (prefix: "/", handler: Proxy(upstream: "app", request_buffering: false)),"#,
-        )
+            (prefix: "/", handler: Proxy(upstream: "app"{route})),"#
+        ))
         .start()
 }
 
@@ -124,39 +131,10 @@ fn a_response_that_ends_before_the_upload_closes_the_client_after_it_and_is_not_
 
 #[test]
 fn bytes_after_a_response_to_head_are_never_pooled() {
-    // The upstream answers HEAD with a head and then 100 000 bytes nobody asked for:
-    // more than one read, so some are still in the socket when the response ends.
-    let mut junk = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n".to_vec();
-    junk.extend(std::iter::repeat_n(b'x', 100_000));
-    let up = ScriptedUpstream::start(vec![
-        Script::new().read_head().write(&junk).await_close(),
-        Script::new()
-            .read_head()
-            .write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh")
-            .await_close(),
-    ]);
-    let d = proxy_daemon(&up, "");
-    let mut s = d.connect();
-    s.write_all(b"HEAD /h HTTP/1.1\r\nHost: h\r\n\r\n").unwrap();
-    let mut got = Vec::new();
-    read_through(&mut s, &mut got, b"\r\n\r\n").unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&got),
-        "HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n"
-    );
-    // The next request on the worker goes on a new upstream connection.
-    s.write_all(b"GET /next HTTP/1.1\r\nHost: h\r\n\r\n")
-        .unwrap();
-    let mut next = Vec::new();
-    read_through(&mut s, &mut next, b"fresh").unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&next),
-        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh"
-    );
-    assert_eq!(up.connections(), 2);
-    assert!(
-        matches!(up.wait_ended(0, WAIT), Some(Ended::Finished)),
-        "forkd closed the connection with bytes left over"
+    // The head of a 100 000-byte response, and then such a body nobody asked for.
+    assert_bytes_past_a_bodiless_response_are_never_pooled(
+        "HEAD /h HTTP/1.1\r\nHost: h\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n",
     );
 }
 
@@ -237,4 +215,149 @@ fn a_trailer_line_that_is_not_a_field_never_reaches_the_client() {
     let log = d.error_log();
     assert_eq!(log.matches("[error]").count(), 1, "logged once: {log}");
     assert!(log.contains("invalid or truncated response body"), "{log}");
+}
+
+/// The stale pooled-connection race with a buffered body: the upstream answers a GET
+/// and keeps the connection; the next request, a POST, goes out on that pooled
+/// connection, and the upstream reads it whole and closes without a byte of response
+/// (it had decided to close the idle connection). No response byte came and forkd has
+/// the whole body, so it sends the POST again on a new connection, head and body
+/// byte-exact, and the client gets that answer.
+#[test]
+fn a_buffered_post_that_meets_a_closing_pooled_connection_is_sent_again_whole() {
+    const LEN: usize = 200_000; // past the spool's memory part: the file is resent too
+    let body = noise(LEN, 20);
+    let up = ScriptedUpstream::start(vec![
+        Script::new()
+            .read_head()
+            .write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst")
+            .read_head()
+            .read_bytes(LEN)
+            .close(),
+        Script::new()
+            .read_head()
+            .read_bytes(LEN)
+            .write(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nstored")
+            .await_close(),
+    ]);
+    let d = daemon_with_route(&up, "keepalive: 4,", "");
+    let r = d.get("/first");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "first"));
+    let mut s = d.connect();
+    write!(
+        s,
+        "POST /store HTTP/1.1\r\nHost: h\r\nContent-Length: {LEN}\r\n\r\n"
+    )
+    .unwrap();
+    s.write_all(&body).unwrap();
+    let mut got = Vec::new();
+    read_through(&mut s, &mut got, b"stored").unwrap_or_else(|e| {
+        panic!(
+            "{e}\nconnections {}, ended {:?} {:?}\n{}",
+            up.connections(),
+            up.ended(0),
+            up.ended(1),
+            d.error_log()
+        )
+    });
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 200 OK\r\n"), "{got}");
+    assert!(got.ends_with("\r\n\r\nstored"), "{got}");
+    // The race was met, not avoided: the POST went out whole on the pooled
+    // connection first, then again on a second one.
+    assert_eq!(up.wait_ended(0, WAIT), Some(Ended::Finished));
+    assert_eq!(up.connections(), 2);
+    let (first, again) = (up.received(0), up.received(1));
+    let post_of = |raw: &[u8]| -> (String, Vec<u8>) {
+        let at = raw
+            .windows(5)
+            .position(|w| w == b"POST ")
+            .unwrap_or_else(|| panic!("no POST in {:?}", String::from_utf8_lossy(raw)));
+        let raw = &raw[at..];
+        let end = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        (
+            String::from_utf8_lossy(&raw[..end]).into_owned(),
+            raw[end..].to_vec(),
+        )
+    };
+    let (head0, body0) = post_of(&first);
+    let (head1, body1) = post_of(&again);
+    assert!(
+        first.starts_with(b"GET /first "),
+        "the POST came second on connection 0"
+    );
+    assert!(again.starts_with(b"POST /store "), "{head1}");
+    assert_eq!(head0, head1, "the same head both times");
+    assert!(
+        head1.contains(&format!("Content-Length: {LEN}\r\n")),
+        "{head1}"
+    );
+    assert!(body0 == body, "the first attempt had the whole body");
+    assert!(
+        body1 == body,
+        "the resent body is byte-exact ({} of {LEN} bytes)",
+        body1.len()
+    );
+    assert!(!d.error_log().contains("[error]"), "{}", d.error_log());
+}
+
+/// A response without a body (`status_head`, the answer to `request`) followed by
+/// bytes nobody asked for: a whole response that would be the next request's if the
+/// connection were pooled (response queue poisoning), then 100 000 more, so some are
+/// still in the socket when the response ends. The client gets the head alone; the
+/// next request on the worker goes out on a new upstream connection and gets its own
+/// answer; forkd closed the first.
+fn assert_bytes_past_a_bodiless_response_are_never_pooled(request: &str, status_head: &str) {
+    let mut junk = status_head.as_bytes().to_vec();
+    junk.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\npoison");
+    junk.extend(std::iter::repeat_n(b'x', 100_000));
+    let up = ScriptedUpstream::start(vec![
+        Script::new().read_head().write(&junk).await_close(),
+        Script::new()
+            .read_head()
+            .write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh")
+            .await_close(),
+    ]);
+    let d = proxy_daemon(&up, "");
+    let mut s = d.connect();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut got = Vec::new();
+    read_through(&mut s, &mut got, b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&got).into_owned();
+    assert_eq!(head, status_head);
+    s.write_all(b"GET /next HTTP/1.1\r\nHost: h\r\n\r\n")
+        .unwrap();
+    let mut next = Vec::new();
+    read_through(&mut s, &mut next, b"fresh").unwrap_or_else(|e| {
+        panic!(
+            "{e}\nafter {head:?}; upstream connections {}",
+            up.connections()
+        )
+    });
+    assert_eq!(
+        String::from_utf8_lossy(&next),
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh",
+        "nothing of the first response came before it"
+    );
+    assert_eq!(up.connections(), 2);
+    assert!(
+        matches!(up.wait_ended(0, WAIT), Some(Ended::Finished)),
+        "forkd closed the connection with bytes left over"
+    );
+}
+
+#[test]
+fn bytes_after_a_204_response_are_never_pooled() {
+    assert_bytes_past_a_bodiless_response_are_never_pooled(
+        "DELETE /item HTTP/1.1\r\nHost: h\r\n\r\n",
+        "HTTP/1.1 204 No Content\r\n\r\n",
+    );
+}
+
+#[test]
+fn bytes_after_a_304_response_are_never_pooled() {
+    assert_bytes_past_a_bodiless_response_are_never_pooled(
+        "GET /page HTTP/1.1\r\nHost: h\r\nIf-None-Match: \"v1\"\r\n\r\n",
+        "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\n\r\n",
+    );
 }

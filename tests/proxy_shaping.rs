@@ -6,12 +6,8 @@
 mod support;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use support::upstream::{Received, Reply, Settings, TestUpstream};
+use support::upstream::{upstream, Reply, TestUpstream};
 use support::*;
-
-fn upstream(respond: impl Fn(&Received) -> Reply + Send + Sync + 'static) -> TestUpstream {
-    TestUpstream::start(Settings::default(), respond)
-}
 
 /// A daemon with upstream `app` (the one server `up`, `keys` added) and `routes`.
 fn daemon(up: &TestUpstream, keys: &str, routes: &str) -> TestDaemon {
@@ -55,9 +51,10 @@ fn path_host_set_and_removed_fields_reach_the_upstream_byte_for_byte() {
     );
     // The access log says what the client asked for, not what went upstream.
     assert!(
-        wait_until(Duration::from_secs(10), || d.access_log().contains(
-            "\"GET /api/a%20b/../items/%3F%41?id=%41&x HTTP/1.1\" 200 2"
-        )),
+        d.wait_for_access_log(
+            "\"GET /api/a%20b/../items/%3F%41?id=%41&x HTTP/1.1\" 200 2",
+            Duration::from_secs(10)
+        ),
         "{}",
         d.access_log()
     );

@@ -41,13 +41,6 @@ fn daemon(upstream: std::net::SocketAddr, route: &str) -> TestDaemon {
         .start()
 }
 
-fn total(d: &TestDaemon, key: &str) -> u64 {
-    let stats = stats_json(&d.config);
-    stats["totals"][key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no counter {key} in {}", stats["totals"]))
-}
-
 /// Sends one body byte every 200 ms (5 B/s, a fifth of a percent of the minimum)
 /// until stopped or the connection fails; returns how many it sent.
 struct Dripper {
@@ -122,9 +115,7 @@ fn a_slow_buffered_upload_gets_408_and_never_reaches_the_upstream() {
     assert_logged_slow(&d, "sent its request body");
     assert_slow_clients(&d, 1);
     assert!(
-        wait_until(Duration::from_secs(20), || d
-            .access_log()
-            .contains("\"POST /upload HTTP/1.1\" 408")),
+        d.wait_for_access_log("\"POST /upload HTTP/1.1\" 408", Duration::from_secs(20)),
         "the 408 is logged:\n{}",
         d.access_log()
     );

@@ -801,24 +801,6 @@ fn gzip_with_python(data: &[u8]) -> Vec<u8> {
     out.stdout
 }
 
-/// `secs` since the epoch as an IMF-fixdate (RFC 9110 §5.6.7), as `Last-Modified`
-/// carries it.
-fn http_date(secs: i64) -> String {
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (year, month, day) = forkd_shared::log::civil_from_days(days);
-    let weekday = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][days.rem_euclid(7) as usize];
-    let months = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    format!(
-        "{weekday}, {day:02} {} {year} {:02}:{:02}:{:02} GMT",
-        months[(month - 1) as usize],
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
-
 /// Starts the daemon with the site files `names` an hour old (set before anything
 /// can have cached them): a `Last-Modified` in the second of the response would be
 /// masked with the `Date`.

@@ -561,8 +561,7 @@ fn metrics_are_valid_prometheus_and_agree_with_json() {
         assert_eq!(types.get(family).map(String::as_str), Some(ty), "{family}");
     }
 
-    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
-        .expect("the /metrics body parses");
+    let scrape = scrape(&text);
     assert!(!scrape.samples.is_empty());
     let value = |s: &prometheus_parse::Sample| -> f64 {
         match &s.value {

@@ -952,19 +952,9 @@ fn container_config_validates_and_fits_the_kubernetes_deployment() {
         text.replace("\"/srv/www\"", &format!("\"{}\"", www.display())),
     )
     .unwrap();
-    let out = Command::new(BIN)
-        .arg("-c")
-        .arg(&config)
-        .arg("-t")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "forkd -t on the container config: {}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        Command::new(BIN).arg("-c").arg(&config).arg("-t"),
+        "forkd -t on the container config",
     );
 
     let yaml = read_repo_file("deploy/kubernetes.yaml");

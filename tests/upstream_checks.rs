@@ -124,8 +124,7 @@ fn a_server_whose_check_fails_gets_no_client_request_until_rise_checks_pass() {
     assert!(metrics.contains(&down), "{down} in:\n{metrics}");
     let not_up = format!("forkd_upstream_up{{upstream=\"app\",server=\"{lb}\",state=\"down\"}} 0");
     assert!(metrics.contains(&not_up), "{not_up} in:\n{metrics}");
-    let scrape = prometheus_parse::Scrape::parse(metrics.lines().map(|l| Ok(l.to_string())))
-        .expect("the /metrics body parses");
+    let scrape = scrape(&metrics);
     let fails = scrape
         .samples
         .iter()

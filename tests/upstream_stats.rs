@@ -93,8 +93,7 @@ fn pairs(p: &[(&str, &str)]) -> BTreeSet<(String, String)> {
 
 /// The `(upstream, server)` label pairs of `metric` in a Prometheus text.
 fn prometheus_servers(text: &str, metric: &str) -> BTreeSet<(String, String)> {
-    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
-        .expect("the /metrics body parses");
+    let scrape = scrape(text);
     scrape
         .samples
         .iter()

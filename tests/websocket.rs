@@ -60,12 +60,6 @@ fn tunnels_open(d: &TestDaemon) -> u64 {
         .sum()
 }
 
-fn total(d: &TestDaemon, key: &str) -> u64 {
-    stats(d)["totals"][key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no {key} in the totals"))
-}
-
 /// Closes the WebSocket with a close frame and reads until the close is answered.
 /// A daemon tunnelling to `echo` whose drains last 3 s.
 fn draining_daemon(echo: &WsEcho) -> TestDaemon {
@@ -149,9 +143,7 @@ fn ten_thousand_messages_go_both_ways_and_the_tunnel_is_counted() {
         "{table}"
     );
     assert!(
-        wait_until(Duration::from_secs(10), || d
-            .access_log()
-            .contains("\"GET /ws HTTP/1.1\" 101 ")),
+        d.wait_for_access_log("\"GET /ws HTTP/1.1\" 101 ", Duration::from_secs(10)),
         "{}",
         d.access_log()
     );

@@ -71,6 +71,17 @@ pub fn write_config(path: &Path, text: &str) {
     f.set_len(text.len() as u64).unwrap();
 }
 
+/// Writes `builder`'s config and site into a new temp folder without starting forkd
+/// (pid file `forkd.pid` there): the folder, the config file and the port it names.
+pub fn write_site(builder: &Builder) -> (TempDir, PathBuf, u16) {
+    let dir = TempDir::new();
+    builder.write_files(dir.path());
+    let port = super::port::free_port();
+    let config = dir.path().join("forkd.ron");
+    std::fs::write(&config, builder.config_text(port)).unwrap();
+    (dir, config, port)
+}
+
 /// Copies `from` to `to` (mode 755) with `cp`, so that no descriptor open for writing on
 /// `to` ever exists in this multi-threaded process: a child another test thread forks
 /// meanwhile would inherit it until its exec, and exec'ing `to` would then fail with
@@ -470,6 +481,11 @@ impl TestDaemon {
     /// Polls the error log until it contains `needle` (at most `timeout`).
     pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
         wait_until(timeout, || self.error_log().contains(needle))
+    }
+
+    /// Polls the access log until it contains `needle` (at most `timeout`).
+    pub fn wait_for_access_log(&self, needle: &str, timeout: Duration) -> bool {
+        wait_until(timeout, || self.access_log().contains(needle))
     }
 
     /// No alert, crit or emerg in the error log.

@@ -16,7 +16,7 @@
 use super::daemon::TempDir;
 use super::http::get_close;
 use super::port::PortReservation;
-use super::process::children_of;
+use super::process::{children_of, run_ok};
 use super::wait::wait_until;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -63,11 +63,11 @@ pub fn venv() -> &'static Path {
 
 fn create_venv(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
-    run(
+    run_ok(
         Command::new("python3").arg("-m").arg("venv").arg(dir),
         "python3 -m venv (Debian: apt-get install python3-venv)",
     );
-    run(
+    run_ok(
         Command::new(dir.join("bin/python")).args([
             "-m",
             "pip",
@@ -78,20 +78,6 @@ fn create_venv(dir: &Path) {
             &format!("gunicorn=={GUNICORN_VERSION}"),
         ]),
         "pip install gunicorn (needs PyPI)",
-    );
-}
-
-fn run(cmd: &mut Command, what: &str) {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what}: {}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
     );
 }
 

@@ -5,7 +5,9 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | `daemon` | `Builder` (config + site), `TestDaemon` (start, wait, signal, reload, upgrade steps, cleanup), `TempDir` |
+//! | `daemon` | `Builder` (config + site), `TestDaemon` (start, wait, signal, reload, upgrade steps, cleanup), `TempDir`, `write_site` |
+//! | `dates` | dates computed apart from the server's code: `http_date` (IMF-fixdate), `log_time`, `now_secs` |
+//! | `gate` | `Gate`: an upstream that holds every request until the test opens it, counting arrivals |
 //! | `gunicorn` | `Gunicorn`: a real application server (gunicorn, two sync workers, `wsgi_app.py`) in a shared venv |
 //! | `h2client` | `H2Client`: a blocking h2c client, one request at a time, answers whole with trailers |
 //! | `h2load` | `H2Load`: HTTP/2 (h2c) load, streams in flight on each connection, GOAWAY followed by a new connection |
@@ -15,12 +17,13 @@
 //! | `process` | /proc (children, state, descriptors, sockets), signals, `forkd` as a CLI |
 //! | `serial` | `SerialUpstream`: an application server that serves one connection at a time (gunicorn's sync worker), to see what a slow client costs it |
 //! | `scripted` | `ScriptedUpstream`: raw bytes per connection, a script of reads and writes (a misbehaving upstream) |
-//! | `stats` | `forkd stats --json`, parsed |
-//! | `upstream` | `TestUpstream`: a threaded HTTP/1.1 upstream with faults on demand |
+//! | `stats` | `forkd stats --json`, parsed; `total` (a counter of the totals) |
+//! | `upstream` | `TestUpstream` (and `upstream(respond)`, with default settings): a threaded HTTP/1.1 upstream with faults on demand |
 //! | `wait` | polling with a deadline |
 #![allow(dead_code, unused_imports)]
 
 pub mod daemon;
+pub mod dates;
 pub mod gate;
 pub mod gunicorn;
 pub mod h2client;
@@ -36,6 +39,7 @@ pub mod upstream;
 pub mod wait;
 
 pub use daemon::*;
+pub use dates::*;
 pub use http::*;
 pub use load::*;
 pub use port::*;

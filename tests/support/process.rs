@@ -199,6 +199,22 @@ pub fn forkd_command(config: &Path) -> Command {
     cmd
 }
 
+/// Runs `cmd` (stdin from /dev/null) to its end; panics naming `what`, with its
+/// output, unless it succeeds.
+pub fn run_ok(cmd: &mut Command, what: &str) {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Runs forkd with `-c config` and `args`; (exit code, stdout, stderr).
 pub fn run_forkd(config: &Path, args: &[&str]) -> (i32, String, String) {
     let r = forkd_ctl(config, args);

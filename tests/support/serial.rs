@@ -8,14 +8,21 @@
 //! with `Content-Length`), `/upload` (reads the body, answers `LEN HASH` with the FNV
 //! hash of [`super::upstream::fnv`]), `/events/N` (a `text/event-stream` of N events,
 //! each sent only once the test allows it with [`SerialUpstream::release`]), and
-//! `/held/N` (N bytes with `X-Accel-Buffering: no`).
+//! `/held/N` (N bytes with `X-Accel-Buffering: no`). `/gated/N` and `/gated-held/N`
+//! (the latter with `X-Accel-Buffering: no`) send the head and the first
+//! [`FIRST_PIECE`] bytes, then wait for one [`SerialUpstream::release`] before the
+//! rest, noting ([`SerialUpstream::stalled_at`]) how far they had got when their
+//! socket first had no room: a response held back by a client that reads nothing.
 
 use super::upstream::{fnv, pattern_byte, FNV_START};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+
+/// The body bytes `/gated/N` sends before it waits for a release.
+pub const FIRST_PIECE: u64 = 1024;
 
 /// What the upstream saw: each request's head, in order.
 #[derive(Debug, Default)]
@@ -33,6 +40,9 @@ struct Shared {
     released: Mutex<usize>,
     wake: Condvar,
     stop: AtomicBool,
+    /// Body bytes a `/gated/N` response had written when its socket first had no
+    /// room (`u64::MAX`: not yet).
+    stalled_at: AtomicU64,
 }
 
 pub struct SerialUpstream {
@@ -52,6 +62,7 @@ impl SerialUpstream {
             released: Mutex::new(0),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
+            stalled_at: AtomicU64::new(u64::MAX),
         });
         let s = shared.clone();
         let thread = std::thread::spawn(move || {
@@ -94,7 +105,13 @@ impl SerialUpstream {
         self.shared.seen.lock().unwrap().heads.clone()
     }
 
-    /// Lets `/events/N` send `n` more events.
+    /// How many body bytes a `/gated/N` response had written when the socket to
+    /// forkd first had no room for more; None while it never lacked room.
+    pub fn stalled_at(&self) -> Option<u64> {
+        Some(self.shared.stalled_at.load(SeqCst)).filter(|&n| n != u64::MAX)
+    }
+
+    /// Lets `/events/N` send `n` more events, or `/gated/N` its rest.
     pub fn release(&self, n: usize) {
         *self.shared.released.lock().unwrap() += n;
         self.shared.wake.notify_all();
@@ -173,6 +190,12 @@ fn serve(conn: TcpStream, s: &Shared) -> std::io::Result<()> {
         }
         return Ok(());
     }
+    if let Some((n, extra)) = path.strip_prefix("/gated/").map(|n| (n, "")).or_else(|| {
+        path.strip_prefix("/gated-held/")
+            .map(|n| (n, "X-Accel-Buffering: no\r\n"))
+    }) {
+        return serve_gated(out, s, n.parse().unwrap_or(0), extra);
+    }
     let (len, extra) = if let Some(n) = path.strip_prefix("/big/") {
         (n.parse::<u64>().unwrap_or(0), "")
     } else if let Some(n) = path.strip_prefix("/held/") {
@@ -187,15 +210,60 @@ fn serve(conn: TcpStream, s: &Shared) -> std::io::Result<()> {
         out,
         "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n{extra}Connection: close\r\n\r\n"
     )?;
+    write_pattern(&mut out, 0, len)
+}
+
+/// Body bytes `from..to` of [`pattern_byte`], in 64 KiB pieces.
+fn write_pattern(out: &mut TcpStream, from: u64, to: u64) -> std::io::Result<()> {
     let mut buf = vec![0u8; 64 * 1024];
-    let mut at = 0u64;
-    while at < len {
-        let n = (len - at).min(buf.len() as u64) as usize;
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(buf.len() as u64) as usize;
         for (k, b) in buf[..n].iter_mut().enumerate() {
             *b = pattern_byte(at + k as u64);
         }
         out.write_all(&buf[..n])?;
         at += n as u64;
     }
+    Ok(())
+}
+
+/// `/gated/N`: the head and [`FIRST_PIECE`] bytes, a wait for a release, then the
+/// rest, written without blocking until the socket first has no room (noted in
+/// `stalled_at`), then blocking.
+fn serve_gated(mut out: TcpStream, s: &Shared, len: u64, extra: &str) -> std::io::Result<()> {
+    write!(
+        out,
+        "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n{extra}Connection: close\r\n\r\n"
+    )?;
+    let first = FIRST_PIECE.min(len);
+    write_pattern(&mut out, 0, first)?;
+    out.flush()?;
+    let mut released = s.released.lock().unwrap();
+    while *released == 0 {
+        released = s.wake.wait(released).unwrap();
+    }
+    *released -= 1;
+    drop(released);
+    out.set_nonblocking(true)?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut at = first;
+    while at < len {
+        let n = (len - at).min(buf.len() as u64) as usize;
+        for (k, b) in buf[..n].iter_mut().enumerate() {
+            *b = pattern_byte(at + k as u64);
+        }
+        match out.write(&buf[..n]) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(w) => at += w as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                s.stalled_at.store(at, SeqCst);
+                out.set_nonblocking(false)?;
+                return write_pattern(&mut out, at, len);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    out.set_nonblocking(false)?;
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! `forkd stats --json`, parsed with serde_json.
 
+use super::daemon::TestDaemon;
 use super::process::BIN;
 use serde_json::Value;
 use std::path::Path;
@@ -75,4 +76,23 @@ pub fn upstream_row(config: &Path, upstream: &str, server: &str) -> Value {
         .find(|u| u["upstream"] == upstream && u["server"] == server)
         .cloned()
         .unwrap_or_else(|| panic!("no row for {upstream} {server}: {json:#}"))
+}
+
+/// The counter `key` of a stats snapshot's `totals`; panics, showing them, if there is
+/// none.
+pub fn total_of(stats: &Value, key: &str) -> u64 {
+    stats["totals"][key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {key} in {}", stats["totals"]))
+}
+
+/// The counter `key` of `d`'s totals now.
+pub fn total(d: &TestDaemon, key: &str) -> u64 {
+    total_of(&stats_json(&d.config), key)
+}
+
+/// A Prometheus text (a `/metrics` body), parsed; panics if it does not parse.
+pub fn scrape(text: &str) -> prometheus_parse::Scrape {
+    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .expect("the /metrics body parses")
 }

@@ -214,6 +214,12 @@ struct Shared {
     settings: Settings,
 }
 
+/// A [`TestUpstream`] with the default [`Settings`], answering each request with
+/// `respond(req)`.
+pub fn upstream(respond: impl Fn(&Received) -> Reply + Send + Sync + 'static) -> TestUpstream {
+    TestUpstream::start(Settings::default(), respond)
+}
+
 /// A running test upstream; stops (and closes its connections) on drop.
 pub struct TestUpstream {
     addr: SocketAddr,

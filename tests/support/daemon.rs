@@ -89,6 +89,9 @@ pub fn copy_executable(from: &Path, to: &Path) {
 /// How to configure a test daemon. `{port}` in any text is replaced by `port`.
 pub struct Builder {
     pub workers: usize,
+    /// The server's `listen` entry: `"127.0.0.1:{port}"` (quoted), or the long form,
+    /// e.g. `(addr: "127.0.0.1:{port}", http2: PriorKnowledge)`.
+    pub listen: String,
     pub accept: &'static str,
     /// Extra top-level keys, e.g. `drain_timeout: "2s",`.
     pub top: String,
@@ -109,6 +112,7 @@ impl Default for Builder {
     fn default() -> Self {
         Builder {
             workers: 1,
+            listen: r#""127.0.0.1:{port}""#.into(),
             accept: "Shared",
             top: String::new(),
             server: String::new(),
@@ -140,6 +144,11 @@ impl Builder {
         self.workers = n;
         self
     }
+    /// The server's one `listen` entry, as the config writes it (the `listen` field).
+    pub fn listen(mut self, entry: &str) -> Self {
+        self.listen = entry.into();
+        self
+    }
     pub fn accept(mut self, mode: &'static str) -> Self {
         self.accept = mode;
         self
@@ -169,7 +178,7 @@ impl Builder {
     log_level: Info,
     {top}
     servers: [(
-        listen: ["127.0.0.1:{{port}}"],
+        listen: [{listen}],
         names: ["localhost"],
         access_log: Some(File("access.log")),
         {server}
@@ -180,6 +189,7 @@ impl Builder {
 )
 "#,
             workers = self.workers,
+            listen = self.listen,
             accept = self.accept,
             top = self.top,
             server = self.server,

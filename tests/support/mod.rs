@@ -7,6 +7,7 @@
 //! |---|---|
 //! | `daemon` | `Builder` (config + site), `TestDaemon` (start, wait, signal, reload, upgrade steps, cleanup), `TempDir` |
 //! | `gunicorn` | `Gunicorn`: a real application server (gunicorn, two sync workers, `wsgi_app.py`) in a shared venv |
+//! | `h2py` | Python's HTTP/2 stack (`h2`, `hyperframe`, `hpack`, `httpx`, pinned) in a shared venv, and the runner of `tests/h2/`'s conformance checks |
 //! | `http` | the raw HTTP/1.1 client: `Response`, `read_response`, the fallible `Conn` |
 //! | `load` | the load client (`Load`, per-kind counts and failure reasons) and the site it asks for |
 //! | `port` | `PortReservation`: ports held until the daemon is gone |
@@ -21,6 +22,7 @@
 pub mod daemon;
 pub mod gate;
 pub mod gunicorn;
+pub mod h2py;
 pub mod http;
 pub mod load;
 pub mod port;

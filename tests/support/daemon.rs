@@ -100,6 +100,9 @@ pub fn copy_executable(from: &Path, to: &Path) {
 /// How to configure a test daemon. `{port}` in any text is replaced by `port`.
 pub struct Builder {
     pub workers: usize,
+    /// The server's `listen` entry: `"127.0.0.1:{port}"` (quoted), or the long form,
+    /// e.g. `(addr: "127.0.0.1:{port}", http2: PriorKnowledge)`.
+    pub listen: String,
     pub accept: &'static str,
     /// Extra top-level keys, e.g. `drain_timeout: "2s",`.
     pub top: String,
@@ -114,14 +117,13 @@ pub struct Builder {
     /// Run from a copy of the binary at `<tmp>/bin/forkd` (a master execs whatever is at
     /// the path it was started from, so an upgrade test can put another binary there).
     pub own_binary: bool,
-    /// The server's one listen entry; `{port}` stands for the daemon's port.
-    pub listen: String,
 }
 
 impl Default for Builder {
     fn default() -> Self {
         Builder {
             workers: 1,
+            listen: r#""127.0.0.1:{port}""#.into(),
             accept: "Shared",
             top: String::new(),
             server: String::new(),
@@ -132,7 +134,6 @@ impl Default for Builder {
             files: vec![("index.html".into(), b"<h1>index</h1>\n".to_vec())],
             expect_alerts: false,
             own_binary: false,
-            listen: r#""127.0.0.1:{port}""#.into(),
         }
     }
 }
@@ -154,6 +155,11 @@ impl Builder {
         self.workers = n;
         self
     }
+    /// The server's one `listen` entry, as the config writes it (the `listen` field).
+    pub fn listen(mut self, entry: &str) -> Self {
+        self.listen = entry.into();
+        self
+    }
     pub fn accept(mut self, mode: &'static str) -> Self {
         self.accept = mode;
         self
@@ -171,9 +177,8 @@ impl Builder {
         self
     }
     /// The address also speaks HTTP/2 to a client that starts with its preface (h2c).
-    pub fn h2c(mut self) -> Self {
-        self.listen = r#"(addr: "127.0.0.1:{port}", http2: PriorKnowledge)"#.into();
-        self
+    pub fn h2c(self) -> Self {
+        self.listen(r#"(addr: "127.0.0.1:{port}", http2: PriorKnowledge)"#)
     }
 
     /// The config text for `port`.
@@ -199,11 +204,11 @@ impl Builder {
 )
 "#,
             workers = self.workers,
+            listen = self.listen,
             accept = self.accept,
             top = self.top,
             server = self.server,
             routes = self.routes,
-            listen = self.listen,
         );
         text.replace("{port}", &port.to_string())
     }

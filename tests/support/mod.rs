@@ -11,6 +11,7 @@
 //! | `gunicorn` | `Gunicorn`: a real application server (gunicorn, two sync workers, `wsgi_app.py`) in a shared venv |
 //! | `h2client` | `H2Client`: a blocking h2c client, one request at a time, answers whole with trailers |
 //! | `h2load` | `H2Load`: HTTP/2 (h2c) load, streams in flight on each connection, GOAWAY followed by a new connection |
+//! | `h2py` | Python's HTTP/2 stack (`h2`, `hyperframe`, `hpack`, `httpx`, pinned) in a shared venv, and the runner of `tests/h2/`'s conformance checks |
 //! | `http` | the raw HTTP/1.1 client: `Response`, `read_response`, the fallible `Conn` |
 //! | `load` | the load client (`Load`, per-kind counts and failure reasons) and the site it asks for |
 //! | `port` | `PortReservation`: ports held until the daemon is gone |
@@ -28,6 +29,7 @@ pub mod gate;
 pub mod gunicorn;
 pub mod h2client;
 pub mod h2load;
+pub mod h2py;
 pub mod http;
 pub mod load;
 pub mod port;

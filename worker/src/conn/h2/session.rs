@@ -241,11 +241,13 @@ impl Session {
                     }
                     Poll::Ready(Some(Err(e))) => {
                         forkd_shared::debug!("HTTP/2 connection of {} failed: {e}", p.peer);
-                        self.flush_stats(svc);
+                        self.count_flood_stopped(p, svc);
+                        self.flush_stats(Some(p.peer), svc);
                         return Driven::Closed;
                     }
                     Poll::Ready(None) => {
-                        self.flush_stats(svc);
+                        self.count_flood_stopped(p, svc);
+                        self.flush_stats(Some(p.peer), svc);
                         return Driven::Closed;
                     }
                     Poll::Pending => break,
@@ -279,7 +281,7 @@ impl Session {
                 self.close_flooded(flood, p, svc, &mut cx);
                 return Driven::Closed;
             }
-            self.flush_stats(svc);
+            self.flush_stats(Some(p.peer), svc);
             if !moved {
                 return Driven::Wait;
             }
@@ -297,29 +299,7 @@ impl Session {
     /// A flood: GOAWAY(ENHANCE_YOUR_CALM), flushed as far as the socket takes it
     /// now, and counted; the caller closes the connection.
     fn close_flooded(&mut self, flood: Flood, p: &Peer, svc: &mut Services, cx: &mut Context) {
-        let (counter, what) = match flood {
-            Flood::RapidReset => (
-                counters::H2_FLOOD_RAPID_RESET,
-                "reset its own streams again and again (rapid reset)",
-            ),
-            Flood::StreamsPerRead => (
-                counters::H2_FLOOD_RAPID_RESET,
-                "opened more streams at once than allowed",
-            ),
-            Flood::Control => (
-                counters::H2_FLOOD_CONTROL,
-                "sent control frames far beyond its requests",
-            ),
-            Flood::HeaderBlock => (
-                counters::H2_FLOOD_HEADERS,
-                "sent a header block past h2_max_header_list",
-            ),
-        };
-        svc.stats.bump(counter, 1);
-        forkd_shared::warn!(
-            "HTTP/2 client {} {what}: closing with ENHANCE_YOUR_CALM",
-            p.peer
-        );
+        count_flood(flood, Some(p.peer), svc);
         if let State::Open(c) = &mut self.state {
             c.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
             for _ in 0..4 {
@@ -328,11 +308,19 @@ impl Session {
                 }
             }
         }
-        self.flush_stats(svc);
+        self.flush_stats(Some(p.peer), svc);
+    }
+
+    /// The `h2` crate ended the connection (on an error of the client's, say) in
+    /// the read where the meter found a flood: it is counted as one all the same.
+    fn count_flood_stopped(&mut self, p: &Peer, svc: &mut Services) {
+        if let Some(flood) = self.flood() {
+            count_flood(flood, Some(p.peer), svc);
+        }
     }
 
     /// What the link counted, into the worker's stats.
-    fn flush_stats(&mut self, svc: &mut Services) {
+    fn flush_stats(&mut self, peer: Option<IpAddr>, svc: &mut Services) {
         let mut m = self.metered.borrow_mut();
         if m.bytes_in > 0 {
             svc.stats.bytes_in(std::mem::take(&mut m.bytes_in));
@@ -341,6 +329,13 @@ impl Session {
             svc.stats.bytes_out(std::mem::take(&mut m.bytes_out));
         }
         let sent = m.outbound.take();
+        // A flood the meter found is counted where it was found; the ones the
+        // `h2` crate stopped on its own limits are counted here.
+        if m.flood.is_none() {
+            for &flood in &sent.floods {
+                count_flood(flood, peer, svc);
+            }
+        }
         for (counter, n) in [
             (counters::H2_REFUSED_STREAMS, sent.refused),
             (counters::H2_STREAM_ERRORS, sent.stream_errors),
@@ -358,6 +353,31 @@ impl Session {
         for s in self.streams.drain(..).flatten() {
             s.release(svc);
         }
-        self.flush_stats(svc);
+        self.flush_stats(None, svc);
     }
+}
+
+/// Counts a flood in the stats and logs it.
+fn count_flood(flood: Flood, peer: Option<IpAddr>, svc: &mut Services) {
+    let (counter, what) = match flood {
+        Flood::RapidReset => (
+            counters::H2_FLOOD_RAPID_RESET,
+            "reset its own streams again and again (rapid reset)",
+        ),
+        Flood::StreamsPerRead => (
+            counters::H2_FLOOD_RAPID_RESET,
+            "opened more streams at once than allowed",
+        ),
+        Flood::Control => (
+            counters::H2_FLOOD_CONTROL,
+            "sent control frames far beyond its requests",
+        ),
+        Flood::HeaderBlock => (
+            counters::H2_FLOOD_HEADERS,
+            "sent a header block past h2_max_header_list",
+        ),
+    };
+    svc.stats.bump(counter, 1);
+    let peer = peer.map_or_else(|| "-".to_string(), |p| p.to_string());
+    forkd_shared::warn!("HTTP/2 client {peer} {what}: closing with ENHANCE_YOUR_CALM");
 }

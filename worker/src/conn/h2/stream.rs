@@ -24,7 +24,7 @@ use crate::http::response::Status;
 use crate::out::{Flush, Sink};
 use crate::services::Services;
 use crate::timers::Micros;
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use std::io::{self, IoSlice, Write};
@@ -34,8 +34,10 @@ use std::task::{Context, Poll};
 
 /// HTTP/1.1 response bytes a stream holds before its writer sees a full socket.
 const PIPE_BYTES: usize = 64 * 1024;
-/// The most a chunk's framing adds to its data (a 32-bit size in hex, two CRLFs).
-const CHUNK_FRAMING: usize = 12;
+
+/// The most a chunk's framing adds to its data: the size in hex (8 digits for a
+/// DATA frame's 24-bit length, with room to spare) and two CRLFs.
+const CHUNK_FRAMING: usize = 8 + 4;
 
 /// A stream's HTTP/1.1 response as written so far, not yet framed.
 #[derive(Default)]
@@ -408,30 +410,18 @@ impl Stream {
         let n = self.held.len();
         match &mut self.work {
             Work::Proxy => {
-                // As much of the DATA as the input has room for (a frame may be
-                // larger than the whole buffer): the rest stays held, its window not
-                // given back yet.
+                // As much as the input has room for: a DATA frame may be larger
+                // than the whole input buffer (with chunk framing, or a small
+                // `max_header_bytes`), so waiting for room for all of it would
+                // wait forever.
                 while !self.held.is_empty() {
-                    let room = self.room();
-                    let take = match self.framing {
-                        Framing::Chunked => room.saturating_sub(CHUNK_FRAMING),
-                        _ => room,
-                    }
-                    .min(self.held.len());
-                    if take == 0 {
+                    let data = self.held.clone();
+                    let placed = put_body(&mut self.busy, self.framing, &data);
+                    if placed == 0 {
                         return false;
                     }
-                    let piece = self.held.split_to(take);
-                    let placed = match self.framing {
-                        Framing::Chunked => {
-                            let mut framed = Vec::with_capacity(take + CHUNK_FRAMING);
-                            request::chunk(&mut framed, &piece);
-                            self.put(&framed)
-                        }
-                        _ => self.put(&piece),
-                    };
-                    debug_assert!(placed, "measured room");
-                    let _ = self.recv.flow_control().release_capacity(take);
+                    let _ = self.recv.flow_control().release_capacity(placed);
+                    self.held.advance(placed);
                 }
                 if self.last_chunk_due && self.body_ended {
                     if !self.put(request::LAST_CHUNK) {
@@ -461,13 +451,6 @@ impl Stream {
             let _ = self.recv.flow_control().release_capacity(n);
             self.held = Bytes::new();
         }
-    }
-
-    /// Room left at the end of the input, once what was read is moved to its start.
-    fn room(&mut self) -> usize {
-        let busy = &mut *self.busy;
-        busy.compact();
-        busy.inbuf.len() - busy.in_end
     }
 
     /// Appends `bytes` to the input whole, if they fit.
@@ -682,5 +665,71 @@ impl Stream {
 fn forget(p: &mut crate::upstreams::Proxied, svc: &mut Services) {
     if let Some(token) = p.token.take() {
         svc.upstreams.forget(token);
+    }
+}
+
+/// Appends as much of the request body bytes `data` as `busy`'s input has room for
+/// (as one chunk of them, if the body is chunked); how many of them went in.
+fn put_body(busy: &mut Busy, framing: Framing, data: &[u8]) -> usize {
+    if busy.inbuf.len() - busy.in_end < data.len() + CHUNK_FRAMING {
+        busy.compact();
+    }
+    let room = busy.inbuf.len() - busy.in_end;
+    let n = match framing {
+        Framing::Chunked => data.len().min(room.saturating_sub(CHUNK_FRAMING)),
+        _ => data.len().min(room),
+    };
+    if n == 0 {
+        return 0;
+    }
+    let mut framed = Vec::new();
+    let piece = match framing {
+        Framing::Chunked => {
+            request::chunk(&mut framed, &data[..n]);
+            &framed[..]
+        }
+        _ => &data[..n],
+    };
+    busy.inbuf[busy.in_end..busy.in_end + piece.len()].copy_from_slice(piece);
+    busy.in_end += piece.len();
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Puts all of `data` through an input of `capacity` bytes, the reader taking
+    /// what is there whenever nothing more fits; what it read.
+    fn through(capacity: usize, framing: Framing, data: &[u8]) -> Vec<u8> {
+        let mut busy = Busy::new(capacity);
+        let mut read = Vec::new();
+        let mut at = 0;
+        while at < data.len() {
+            let n = put_body(&mut busy, framing, &data[at..]);
+            if n == 0 {
+                assert!(busy.has_input(), "no room in an empty input of {capacity}");
+                read.extend_from_slice(&busy.inbuf[busy.in_start..busy.in_end]);
+                busy.discard_input();
+            }
+            at += n;
+        }
+        read.extend_from_slice(&busy.inbuf[busy.in_start..busy.in_end]);
+        read
+    }
+
+    #[test]
+    fn a_data_frame_larger_than_the_input_goes_in_pieces() {
+        // A full DATA frame (16384) into a 16 KiB input: chunk framing does not
+        // fit beside it, so it goes in as two chunks, never waits for room forever.
+        let data = vec![b'x'; 16384];
+        let read = through(16384, Framing::Chunked, &data);
+        let mut first = Vec::new();
+        request::chunk(&mut first, &data[..16384 - CHUNK_FRAMING]);
+        let mut second = Vec::new();
+        request::chunk(&mut second, &data[16384 - CHUNK_FRAMING..]);
+        assert_eq!(read, [first, second].concat());
+        // With a length, as it is, in as many pieces as the input needs.
+        assert_eq!(through(4096, Framing::Length, &data), data);
     }
 }

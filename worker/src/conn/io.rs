@@ -661,14 +661,14 @@ impl Conn {
                         listener: usize::from(self.listener),
                         tls: s.tls,
                     };
-                    return match s.drive(&peer, svc, &mut bytes) {
-                        h2::Driven::Wait => Verdict::Keep,
+                    match s.drive(&peer, svc, &mut bytes) {
+                        h2::Driven::Wait => return Verdict::Keep,
                         h2::Driven::Budget => {
                             self.bits.set(Bits::YIELDED, true);
-                            Verdict::Keep
+                            return Verdict::Keep;
                         }
-                        h2::Driven::Closed => Verdict::Close,
-                    };
+                        h2::Driven::Closed => self.linger_after_h2(svc),
+                    }
                 }
                 Phase::Linger => {
                     // Read and drop until the client closes or the socket is empty.

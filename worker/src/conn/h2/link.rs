@@ -181,7 +181,14 @@ impl AsyncWrite for Link {
         }
     }
 
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.poll_flush(cx)
+    /// `h2` is done with the connection (GOAWAY sent, streams over): what is queued
+    /// goes out, then the write side closes (`close_notify` first under TLS). The
+    /// connection then lingers (`conn/io.rs`): the client's frames still in flight
+    /// are read and dropped, not answered with a reset that destroys what it has
+    /// not read yet.
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.as_mut().poll_flush(cx))?;
+        let _ = self.get_mut().transport().shutdown_write();
+        Poll::Ready(Ok(()))
     }
 }

@@ -61,4 +61,26 @@ impl Conn {
         svc.stats.bump(counters::H2_CONNECTIONS, 1);
         true
     }
+
+    /// The session is over (its link has sent what `h2` queued and shut the write
+    /// side): the streams' resources go back, and the connection lingers as an
+    /// HTTP/1.1 one does, reading and dropping what the client still sends
+    /// (WINDOW_UPDATE, PING) until it closes or `LINGER` passes, so the kernel does
+    /// not answer those bytes with a reset that destroys the end of a response and
+    /// the GOAWAY.
+    pub(super) fn linger_after_h2(&mut self, svc: &mut Services) {
+        if let Some(busy) = self.busy.as_mut() {
+            if let Some(mut session) = busy
+                .h2
+                .take()
+                .and_then(|h| h.downcast::<h2::Session>().ok())
+            {
+                session.release(svc);
+            }
+            busy.discard_input();
+        }
+        let _ = self.stream.shutdown(std::net::Shutdown::Write);
+        self.phase = Phase::Linger;
+        self.idle_since = svc.clock.now_us;
+    }
 }

@@ -1168,6 +1168,45 @@ mod tests {
     }
 
     #[test]
+    fn http2_settings_take_nginx_like_defaults_and_bounds_are_located() {
+        let d = site();
+        let c = parse(&d.0, MINIMAL).unwrap();
+        let h2 = c.servers[0].h2;
+        assert_eq!(
+            (
+                h2.max_concurrent_streams,
+                h2.initial_window,
+                h2.max_header_list
+            ),
+            (128, 64 * 1024, 16384),
+            "the header list bound defaults to max_header_bytes"
+        );
+        assert_eq!((h2.idle_timeout.as_secs(), h2.max_requests), (180, 1000));
+        assert!(!c.listeners[0].http2, "h2c is off unless asked for");
+        let text = MINIMAL.replace(
+            "listen: [\"127.0.0.1:8080\"],",
+            "listen: [(addr: \"127.0.0.1:8080\", http2: PriorKnowledge)],\n        h2_max_concurrent_streams: 0,\n        h2_initial_window: \"4GiB\",\n        h2_max_requests: 0,",
+        );
+        let err = parse(&d.0, &text).unwrap_err();
+        for (line, key) in [
+            (4, "h2_max_concurrent_streams"),
+            (5, "h2_initial_window"),
+            (6, "h2_max_requests"),
+        ] {
+            assert!(
+                err.contains(&format!("forkd.ron:{line}:")) && err.contains(key),
+                "{key}: {err}"
+            );
+        }
+        let text = MINIMAL.replace(
+            "listen: [\"127.0.0.1:8080\"],",
+            "listen: [(addr: \"127.0.0.1:8080\", http2: PriorKnowledge)],",
+        );
+        let c = parse(&d.0, &text).unwrap();
+        assert!(c.listeners[0].http2);
+    }
+
+    #[test]
     fn every_semantic_error_is_reported() {
         let d = site();
         let text = r#"(

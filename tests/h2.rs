@@ -161,3 +161,38 @@ fn proxied_h2_streams_follow_the_header_rules_and_pass_trailers() {
         got.head
     );
 }
+
+#[test]
+fn compress_over_h2_sends_the_same_gzip_body_as_over_http_1_1() {
+    let page: Vec<u8> = (0..40_000u32)
+        .flat_map(|i| format!("line {i} of a text page\n").into_bytes())
+        .take(64 * 1024)
+        .collect();
+    let d = TestDaemon::builder()
+        .h2c()
+        .routes(
+            r#"(prefix: "/", handler: Static(root: "www", compress: Some((min_size: "1KiB", level: 5)))),"#,
+        )
+        .file("page.txt", &page)
+        .start();
+    let h1 = d.request(
+        "GET /page.txt HTTP/1.1\r\nHost: localhost\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(h1.header("Content-Encoding"), Some("gzip"));
+    assert!(h1.body.len() < page.len() / 2, "{} bytes", h1.body.len());
+    let mut c = H2Client::connect(d.port);
+    let r = c
+        .request("GET", "/page.txt", &[("accept-encoding", "gzip")], None)
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        (r.header("content-encoding"), r.header("vary")),
+        (Some("gzip"), Some("Accept-Encoding"))
+    );
+    assert!(
+        r.body == h1.body,
+        "the h2 body is not the gzip body HTTP/1.1 got"
+    );
+    let r = c.request("GET", "/page.txt", &[], None).unwrap();
+    assert!(r.body == page && r.header("content-encoding").is_none());
+}

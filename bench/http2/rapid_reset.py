@@ -14,7 +14,6 @@ block is HPACK without the dynamic table (indexed :method GET and :scheme, liter
 :path and :authority), so the same bytes serve every stream.
 """
 import argparse
-import errno
 import json
 import select
 import socket

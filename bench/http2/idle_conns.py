@@ -28,8 +28,11 @@ async def one_h2(a, ctx, stop):
         raise RuntimeError("ALPN did not choose h2")
     c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
     c.initiate_connection()
-    c.send_headers(1, [(":method", "GET"), (":scheme", "https" if ctx else "http"),
-                       (":authority", "localhost"), (":path", a.path)], end_stream=True)
+    if a.no_request:
+        c.ping(b"idle-pin")   # the PING's ACK says the server has the preface and SETTINGS
+    else:
+        c.send_headers(1, [(":method", "GET"), (":scheme", "https" if ctx else "http"),
+                           (":authority", "localhost"), (":path", a.path)], end_stream=True)
     w.write(c.data_to_send())
     status, body, done = None, 0, False
     while not done:
@@ -44,8 +47,10 @@ async def one_h2(a, ctx, stop):
                 c.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
             elif isinstance(ev, h2.events.StreamEnded):
                 done = True
+            elif isinstance(ev, h2.events.PingAckReceived) and a.no_request:
+                done = True
         w.write(c.data_to_send())
-    if status != b"200" or body != a.bytes:
+    if not a.no_request and (status != b"200" or body != a.bytes):
         raise RuntimeError(f"status {status} body {body}")
     # Idle: answer what the server may send (PING, SETTINGS) until told to stop.
     async def pump():
@@ -85,6 +90,8 @@ async def main():
     ap.add_argument("--bytes", type=int, default=1024)
     ap.add_argument("--stop-file", required=True)
     ap.add_argument("--hold", type=float, default=120)
+    ap.add_argument("--no-request", action="store_true",
+                    help="h2: no request, only the preface, SETTINGS and a PING round trip")
     a = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, a.n + 100)), hard))

@@ -50,6 +50,11 @@ impl Conn {
         let busy = self.busy.get_or_insert_with(|| svc.take_busy());
         let early = busy.inbuf[busy.in_start..busy.in_end].to_vec();
         busy.discard_input();
+        // The session reads the socket through its link and each stream has buffers
+        // of its own while it runs: the connection's input buffer (the largest
+        // head, 16 KiB by default) is not kept for the connection's life. A busy
+        // without it is not pooled again (`BusyPool::give`).
+        busy.inbuf = Vec::new();
         let inbound = h2::Inbound::new(settings.max_concurrent_streams, settings.max_header_list);
         let link = h2::Link::new(dup, self.tls.take(), early, inbound);
         busy.h2 = Some(Box::new(h2::Session::new(link, settings, now, tls)));
@@ -69,7 +74,7 @@ impl Conn {
     /// not answer those bytes with a reset that destroys the end of a response and
     /// the GOAWAY.
     pub(super) fn linger_after_h2(&mut self, svc: &mut Services) {
-        if let Some(busy) = self.busy.as_mut() {
+        if let Some(mut busy) = self.busy.take() {
             if let Some(mut session) = busy
                 .h2
                 .take()
@@ -77,7 +82,8 @@ impl Conn {
             {
                 session.release(svc);
             }
-            busy.discard_input();
+            // Without its input buffer (`start_h2`): lingering reads into a fresh one.
+            svc.give_busy(busy);
         }
         let _ = self.stream.shutdown(std::net::Shutdown::Write);
         self.phase = Phase::Linger;

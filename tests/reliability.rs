@@ -278,31 +278,37 @@ fn broken_reload_under_load_fails_with_the_error_keeps_serving_and_the_next_one_
 }
 
 /// Reloads 2 -> 3 -> 1 -> 2 workers under load in `accept` mode.
-fn worker_count_reloads_fail_no_request(accept: &'static str) {
-    let mut d = load_site(TestDaemon::builder().workers(2).accept(accept)).start();
-    let load = Load::start(d.port);
-    load.wait_for(300);
-    let mut generation = 1;
-    for workers in [3, 1, 2] {
+/// Reloads `d` to each worker count of `counts` in turn (generation 2, 3, ...), each
+/// time asserting the new generation is in force and the old one has left, then
+/// `between` (the load runs on meanwhile).
+fn reload_to_worker_counts(d: &mut TestDaemon, counts: &[usize], what: &str, between: impl Fn()) {
+    for (i, &workers) in counts.iter().enumerate() {
         let old = d.workers();
         d.builder.workers = workers;
         let (code, out, err) = d.reload();
-        generation += 1;
-        assert_eq!(code, 0, "{accept}: reload to {workers} workers: {out}{err}");
+        let generation = i + 2;
+        assert_eq!(code, 0, "{what}: reload to {workers} workers: {out}{err}");
         assert!(
             out.contains(&format!(
                 "configuration generation {generation} in force in {workers} worker(s)"
             )),
-            "{accept}: reload to {workers} workers: {out}"
+            "{what}: reload to {workers} workers: {out}"
         );
         assert!(
-            d.wait_replaced(&old, workers, Duration::from_secs(10)),
-            "{accept}: the old generation {old:?} did not leave for {workers} new workers: {:?}\n{}",
+            d.wait_replaced(&old, workers, Duration::from_secs(15)),
+            "{what}: the old generation {old:?} did not leave for {workers} new workers: {:?}\n{}",
             d.workers(),
             d.error_log()
         );
-        load.wait_for(500);
+        between();
     }
+}
+
+fn worker_count_reloads_fail_no_request(accept: &'static str) {
+    let mut d = load_site(TestDaemon::builder().workers(2).accept(accept)).start();
+    let load = Load::start(d.port);
+    load.wait_for(300);
+    reload_to_worker_counts(&mut d, &[3, 1, 2], accept, || load.wait_for(500));
     load.stop()
         .assert_clean(&format!("worker-count reloads, {accept}"), 1500);
     d.stop();
@@ -1049,27 +1055,7 @@ fn worker_count_reloads_under_h2_load_fail_no_stream() {
         .start();
     let load = support::h2load::H2Load::start(d.port, 3, 8);
     load.wait_for(300);
-    let mut generation = 1;
-    for workers in [3, 1, 2] {
-        let old = d.workers();
-        d.builder.workers = workers;
-        let (code, out, err) = d.reload();
-        generation += 1;
-        assert_eq!(code, 0, "reload to {workers} workers: {out}{err}");
-        assert!(
-            out.contains(&format!(
-                "configuration generation {generation} in force in {workers} worker(s)"
-            )),
-            "reload to {workers} workers: {out}"
-        );
-        assert!(
-            d.wait_replaced(&old, workers, Duration::from_secs(15)),
-            "the old generation {old:?} did not leave for {workers} new workers: {:?}\n{}",
-            d.workers(),
-            d.error_log()
-        );
-        load.wait_for(300);
-    }
+    reload_to_worker_counts(&mut d, &[3, 1, 2], "h2c", || load.wait_for(300));
     let report = load.stop();
     report.assert_clean("worker-count reloads under h2 load", 1000);
     assert!(

@@ -16,7 +16,7 @@
 use super::daemon::TempDir;
 use super::http::get_close;
 use super::port::PortReservation;
-use super::process::{children_of, run_ok};
+use super::process::children_of;
 use super::wait::wait_until;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -37,48 +37,15 @@ pub const WSGI_APP: &str = include_str!("wsgi_app.py");
 /// on a loaded 2-core machine).
 const BOOT: Duration = Duration::from_secs(60);
 
-/// A venv with gunicorn, made once and shared by every test process: the first one
-/// to take the lock creates it, the others wait on the lock and find it made. A venv
-/// left half-made (a killed pip) has no marker and is made again.
+/// The venv with gunicorn (`venv.rs`), made once per machine.
 pub fn venv() -> &'static Path {
     static VENV: OnceLock<PathBuf> = OnceLock::new();
     VENV.get_or_init(|| {
-        let base = option_env!("CARGO_TARGET_TMPDIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir);
-        std::fs::create_dir_all(&base).unwrap();
-        let dir = base.join(format!("gunicorn-{GUNICORN_VERSION}-venv"));
-        let lock = std::fs::File::create(base.join(format!("gunicorn-{GUNICORN_VERSION}.lock")))
-            .expect("create the venv lock file");
-        lock.lock().expect("lock the venv lock file");
-        let marker = dir.join(".forkd-tests-ready");
-        if !marker.exists() {
-            create_venv(&dir);
-            std::fs::write(&marker, GUNICORN_VERSION).unwrap();
-        }
-        drop(lock);
-        dir
+        super::venv::pinned(
+            &format!("gunicorn-{GUNICORN_VERSION}"),
+            &[&format!("gunicorn=={GUNICORN_VERSION}")],
+        )
     })
-}
-
-fn create_venv(dir: &Path) {
-    let _ = std::fs::remove_dir_all(dir);
-    run_ok(
-        Command::new("python3").arg("-m").arg("venv").arg(dir),
-        "python3 -m venv (Debian: apt-get install python3-venv)",
-    );
-    run_ok(
-        Command::new(dir.join("bin/python")).args([
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-            "--no-input",
-            "--quiet",
-            &format!("gunicorn=={GUNICORN_VERSION}"),
-        ]),
-        "pip install gunicorn (needs PyPI)",
-    );
 }
 
 /// gunicorn serving `wsgi_app.py` with two sync workers; stopped on drop.

@@ -38,64 +38,10 @@ fn venv_name() -> String {
     format!("h2py-{}", pins.join("_"))
 }
 
-/// A venv with the pinned packages, made once and shared by every test process: the
-/// first to take the lock creates it, the others wait on the lock and find it made.
-/// A venv left half-made (a killed pip) has no marker and is made again.
+/// The venv with the pinned packages (`venv.rs`), made once per machine.
 pub fn venv() -> &'static Path {
     static VENV: OnceLock<PathBuf> = OnceLock::new();
-    VENV.get_or_init(|| {
-        let base = option_env!("CARGO_TARGET_TMPDIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir);
-        std::fs::create_dir_all(&base).unwrap();
-        let name = venv_name();
-        let dir = base.join(format!("{name}-venv"));
-        let lock = std::fs::File::create(base.join(format!("{name}.lock")))
-            .expect("create the venv lock file");
-        lock.lock().expect("lock the venv lock file");
-        let marker = dir.join(".forkd-tests-ready");
-        if !marker.exists() {
-            create_venv(&dir);
-            std::fs::write(&marker, PINS.join("\n")).unwrap();
-        }
-        drop(lock);
-        dir
-    })
-}
-
-fn create_venv(dir: &Path) {
-    let _ = std::fs::remove_dir_all(dir);
-    run(
-        Command::new("python3").arg("-m").arg("venv").arg(dir),
-        "python3 -m venv (Debian: apt-get install python3-venv)",
-    );
-    run(
-        Command::new(dir.join("bin/python"))
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "--no-input",
-                "--quiet",
-            ])
-            .args(PINS),
-        "pip install h2 hyperframe hpack httpx (needs PyPI)",
-    );
-}
-
-fn run(cmd: &mut Command, what: &str) {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what}: {}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    VENV.get_or_init(|| super::venv::pinned(&venv_name(), PINS))
 }
 
 /// What a group of checks reported.

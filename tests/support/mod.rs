@@ -20,6 +20,7 @@
 //! | `scripted` | `ScriptedUpstream`: raw bytes per connection, a script of reads and writes (a misbehaving upstream) |
 //! | `stats` | `forkd stats --json`, parsed; `total` (a counter of the totals) |
 //! | `upstream` | `TestUpstream` (and `upstream(respond)`, with default settings): a threaded HTTP/1.1 upstream with faults on demand |
+//! | `venv` | Python venvs with pinned PyPI packages, made once per machine under a lock |
 //! | `wait` | polling with a deadline |
 #![allow(dead_code, unused_imports)]
 
@@ -38,6 +39,7 @@ pub mod scripted;
 pub mod serial;
 pub mod stats;
 pub mod upstream;
+pub mod venv;
 pub mod wait;
 
 pub use daemon::*;

@@ -352,13 +352,7 @@ impl Conn {
             if let Some(tunnel) = busy.tunnel.take() {
                 tunnel.close(&mut svc.upstreams, &mut svc.stats);
             }
-            if let Some(mut session) = busy
-                .h2
-                .take()
-                .and_then(|h| h.downcast::<h2::Session>().ok())
-            {
-                session.release(svc);
-            }
+            Self::end_session(&mut busy, svc);
             svc.give_busy(busy);
         }
     }

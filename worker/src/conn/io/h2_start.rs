@@ -75,18 +75,24 @@ impl Conn {
     /// the GOAWAY.
     pub(super) fn linger_after_h2(&mut self, svc: &mut Services) {
         if let Some(mut busy) = self.busy.take() {
-            if let Some(mut session) = busy
-                .h2
-                .take()
-                .and_then(|h| h.downcast::<h2::Session>().ok())
-            {
-                session.release(svc);
-            }
+            Self::end_session(&mut busy, svc);
             // Without its input buffer (`start_h2`): lingering reads into a fresh one.
             svc.give_busy(busy);
         }
         let _ = self.stream.shutdown(std::net::Shutdown::Write);
         self.phase = Phase::Linger;
         self.idle_since = svc.clock.now_us;
+    }
+
+    /// The HTTP/2 session `busy` holds, if any, ends: its streams give back what
+    /// they hold (upstream connections, counts).
+    pub(super) fn end_session(busy: &mut Busy, svc: &mut Services) {
+        if let Some(mut session) = busy
+            .h2
+            .take()
+            .and_then(|h| h.downcast::<h2::Session>().ok())
+        {
+            session.release(svc);
+        }
     }
 }

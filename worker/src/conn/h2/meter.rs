@@ -317,6 +317,8 @@ impl Default for Outbound {
 
 const REFUSED_STREAM: u32 = 0x7;
 const ENHANCE_YOUR_CALM: u32 = 0xb;
+const CANCEL: u32 = 0x8;
+const NO_ERROR: u32 = 0;
 
 /// Which flood a GOAWAY(ENHANCE_YOUR_CALM) of the `h2` crate stopped, by its debug
 /// data (h2 0.4's names for its limits).
@@ -328,8 +330,6 @@ fn h2_limit(debug: &[u8]) -> Option<Flood> {
         _ => None,
     }
 }
-const CANCEL: u32 = 0x8;
-const NO_ERROR: u32 = 0;
 
 impl Outbound {
     /// Meters bytes the socket took.

@@ -28,6 +28,8 @@ pub struct Done {
 
 impl Job {
     fn run(self, id: JobId) -> Done {
+        #[cfg(debug_assertions)]
+        test_gate(&self.root, &self.path);
         let found = static_files::resolve(&self.root, &self.index, &self.path, self.now_secs);
         let fallback = match (&found, &self.fallback) {
             (Resolved::Missing, Some(f)) => Some(static_files::resolve(
@@ -44,6 +46,23 @@ impl Job {
             fallback,
         }
     }
+}
+
+/// Debug builds only, for the tests (`tests/file_threads.rs`): a job for a file
+/// named `forkd-test-gate-*` first opens `<that file>.gate`, a FIFO, for reading,
+/// which blocks until the test opens it for writing: a file system exactly as slow
+/// as the test wants, with no timing.
+#[cfg(debug_assertions)]
+fn test_gate(root: &std::path::Path, path: &[u8]) {
+    use std::os::unix::ffi::OsStrExt;
+    let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+    if !name.starts_with(b"forkd-test-gate-") {
+        return;
+    }
+    let mut gate = root.as_os_str().as_bytes().to_vec();
+    gate.extend_from_slice(path);
+    gate.extend_from_slice(b".gate");
+    let _ = std::fs::File::open(std::ffi::OsStr::from_bytes(&gate));
 }
 
 #[derive(Default)]

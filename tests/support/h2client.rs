@@ -99,6 +99,8 @@ impl H2Client {
 impl H2Client {
     /// Sends `method path` (no body) and returns at once: the answer is read with
     /// [`H2Client::finish`], other streams may go meanwhile.
+    // The future is returned on purpose, not awaited: the answer is read later.
+    #[allow(clippy::async_yields_async)]
     pub fn start(&mut self, method: &str, path: &str) -> h2::client::ResponseFuture {
         let request = http::Request::builder()
             .method(method)

@@ -96,6 +96,35 @@ impl H2Client {
     }
 }
 
+impl H2Client {
+    /// Sends `method path` (no body) and returns at once: the answer is read with
+    /// [`H2Client::finish`], other streams may go meanwhile.
+    // The future is returned on purpose, not awaited: the answer is read later.
+    #[allow(clippy::async_yields_async)]
+    pub fn start(&mut self, method: &str, path: &str) -> h2::client::ResponseFuture {
+        let request = http::Request::builder()
+            .method(method)
+            .uri(format!("http://localhost:{}{path}", self.port))
+            .body(())
+            .unwrap();
+        let send = self.send.clone();
+        self.runtime.block_on(async move {
+            let mut send = send.ready().await.expect("the connection takes a stream");
+            let (response, _) = send.send_request(request, true).expect("a stream");
+            response
+        })
+    }
+
+    /// The whole answer of a stream [`H2Client::start`] sent.
+    pub fn finish(&mut self, response: h2::client::ResponseFuture) -> Result<Answer, h2::Error> {
+        self.runtime.block_on(async move {
+            tokio::time::timeout(EXCHANGE_CAP, read_answer(response))
+                .await
+                .unwrap_or_else(|_| panic!("no answer in {EXCHANGE_CAP:?}"))
+        })
+    }
+}
+
 /// The whole answer of `response`, the window given back as it is read.
 pub async fn read_answer(response: h2::client::ResponseFuture) -> Result<Answer, h2::Error> {
     let response = response.await?;

@@ -78,6 +78,8 @@ pub struct Busy {
     /// not in `Conn`, so an idle connection stays small (an idle one reads its EOF
     /// in the one read its event starts).
     pub hung_up: bool,
+    /// The file-pool job the request at the input's start waits for (`Next::File`).
+    pub file_wait: Option<crate::file_pool::JobId>,
 }
 
 impl Busy {
@@ -93,6 +95,7 @@ impl Busy {
             rate: RateWindow::default(),
             proxy: None,
             hung_up: false,
+            file_wait: None,
             tunnel: None,
             h2: None,
         })
@@ -111,6 +114,7 @@ impl Busy {
             && self.proxy.is_none()
             && self.tunnel.is_none()
             && self.h2.is_none()
+            && self.file_wait.is_none()
     }
 
     /// Input bytes not consumed yet.
@@ -152,6 +156,7 @@ impl Busy {
         self.h2 = None;
         self.rate = RateWindow::default();
         self.hung_up = false;
+        self.file_wait = None;
         self.out.clear();
     }
 }

@@ -33,6 +33,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 const SIGNALS: Token = Token(usize::MAX);
+/// The file pool's threads wake the loop with this token (see `file_pool`): below
+/// the listeners' and the upstreams' (`UPSTREAM_BIT`), above any slab key.
+const FILES: Token = Token(1 << 61);
 /// Listener `i` reports `Token(LISTENER_BASE - i)`; connections use their slab key.
 const LISTENER_BASE: usize = usize::MAX - 1;
 /// With a shared queue, re-add the listener after this many accepts: the kernel wakes
@@ -105,6 +108,8 @@ pub struct EventLoop {
     master: i32,
     /// Time at `worker_connections`, and when the accept queues were last looked at.
     at_limit: AtLimit,
+    /// Connections whose file-pool job came back (kept to reuse its allocation).
+    file_wake: Vec<usize>,
 }
 
 impl EventLoop {
@@ -165,6 +170,7 @@ impl EventLoop {
                 config,
                 routing,
                 cache: FileCache::default(),
+                files: crate::file_pool::Files::off(),
                 pool: BusyPool::new(max_header),
                 logs,
                 clock: Clock::new(),
@@ -190,6 +196,7 @@ impl EventLoop {
             declined: 0,
             master: init.master.as_raw(),
             at_limit: AtLimit::default(),
+            file_wake: Vec::new(),
         };
         let config = &event_loop.svc.config;
         event_loop.svc.stats.map_upstreams(config);
@@ -209,6 +216,10 @@ impl EventLoop {
         self.generation = self.svc.stats.slot().generation.load(Relaxed);
         // Here rather than in `new`: the threads start after privileges are dropped.
         self.svc.checks.adopt(&self.svc.config, &self.svc.stats);
+        let registry = self.poll.registry();
+        self.svc.files = crate::file_pool::Files::start(self.svc.config.file_threads, || {
+            mio::Waker::new(registry, FILES)
+        });
         self.install_ticket_keys();
         self.svc.stats.serving();
         self.sample_stats();
@@ -235,6 +246,7 @@ impl EventLoop {
                 self.svc.logs.flush();
                 self.sample_stats();
                 self.sample_upstreams();
+                self.svc.files.sweep(self.svc.clock.now_us);
             }
             self.svc.stats.heartbeat(self.svc.clock.now);
             self.svc.overload.tick(self.svc.clock.now_us);
@@ -244,6 +256,7 @@ impl EventLoop {
             for event in events.iter() {
                 match event.token() {
                     SIGNALS => fast_exit |= self.on_signals(),
+                    FILES => self.files_done(),
                     Token(t) if t > LISTENER_BASE - self.listeners.len() && t <= LISTENER_BASE => {
                         self.accept_on(LISTENER_BASE - t);
                     }
@@ -648,6 +661,7 @@ impl EventLoop {
         self.svc.routing = new_routing;
         self.svc.tls = tls;
         self.svc.cache = FileCache::default();
+        self.svc.files.adopted();
         self.svc.upstreams.reconfigure(&config.upstreams);
         self.svc.stats.map_upstreams(&config);
         self.svc.checks.adopt(&config, &self.svc.stats);
@@ -826,6 +840,24 @@ impl EventLoop {
         if let Err(e) = epoll::remove(epfd, fd).and_then(|()| epoll::add(epfd, fd, token, true)) {
             forkd_shared::error!("re-adding listener to epoll failed: {e}");
         }
+    }
+
+    /// File-pool jobs came back: each connection waiting for one is driven (it
+    /// answers its request with the job's result, see `conn/io/file_wait.rs`).
+    fn files_done(&mut self) {
+        let mut wake = std::mem::take(&mut self.file_wake);
+        let now = self.svc.clock.now_us;
+        self.svc.files.collect(now, &self.svc.stats, &mut wake);
+        for &key in &wake {
+            // A key closed and reused since is driven once for nothing: harmless.
+            let Some(conn) = self.conns.get_mut(key) else {
+                continue;
+            };
+            let verdict = conn.drive(key, &mut self.svc);
+            self.settle(key, verdict);
+        }
+        wake.clear();
+        self.file_wake = wake;
     }
 
     /// Drives, once each, the connections that stopped on their budget last turn.

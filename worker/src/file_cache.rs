@@ -6,9 +6,14 @@
 //! answered with one `write`; larger ones are sent with `sendfile` from the cached
 //! descriptor. An entry is revalidated with one `stat` at most once a second, so an
 //! edited or replaced file is served fresh within a second.
+//!
+//! When full, entries leave one at a time in CLOCK order (second chance): the
+//! oldest goes unless it was used since the hand last passed it, so a hot file
+//! stays however many cold files pass through (a walk of a large tree, say).
 
 use rustc_hash::FxHashMap;
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::MetadataExt;
@@ -16,9 +21,9 @@ use std::path::PathBuf;
 
 /// Files up to this size are kept in memory.
 pub const MEMORY_LIMIT: u64 = 64 * 1024;
-/// Entries per worker before the cache is cleared and refilled.
+/// Entries per worker; past it the least useful go (see the CLOCK above).
 const MAX_ENTRIES: usize = 4096;
-/// Bytes held in memory per worker before the cache is cleared and refilled.
+/// Bytes held in memory per worker; past it, likewise.
 const MAX_MEMORY: usize = 32 << 20;
 
 /// An open file with what every response for it needs.
@@ -39,6 +44,8 @@ pub struct CachedFile {
     pub last_modified: Box<[u8]>,
     /// Wall-clock second of the last check against the file system.
     checked: Cell<u64>,
+    /// Served since the CLOCK hand last passed it.
+    used: Cell<bool>,
 }
 
 impl CachedFile {
@@ -90,6 +97,7 @@ impl CachedFile {
             etag,
             last_modified,
             checked: Cell::new(now_secs),
+            used: Cell::new(false),
         })
     }
 
@@ -140,6 +148,7 @@ impl CachedFile {
             etag,
             last_modified: source.last_modified.clone(),
             checked: Cell::new(source.checked.get()),
+            used: Cell::new(false),
         })
     }
 
@@ -199,6 +208,9 @@ pub struct FileCache {
     maps: FxHashMap<usize, FxHashMap<Box<[u8]>, std::rc::Rc<CachedFile>>>,
     entries: usize,
     memory: usize,
+    /// Keys in CLOCK order, the hand at the front (a key whose entry went stale
+    /// may linger here: it is skipped when the hand reaches it).
+    order: VecDeque<(usize, Box<[u8]>)>,
     /// On-the-fly compressed bodies by (route, path), bounded by the `budget` each
     /// insert is given (least recently used dropped first).
     compressed: FxHashMap<(usize, Box<[u8]>), Compressed>,
@@ -221,10 +233,12 @@ impl FileCache {
         let map = self.maps.get_mut(&route)?;
         let entry = map.get_mut(path)?;
         if entry.checked.get() == now_secs {
+            entry.used.set(true);
             return Some(entry.clone());
         }
         if std::fs::metadata(&entry.path).is_ok_and(|m| entry.same_as(&m)) {
             entry.checked.set(now_secs);
+            entry.used.set(true);
             return Some(entry.clone());
         }
         // Changed or gone: drop it and let the caller open the file afresh.
@@ -312,24 +326,75 @@ impl FileCache {
         self.compressed_bytes
     }
 
-    /// Adds an entry, clearing the cache first when it is full.
+    /// Adds an entry, making room first when the cache is full.
     pub fn insert(&mut self, route: usize, path: &[u8], file: std::rc::Rc<CachedFile>) {
-        if self.entries >= MAX_ENTRIES || self.memory + file.memory() > MAX_MEMORY {
-            self.maps.clear();
-            self.entries = 0;
-            self.memory = 0;
+        while self.entries > 0
+            && (self.entries >= MAX_ENTRIES || self.memory + file.memory() > MAX_MEMORY)
+        {
+            if !self.evict_one() {
+                break;
+            }
         }
         self.memory += file.memory();
         self.entries += 1;
+        let key: Box<[u8]> = path.into();
         if let Some(old) = self
             .maps
             .entry(route)
             .or_default()
-            .insert(path.into(), file)
+            .insert(key.clone(), file)
         {
             self.entries -= 1;
             self.memory -= old.memory();
+        } else {
+            self.order.push_back((route, key));
         }
+        if self.order.len() > 2 * MAX_ENTRIES {
+            self.compact_order();
+        }
+    }
+
+    /// Moves the CLOCK hand until one entry goes: a used one loses its mark and
+    /// gets another round. False if there is nothing to evict.
+    fn evict_one(&mut self) -> bool {
+        // Each entry is passed at most twice (once to clear its mark).
+        for _ in 0..2 * self.order.len() + 1 {
+            let Some((route, path)) = self.order.pop_front() else {
+                return false;
+            };
+            let Some(map) = self.maps.get_mut(&route) else {
+                continue;
+            };
+            let Some(entry) = map.get(&path) else {
+                continue; // went stale and was dropped
+            };
+            if entry.used.replace(false) {
+                self.order.push_back((route, path));
+                continue;
+            }
+            if let Some(gone) = map.remove(&path) {
+                self.entries -= 1;
+                self.memory -= gone.memory();
+            }
+            return true;
+        }
+        false
+    }
+
+    /// The order rebuilt from the entries (stale keys and repeats gone).
+    fn compact_order(&mut self) {
+        let mut seen = rustc_hash::FxHashSet::default();
+        let maps = &self.maps;
+        self.order.retain(|(route, path)| {
+            maps.get(route).is_some_and(|m| m.contains_key(path))
+                && seen.insert((*route, path.clone()))
+        });
+    }
+
+    /// Entries held (for tests).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries
     }
 }
 
@@ -389,6 +454,30 @@ mod tests {
             h.contains("Content-Type: text/plain; charset=utf-8\r\nContent-Encoding: gzip\r\n"),
             "{h}"
         );
+    }
+
+    #[test]
+    fn a_hot_file_stays_while_cold_ones_pass_through() {
+        let p = temp_file("hot.txt", b"hot");
+        let q = temp_file("cold.txt", b"cold");
+        let mut cache = FileCache::default();
+        cache.insert(0, b"/hot", open(&p, 1));
+        let cold = open(&q, 1);
+        for i in 0..3 * MAX_ENTRIES {
+            let key = format!("/cold/{i}");
+            cache.insert(0, key.as_bytes(), cold.clone());
+            assert!(cache.len() <= MAX_ENTRIES);
+            if i % 100 == 0 {
+                assert!(cache.get(0, b"/hot", 1).is_some(), "evicted after {i}");
+            }
+        }
+        assert!(cache.get(0, b"/hot", 1).is_some());
+        // The oldest cold ones went, one at a time.
+        assert!(cache.get(0, b"/cold/0", 1).is_none());
+        let last = format!("/cold/{}", 3 * MAX_ENTRIES - 1);
+        assert!(cache.get(0, last.as_bytes(), 1).is_some());
+        assert_eq!(cache.len(), MAX_ENTRIES);
+        assert!(cache.order.len() <= 2 * MAX_ENTRIES);
     }
 
     #[test]

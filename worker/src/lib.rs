@@ -31,6 +31,7 @@ pub mod clock;
 pub mod conn;
 pub mod event_loop;
 pub mod file_cache;
+pub mod file_pool;
 pub mod handlers;
 pub mod http;
 mod init;

@@ -31,6 +31,8 @@ pub struct Services {
     pub config: Config,
     pub routing: Vec<Routing>,
     pub cache: FileCache,
+    /// The file pool (`file_threads`): static files opened off the event loop.
+    pub files: crate::file_pool::Files,
     /// Connection buffers not in use (see `busy`).
     pub pool: BusyPool,
     pub logs: AccessLogs,

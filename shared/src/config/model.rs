@@ -40,6 +40,9 @@ pub struct Config {
     pub upgrade_timeout: Duration,
     /// Bytes of compressed responses a worker keeps.
     pub compress_cache: usize,
+    /// Threads per worker opening and reading files for static routes (0: none,
+    /// the event loop does it). See `worker/src/file_pool`.
+    pub file_threads: usize,
     /// Where proxied bodies that do not fit in memory are spooled.
     pub temp_dir: PathBuf,
     /// The most of one proxied response kept in a temporary file.
@@ -285,6 +288,8 @@ impl Config {
             Some("cpu_affinity changed")
         } else if self.rlimit_nofile != new.rlimit_nofile {
             Some("rlimit_nofile changed")
+        } else if self.file_threads != new.file_threads {
+            Some("file_threads changed")
         } else if self.user != new.user {
             Some("user changed")
         } else if self.group != new.group {

@@ -55,6 +55,10 @@ pub struct RawConfig {
     /// Bytes of compressed responses each worker keeps (least recently used dropped).
     #[serde(default = "default_compress_cache")]
     pub compress_cache: ConfSize,
+    /// Threads per worker that open and read files off the event loop (0: the loop
+    /// does it itself).
+    #[serde(default = "default_file_threads")]
+    pub file_threads: usize,
     /// Where proxied bodies that do not fit in memory are spooled (files without a
     /// name: nothing is left on disk after a crash).
     #[serde(default = "default_temp_dir")]
@@ -880,6 +884,9 @@ fn default_level() -> u32 {
 }
 fn default_compress_cache() -> ConfSize {
     ConfSize(16 << 20)
+}
+fn default_file_threads() -> usize {
+    4
 }
 fn default_true() -> bool {
     true

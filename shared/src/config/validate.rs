@@ -1028,6 +1028,18 @@ pub(super) fn validate(
         );
     }
 
+    if raw.file_threads > MAX_FILE_THREADS {
+        check.error(
+            "file_threads",
+            0,
+            "file_threads".into(),
+            format!(
+                "{} threads per worker: at most {MAX_FILE_THREADS} (0: files are opened on the event loop)",
+                raw.file_threads
+            ),
+        );
+    }
+
     if !check.errors.is_empty() {
         check.errors.sort_by_key(|e| (e.line, e.col));
         return Err(ConfigErrors(check.errors));
@@ -1052,6 +1064,7 @@ pub(super) fn validate(
         shutdown_delay: raw.shutdown_delay.0,
         upgrade_timeout: raw.upgrade_timeout.0,
         compress_cache: raw.compress_cache.0 as usize,
+        file_threads: raw.file_threads,
         temp_dir,
         max_temp_file_size: raw.max_temp_file_size.0,
         temp_max_bytes: raw.temp_max_bytes.0,
@@ -1061,6 +1074,10 @@ pub(super) fn validate(
         warnings,
     })
 }
+
+/// The most `file_threads` a worker may start: file work is a few system calls
+/// per job, and a disk queue saturates long before this.
+const MAX_FILE_THREADS: usize = 64;
 
 /// The uid and gid workers drop to (`worker/src/setup.rs`) when this process can
 /// switch to them (root); `None`: they keep this process's credentials, or the
@@ -1126,6 +1143,7 @@ mod tests {
         let c = parse(&d.0, MINIMAL).unwrap();
         assert_eq!(c.accept, AcceptMode::Shared);
         assert_eq!(c.worker_connections.get(), 10240);
+        assert_eq!(c.file_threads, 4);
         assert_eq!(c.pid_file, d.0.join("run/forkd.pid"));
         let s = &c.servers[0];
         assert_eq!(s.max_header_bytes, 16384);
@@ -1144,6 +1162,16 @@ mod tests {
                 compress: None,
             }
         );
+    }
+
+    #[test]
+    fn file_threads_is_bounded() {
+        let d = site();
+        let off = parse(&d.0, &MINIMAL.replacen("(", "(file_threads: 0,", 1)).unwrap();
+        assert_eq!(off.file_threads, 0);
+        let err = parse(&d.0, &MINIMAL.replacen("(", "(\n    file_threads: 65,", 1)).unwrap_err();
+        assert!(err.contains("forkd.ron:2:"), "{err}");
+        assert!(err.contains("file_threads"), "{err}");
     }
 
     #[test]

@@ -121,6 +121,11 @@ counters! { COUNTERS;
     54 PROXY_HEADER_REFUSED   "proxy_header_refused"   "forkd_proxy_header_refused_total"           "Connections closed for a missing or invalid PROXY protocol header, or from a peer not in proxy_protocol_from.";
     56 H2_GOAWAY_SENT         "h2_goaway_sent"         "forkd_h2_goaway_total"                      "Graceful GOAWAY frames sent (drain, reload, upgrade, h2_max_requests, h2_idle_timeout).";
     55 CONN_TABLE_FULL        "conn_table_full"        "forkd_limited_total" limit = "table_full"   "Connections answered 503 under conn_per_ip because every limits-table entry their client may use held other clients' connections.";
+    // File pool (#23; ids 57..=60).
+    57 FILE_JOBS              "file_jobs"              "forkd_file_jobs_total"                      "Jobs the file threads ran (open, fstat, read of a static file not in the open-file cache).";
+    58 FILE_JOBS_JOINED       "file_jobs_joined"       "forkd_file_jobs_joined_total"               "Requests that waited for a file job already under way for the same file instead of starting one.";
+    59 FILE_WAIT_US           "file_wait_us"           "forkd_file_wait_microseconds_total"         "Microseconds requests waited for the file threads (divided by file_jobs plus file_jobs_joined: the mean wait).";
+    60 FILE_QUEUE_DEPTH       "file_queue_depth"       "forkd_file_queue_depth_total"               "Jobs already under way when each request went to the file threads (divided by requests that did: the mean queue depth).";
 }
 
 /// The counter of responses of class `class` (1 to 5).

@@ -5,14 +5,17 @@
 //!
 //! A handler returns a finished response ([`Outcome`]); a `Proxy` route returns
 //! "proxy this" instead ([`Next::Proxy`], a [`Proxied`] exchange built here), which
-//! `proxied.rs` drives over the upstream socket.
+//! `proxied.rs` drives over the upstream socket. A static file not in the open-file
+//! cache, with `file_threads`, is "wait for the file pool" ([`Next::File`]): the
+//! connection waits for the job, then [`answer_after_file`] answers with its result.
 
 use crate::access_log::{self, KeptLine, RequestLine};
 use crate::busy::{Body, PendingBody};
+use crate::file_pool::JobId;
 use crate::handlers::health::{self, Probe};
 use crate::handlers::redirect::{self, Redirect};
 use crate::handlers::ret::{self, Fixed};
-use crate::handlers::static_files::{self, StaticRoute};
+use crate::handlers::static_files::{self, Landed, StaticRoute};
 use crate::handlers::status::{self, Format};
 use crate::handlers::{self, Outcome, Reply};
 use crate::http::chunked::ChunkedDecoder;
@@ -59,6 +62,10 @@ pub enum Next {
     /// A `Proxy` route: the exchange to drive (its body, if any, follows the head in
     /// the input and goes upstream as it is read).
     Proxy(Box<Proxied>),
+    /// A static file the file pool is opening (job `JobId`): the head stays in the
+    /// input, unconsumed, and is answered by [`answer_after_file`] once the job's
+    /// result is in (`Files::arrived`). Nothing was counted or logged yet.
+    File(JobId),
 }
 
 /// What of a connection answering a request touches, borrowed apart from the input
@@ -160,7 +167,7 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
             // RFC 9110 §10.1.1: the final answer instead of `100 Continue`. The client
             // may or may not send the body now, so the connection cannot tell where
             // the next request starts: it closes (lingering, so the answer is read).
-            respond(x, svc, req, path, server, Close::Now);
+            respond(x, svc, req, path, server, Close::Now, None);
             return Next::Finish(After::Linger);
         }
         ensure_out(x.out);
@@ -176,9 +183,80 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
             server,
         });
     }
-    match respond(x, svc, req, path, server, Close::IfAsked) {
+    if let Some(job) = file_job(svc, server, path, req, x.peer) {
+        return Next::File(job);
+    }
+    match respond(x, svc, req, path, server, Close::IfAsked, None) {
         Persistence::Close => Next::Finish(After::Close),
         _ => Next::Continue,
+    }
+}
+
+/// The file-pool job a request for a static file waits for, if it is for a file
+/// not in the open-file cache and the worker has file threads. A request the
+/// route refuses anyway (its method, `allow`/`deny`) is answered at once.
+fn file_job(
+    svc: &mut Services,
+    server: usize,
+    path: RoutePath<'_>,
+    req: &Request,
+    peer: IpAddr,
+) -> Option<JobId> {
+    if !svc.files.enabled() || !static_files::allows(req.method) {
+        return None;
+    }
+    let path = path.ok()?;
+    let s = &svc.config.servers[server];
+    let index = s.route_index(path)?;
+    let route = &s.routes[index];
+    let Handler::Static {
+        root,
+        index: names,
+        fallback,
+        ..
+    } = &route.handler
+    else {
+        return None;
+    };
+    if !route.access.permits(peer) {
+        return None;
+    }
+    let id = server << 16 | index;
+    let now = svc.clock.unix_secs;
+    if svc.cache.get(id, path, now).is_some() {
+        return None;
+    }
+    let job = svc.files.request(
+        id,
+        path,
+        root,
+        names,
+        fallback.as_deref(),
+        svc.clock.now_us,
+        now,
+        &svc.stats,
+    );
+    Some(job)
+}
+
+/// Answers a request that waited for file-pool job `job` ([`Next::File`]), with
+/// what the job found. `Some` if the connection then closes.
+pub fn answer_after_file(
+    mut x: Exchange,
+    svc: &mut Services,
+    req: &Request,
+    head: &[u8],
+    job: JobId,
+) -> Option<After> {
+    let landed = svc.files.take(job, svc.clock.now_us, &svc.stats);
+    let server = select_server(svc, x.listener, req.host);
+    *x.server = server as u16;
+    x.peer = client_of(svc, server, x.peer, head);
+    let routed = route_path(req.path);
+    let path = routed.as_deref().map_err(|&e| e);
+    match respond(x, svc, req, path, server, Close::IfAsked, landed.as_ref()) {
+        Persistence::Close => Some(After::Close),
+        _ => None,
     }
 }
 
@@ -193,7 +271,7 @@ pub fn answer_after_body(
     x.peer = client_of(svc, server, x.peer, head);
     let routed = route_path(req.path);
     let path = routed.as_deref().map_err(|&e| e);
-    match respond(x, svc, req, path, server, Close::IfAsked) {
+    match respond(x, svc, req, path, server, Close::IfAsked, None) {
         Persistence::Close => Some(After::Close),
         _ => None,
     }
@@ -532,6 +610,7 @@ enum Close {
 }
 
 /// Runs the route's handler and queues its response. Returns the persistence used.
+/// `landed`: what the file pool found, for a static route.
 fn respond(
     x: Exchange,
     svc: &mut Services,
@@ -539,6 +618,7 @@ fn respond(
     path: RoutePath<'_>,
     server_index: usize,
     close: Close,
+    landed: Option<&Landed>,
 ) -> Persistence {
     *x.requests = x.requests.saturating_add(1);
     // A body may have been read across a configuration change: fall back to the first
@@ -603,7 +683,7 @@ fn respond(
                     compress_cache: svc.config.compress_cache,
                 };
                 let now = svc.clock.unix_secs;
-                static_files::serve(&route, req, path, &mut svc.cache, now, &mut reply)
+                static_files::serve(&route, req, path, &mut svc.cache, now, &mut reply, landed)
             }
             Handler::Redirect { to, status } => {
                 let prefix = &server.routes[route_index].prefix;

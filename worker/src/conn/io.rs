@@ -12,6 +12,7 @@
 //!                  then: Close ──▶ closed
 //!                  then: Linger ─▶ Linger (drain input, then closed)
 //!
+//!  ReadHead ──file not cached, file_threads──▶ FileWait ──job done: answered──▶ ReadHead
 //!  ReadHead ──Proxy route──▶ Proxy ──response written──▶ ReadHead (or closed)
 //!                              ├── upstream failed before the head ─▶ Write{then: Linger}
 //!                              └── 101 written (an upgrade) ─▶ Tunnel ──both ends shut──▶ closed
@@ -25,7 +26,8 @@
 //! consumed), `io/socket.rs` (reads and writes through the `Transport`),
 //! `io/deadlines.rs` (its one deadline and what it becomes: timeouts, minimum
 //! rates), `io/room.rs` (drain, and room at `worker_connections`) and
-//! `io/h2_start.rs` (the switch to HTTP/2).
+//! `io/h2_start.rs` (the switch to HTTP/2) and `io/file_wait.rs` (a request waiting
+//! for the file pool).
 //!
 //! Requests are answered in order; a buffer full of pipelined requests produces one
 //! batch of responses and one `write`. Input is only read while nothing is waiting
@@ -33,6 +35,7 @@
 
 mod accept;
 mod deadlines;
+mod file_wait;
 mod h2_start;
 mod requests;
 mod room;
@@ -136,6 +139,9 @@ enum Phase {
     ReadHead,
     /// Reading a request body (see `Busy::body`).
     ReadBody,
+    /// The request at the input's start waits for a file-pool job
+    /// (`Busy::file_wait`); earlier pipelined answers are written meanwhile.
+    FileWait,
     /// Writing queued responses.
     Write(After),
     /// Response sent and our side shut down: discarding input until EOF or timeout.
@@ -257,7 +263,7 @@ impl Conn {
 
     pub fn activity(&self) -> Activity {
         match self.phase {
-            Phase::Write(_) | Phase::Proxy | Phase::Tunnel => Activity::Writing,
+            Phase::Write(_) | Phase::Proxy | Phase::Tunnel | Phase::FileWait => Activity::Writing,
             Phase::H2 => match self
                 .busy
                 .as_ref()
@@ -275,7 +281,7 @@ impl Conn {
     /// response not fully sent (nginx's 499).
     pub fn abandoned(&self) -> bool {
         match self.phase {
-            Phase::ReadBody | Phase::Proxy => true,
+            Phase::ReadBody | Phase::Proxy | Phase::FileWait => true,
             Phase::Write(After::ReadHead) => self.wants_write(),
             _ => false,
         }
@@ -479,12 +485,18 @@ impl Conn {
                         },
                         H2Start::No => {}
                     }
-                    match self.answer_buffered(svc) {
+                    match self.answer_buffered(key, svc) {
                         Some(after) => {
                             self.start_writing(after, svc);
                             continue;
                         }
-                        None if matches!(self.phase, Phase::ReadBody | Phase::Proxy) => continue,
+                        None if matches!(
+                            self.phase,
+                            Phase::ReadBody | Phase::Proxy | Phase::FileWait
+                        ) =>
+                        {
+                            continue
+                        }
                         None => {}
                     }
                     if self.wants_write() {
@@ -497,6 +509,22 @@ impl Conn {
                         Err(_) => return Verdict::Close,
                     }
                 }
+                Phase::FileWait => match self.file_arrived(svc) {
+                    Some(Some(after)) => {
+                        self.start_writing(after, svc);
+                        continue;
+                    }
+                    Some(None) => continue, // ReadHead: the rest of the input
+                    None if self.wants_write() => match self.flush(svc, &mut bytes) {
+                        Err(_) => return Verdict::Close,
+                        Ok(Flush::Budget) => {
+                            self.bits.set(Bits::YIELDED, true);
+                            return Verdict::Keep;
+                        }
+                        Ok(Flush::Blocked | Flush::Done) => return Verdict::Keep,
+                    },
+                    None => return Verdict::Keep,
+                },
                 Phase::ReadBody => {
                     if self.wants_write() {
                         // `100 Continue`: send it before waiting for the body.

@@ -18,12 +18,14 @@ use crate::http::request::{Method, Request};
 use crate::http::response::{self, Status};
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-/// What a request path resolves to.
-enum Resolved {
-    File(Rc<CachedFile>),
+/// What a request path resolves to: `F` is the file, owned ([`CachedFile`], as a
+/// file-pool thread makes it) or shared (`Rc<CachedFile>`, on the event loop).
+#[derive(Clone)]
+pub enum Resolved<F = Rc<CachedFile>> {
+    File(F),
     /// A directory requested without its trailing slash: the normalised path.
     Redirect(Vec<u8>),
     /// Nothing is there (what `fallback` answers).
@@ -32,13 +34,44 @@ enum Resolved {
     Status(Status),
 }
 
+impl Resolved<CachedFile> {
+    /// The loop's form of what a file-pool thread found.
+    pub fn shared(self) -> Resolved {
+        match self {
+            Resolved::File(f) => Resolved::File(Rc::new(f)),
+            Resolved::Redirect(p) => Resolved::Redirect(p),
+            Resolved::Missing => Resolved::Missing,
+            Resolved::Status(s) => Resolved::Status(s),
+        }
+    }
+}
+
+/// What a file-pool job found for a route's path (see `file_pool`): handed to
+/// [`serve`] in place of opening the file on the loop.
+#[derive(Clone)]
+pub struct Landed {
+    /// The route (`StaticRoute::id`) and normalised path it is for.
+    pub route: usize,
+    pub path: Box<[u8]>,
+    pub found: Resolved,
+    /// The route's `fallback` resolved too, when `found` is `Missing`.
+    pub fallback: Option<Resolved>,
+}
+
+impl Landed {
+    fn for_path(&self, route: usize, path: &[u8]) -> bool {
+        self.route == route && &*self.path == path
+    }
+}
+
 /// GET and HEAD only.
 pub fn allows(method: Method) -> bool {
     method != Method::Other
 }
 
 /// Serves `path`, the request's path as [`path::normalize`] made it (the router
-/// normalises it once, before choosing the route).
+/// normalises it once, before choosing the route). `landed`: what a file-pool job
+/// found for it, used instead of opening the file here.
 pub fn serve(
     route: &StaticRoute,
     req: &Request,
@@ -46,28 +79,38 @@ pub fn serve(
     cache: &mut FileCache,
     now_secs: u64,
     reply: &mut Reply,
+    landed: Option<&Landed>,
 ) -> Outcome {
     if !allows(req.method) {
         return reply.error(Status::METHOD_NOT_ALLOWED, &[("Allow", b"GET, HEAD")]);
     }
+    let landed = landed.filter(|l| l.for_path(route.id, path));
     let file = match cache.get(route.id, path, now_secs) {
         Some(file) => file,
-        None => match resolve(route, path, now_secs) {
-            Resolved::File(file) => {
-                cache.insert(route.id, path, file.clone());
-                file
-            }
-            Resolved::Redirect(path) => return redirect(&path, req.query, reply),
-            Resolved::Missing => match route.fallback {
-                // Only a path with nothing behind it: a forbidden one stays 403.
-                Some(fallback) => match fallback_file(route, fallback, cache, now_secs) {
-                    Ok(file) => file,
-                    Err(status) => return reply.error(status, &[]),
+        None => {
+            match landed.map_or_else(|| resolve_route(route, path, now_secs), |l| l.found.clone()) {
+                Resolved::File(file) => {
+                    cache.insert(route.id, path, file.clone());
+                    file
+                }
+                Resolved::Redirect(path) => return redirect(&path, req.query, reply),
+                Resolved::Missing => match route.fallback {
+                    // Only a path with nothing behind it: a forbidden one stays 403.
+                    Some(fallback) => match fallback_file(
+                        route,
+                        fallback,
+                        cache,
+                        now_secs,
+                        landed.and_then(|l| l.fallback.clone()),
+                    ) {
+                        Ok(file) => file,
+                        Err(status) => return reply.error(status, &[]),
+                    },
+                    None => return reply.error(Status::NOT_FOUND, &[]),
                 },
-                None => return reply.error(Status::NOT_FOUND, &[]),
-            },
-            Resolved::Status(status) => return reply.error(status, &[]),
-        },
+                Resolved::Status(status) => return reply.error(status, &[]),
+            }
+        }
     };
     let vary = route.precompressed || route.compress.is_some();
     let file = if vary {
@@ -85,12 +128,13 @@ fn fallback_file(
     fallback: &str,
     cache: &mut FileCache,
     now_secs: u64,
+    landed: Option<Resolved>,
 ) -> Result<Rc<CachedFile>, Status> {
     let path = fallback.as_bytes();
     if let Some(file) = cache.get(route.id, path, now_secs) {
         return Ok(file);
     }
-    match resolve(route, path, now_secs) {
+    match landed.unwrap_or_else(|| resolve_route(route, path, now_secs)) {
         Resolved::File(file) => {
             cache.insert(route.id, path, file.clone());
             Ok(file)
@@ -114,19 +158,33 @@ fn redirect(normalized: &[u8], query: Option<&[u8]>, reply: &mut Reply) -> Outco
     reply.error(Status::MOVED_PERMANENTLY, &[("Location", &location)])
 }
 
-fn resolve(route: &StaticRoute, normalized: &[u8], now_secs: u64) -> Resolved {
-    let mut full = route.root.as_os_str().to_os_string().into_vec();
+/// [`resolve`] on the event loop (no file pool, or a pool result that was not for
+/// this configuration).
+fn resolve_route(route: &StaticRoute, normalized: &[u8], now_secs: u64) -> Resolved {
+    resolve(route.root, route.index, normalized, now_secs).shared()
+}
+
+/// What `normalized` below `root` is: the blocking part of serving a file (`open`,
+/// `fstat`, the bytes of a small one, the index files of a directory), done by a
+/// file-pool thread or, without one, on the event loop.
+pub fn resolve(
+    root: &Path,
+    index: &[String],
+    normalized: &[u8],
+    now_secs: u64,
+) -> Resolved<CachedFile> {
+    let mut full = root.as_os_str().to_os_string().into_vec();
     full.extend_from_slice(normalized);
     let full = PathBuf::from(OsString::from_vec(full));
     if normalized.ends_with(b"/") {
-        for name in route.index {
-            match open_regular(&full.join(name), route.root, now_secs) {
-                Ok(Some(file)) => return Resolved::File(Rc::new(file)),
+        for name in index {
+            match open_regular(&full.join(name), root, now_secs) {
+                Ok(Some(file)) => return Resolved::File(file),
                 Ok(None) | Err(Refused::Missing) => continue,
                 Err(Refused::Status(status)) => return Resolved::Status(status),
             }
         }
-        return if full.is_dir() && inside_root(&full, route.root) {
+        return if full.is_dir() && inside_root(&full, root) {
             Resolved::Status(Status::FORBIDDEN) // a directory without an index: no listings
         } else if full.exists() {
             Resolved::Status(Status::NOT_FOUND)
@@ -134,9 +192,9 @@ fn resolve(route: &StaticRoute, normalized: &[u8], now_secs: u64) -> Resolved {
             Resolved::Missing
         };
     }
-    match open_regular(&full, route.root, now_secs) {
-        Ok(Some(file)) => Resolved::File(Rc::new(file)),
-        Ok(None) if full.is_dir() && inside_root(&full, route.root) => {
+    match open_regular(&full, root, now_secs) {
+        Ok(Some(file)) => Resolved::File(file),
+        Ok(None) if full.is_dir() && inside_root(&full, root) => {
             Resolved::Redirect(normalized.to_vec())
         }
         // A FIFO, a socket, a device: there, but not served.

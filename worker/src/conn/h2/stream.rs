@@ -3,6 +3,7 @@
 //!
 //! ```text
 //!  HEADERS ─▶ request.rs: the HTTP/1.1 head ─▶ dispatch::answer ─┬─ Answered (busy.out)
+//!                                                                ├─ File: the file pool's job, then answered
 //!                                                                ├─ Body: DATA counted, then answered
 //!                                                                └─ Proxy: proxied::advance
 //!  DATA ─▶ busy.inbuf (chunked if no content-length) ─▶ the proxy's request body
@@ -101,6 +102,9 @@ enum Work {
     /// A request with a body on a route that does not proxy: the body is counted
     /// (and dropped) to its end, then the request answered.
     Body { pending: PendingBody, received: u64 },
+    /// The head (in `busy.inbuf`) waits for the file pool's job; the connection's
+    /// other streams run meanwhile.
+    File(crate::file_pool::JobId),
     /// The answer is in `busy.out`, going into the pipe.
     Answered,
     /// A proxied exchange (`busy.proxy`).
@@ -279,6 +283,11 @@ impl Stream {
         };
         self.server = usize::from(server);
         match step {
+            Ok((_, Next::File(job))) => {
+                // The head stays in the input until the file is in.
+                svc.files.wait(job, super::split_key(on.key).0);
+                self.work = Work::File(job);
+            }
             Ok((len, next)) => {
                 busy.consume(len);
                 match next {
@@ -297,6 +306,7 @@ impl Stream {
                         busy.discard_input();
                         self.error(svc, e.status(), on.peer);
                     }
+                    Next::File(_) => unreachable!("matched above"),
                 }
             }
             Err(e) => {
@@ -439,7 +449,7 @@ impl Stream {
                     return true;
                 }
             }
-            Work::Answered | Work::Written => {}
+            Work::File(_) | Work::Answered | Work::Written => {}
         }
         self.release_held(n);
         true
@@ -490,12 +500,60 @@ impl Stream {
         }
     }
 
+    /// The file pool's job is done: the request answered with what it found (false:
+    /// still waiting).
+    fn answer_after_file(
+        &mut self,
+        job: crate::file_pool::JobId,
+        on: &On,
+        svc: &mut Services,
+    ) -> bool {
+        if !svc.files.arrived(job) {
+            return false;
+        }
+        self.work = Work::Answered;
+        let max_header = svc.routing[on.listener].max_header_bytes;
+        let busy = &mut *self.busy;
+        let buf = &busy.inbuf[busy.in_start..busy.in_end];
+        let mut requests = 0u32;
+        let mut server = self.server as u16;
+        let len = match h1::parse(buf, max_header) {
+            Ok(Some(mut req)) => {
+                req.version = h1::Version::Http2;
+                let x = Exchange {
+                    out: &mut busy.out,
+                    requests: &mut requests,
+                    server: &mut server,
+                    peer: on.peer,
+                    listener: on.listener,
+                    started: self.started,
+                    rotate: false,
+                    tls: on.tls,
+                };
+                let head = &buf[..req.head_len];
+                dispatch::answer_after_file(x, svc, &req, head, job);
+                req.head_len
+            }
+            // It parsed when it was dispatched, and the input was not touched since.
+            _ => busy.in_end - busy.in_start,
+        };
+        self.server = usize::from(server);
+        busy.consume(len);
+        true
+    }
+
     /// Runs the exchange: the proxy, or the answer into the pipe.
     fn run(&mut self, on: &mut On, svc: &mut Services, budget: &mut u64) -> bool {
         let mut moved = false;
         loop {
             match self.work {
                 Work::Written => return moved,
+                Work::File(job) => {
+                    if !self.answer_after_file(job, on, svc) {
+                        return moved;
+                    }
+                    moved = true;
+                }
                 Work::Body { .. } if self.busy.out.is_empty() => return moved,
                 Work::Body { .. } | Work::Answered => {
                     let mut sent = 0;

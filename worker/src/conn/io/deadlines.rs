@@ -37,6 +37,8 @@ impl Conn {
                 let idle = self.progress + us(server.send_timeout);
                 idle.min(self.rate_due(server.min_send_rate, server))
             }
+            // The file pool is forkd's own: as long as a response may take to go.
+            Phase::FileWait => self.progress + us(server.send_timeout),
             Phase::Linger => self.idle_since + LINGER,
             Phase::ProxyHeader => self.idle_since + us(server.header_timeout),
             Phase::Tunnel => match self.busy.as_ref().and_then(|b| b.tunnel.as_ref()) {
@@ -193,6 +195,14 @@ impl Conn {
                 self.abort()
             }
             Phase::Linger => Verdict::Close,
+            Phase::FileWait => {
+                forkd_shared::warn!(
+                    "a file for client {} was not opened within send_timeout \
+                     (file_threads busy, or a stuck file system): closing",
+                    self.peer
+                );
+                self.abort()
+            }
             Phase::ProxyHeader => {
                 svc.stats.bump(counters::PROXY_HEADER_REFUSED, 1);
                 let peer = self.peer;

@@ -8,7 +8,7 @@ impl Conn {
     /// the connection must stop reading requests (it closes after the output);
     /// `None` when it needs more input or has entered `ReadBody`, or when a batch of
     /// output should be written first.
-    pub(super) fn answer_buffered(&mut self, svc: &mut Services) -> Option<After> {
+    pub(super) fn answer_buffered(&mut self, key: usize, svc: &mut Services) -> Option<After> {
         let busy = self.busy.as_deref_mut()?;
         // Until the head is complete its `Host` is unknown: read up to the largest
         // head any server on the address takes; `dispatch` then applies the limit of
@@ -48,6 +48,13 @@ impl Conn {
                 Err(e) => Err(e),
             };
             match step {
+                Ok(Some((_, Next::File(job)))) => {
+                    // The head stays in the input: answered once the file is in.
+                    busy.file_wait = Some(job);
+                    svc.files.wait(job, key);
+                    self.phase = Phase::FileWait;
+                    return None;
+                }
                 Ok(Some((head_len, next))) => {
                     busy.consume(head_len);
                     match next {
@@ -68,6 +75,7 @@ impl Conn {
                             self.reject(svc, e.status(), e);
                             return Some(After::Linger);
                         }
+                        Next::File(_) => unreachable!("matched above"),
                     }
                 }
                 Ok(None) => {

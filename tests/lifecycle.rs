@@ -735,7 +735,14 @@ fn worker_that_cannot_initialise_is_not_respawned_and_the_master_exits() {
 // ---------------------------------------------------------------------------------------
 
 fn both_workers_serve(accept: &'static str) {
-    let d = TestDaemon::builder().workers(2).accept(accept).start();
+    // The measure below is each worker's write(2) bytes (`wchar`), which must be
+    // exactly its access-log lines: no file pool, whose threads wake the loop with
+    // 8-byte eventfd writes in the same process.
+    let d = TestDaemon::builder()
+        .workers(2)
+        .accept(accept)
+        .top("file_threads: 0,")
+        .start();
     let workers = d.workers();
     assert_eq!(workers.len(), 2);
     let base: Vec<u64> = workers.iter().map(|&w| written_bytes(w)).collect();

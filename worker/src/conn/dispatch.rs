@@ -87,6 +87,40 @@ pub struct Exchange<'c> {
     pub tls: bool,
 }
 
+/// Where a request comes from, the same for every request a connection (or an HTTP/2
+/// stream) hands to dispatch while it is answered: what [`Exchange::new`] copies.
+#[derive(Debug, Clone, Copy)]
+pub struct Origin {
+    pub peer: IpAddr,
+    pub listener: usize,
+    /// When the request's first byte arrived.
+    pub started: Micros,
+    /// The connection is being rotated out at `worker_connections`.
+    pub rotate: bool,
+    /// The connection speaks TLS.
+    pub tls: bool,
+}
+
+impl<'c> Exchange<'c> {
+    pub fn new(
+        out: &'c mut OutQueue,
+        requests: &'c mut u32,
+        server: &'c mut u16,
+        from: Origin,
+    ) -> Exchange<'c> {
+        Exchange {
+            out,
+            requests,
+            server,
+            peer: from.peer,
+            listener: from.listener,
+            started: from.started,
+            rotate: from.rotate,
+            tls: from.tls,
+        }
+    }
+}
+
 /// Picks the server for `host` among those on the connection's listener: a name
 /// written out first, then a `*.example.com` one (as SNI picks certificates).
 fn select_server(svc: &Services, listener: usize, host: Option<&[u8]>) -> usize {

@@ -341,6 +341,17 @@ impl Conn {
         }
     }
 
+    /// Where this connection's requests come from, for dispatch.
+    fn origin(&self) -> dispatch::Origin {
+        dispatch::Origin {
+            peer: self.peer,
+            listener: usize::from(self.listener),
+            started: self.head_since,
+            rotate: self.bits.has(Bits::ROTATE),
+            tls: self.tls.is_tls(),
+        }
+    }
+
     /// The client address (see `peer`).
     pub fn client(&self) -> IpAddr {
         self.peer

@@ -247,6 +247,18 @@ impl Stream {
         Some(proxied::deadlines(p, &self.busy, svc, self.progress))
     }
 
+    /// Where the stream's request comes from, for dispatch (a stream is never
+    /// rotated: its connection is, with GOAWAY).
+    fn origin(&self, on: &On) -> dispatch::Origin {
+        dispatch::Origin {
+            peer: on.peer,
+            listener: on.listener,
+            started: self.started,
+            rotate: false,
+            tls: on.tls,
+        }
+    }
+
     /// The upstream's deadline passed: the next pump tells the session so.
     pub fn upstream_fired(&mut self) {
         if let Some(p) = self.busy.proxy.as_deref_mut() {
@@ -255,24 +267,15 @@ impl Stream {
     }
 
     fn dispatch(&mut self, on: &mut On, svc: &mut Services) {
+        let from = self.origin(on);
         let max_header = svc.routing[on.listener].max_header_bytes;
         let busy = &mut *self.busy;
         let buf = &busy.inbuf[busy.in_start..busy.in_end];
         let mut requests = 0u32;
         let mut server = self.server as u16;
-        let step = match h1::parse(buf, max_header) {
-            Ok(Some(mut req)) => {
-                req.version = h1::Version::Http2;
-                let x = Exchange {
-                    out: &mut busy.out,
-                    requests: &mut requests,
-                    server: &mut server,
-                    peer: on.peer,
-                    listener: on.listener,
-                    started: self.started,
-                    rotate: false,
-                    tls: on.tls,
-                };
+        let step = match parse(buf, max_header) {
+            Ok(Some(req)) => {
+                let x = Exchange::new(&mut busy.out, &mut requests, &mut server, from);
                 Ok((
                     req.head_len,
                     dispatch::answer(x, svc, &req, &buf[..req.head_len]),
@@ -478,24 +481,15 @@ impl Stream {
     }
 
     fn answer_after_body(&mut self, on: &mut On, svc: &mut Services) {
+        let from = self.origin(on);
         let Work::Body { pending, .. } = std::mem::replace(&mut self.work, Work::Answered) else {
             return;
         };
         let server = pending.server;
         let mut requests = 0u32;
         let mut current = server as u16;
-        if let Ok(Some(mut req)) = h1::parse(&pending.head, pending.head.len()) {
-            req.version = h1::Version::Http2;
-            let x = Exchange {
-                out: &mut self.busy.out,
-                requests: &mut requests,
-                server: &mut current,
-                peer: on.peer,
-                listener: on.listener,
-                started: self.started,
-                rotate: false,
-                tls: on.tls,
-            };
+        if let Ok(Some(req)) = parse(&pending.head, pending.head.len()) {
+            let x = Exchange::new(&mut self.busy.out, &mut requests, &mut current, from);
             dispatch::answer_after_body(x, svc, &req, &pending.head, server);
         }
     }
@@ -512,24 +506,15 @@ impl Stream {
             return false;
         }
         self.work = Work::Answered;
+        let from = self.origin(on);
         let max_header = svc.routing[on.listener].max_header_bytes;
         let busy = &mut *self.busy;
         let buf = &busy.inbuf[busy.in_start..busy.in_end];
         let mut requests = 0u32;
         let mut server = self.server as u16;
-        let len = match h1::parse(buf, max_header) {
-            Ok(Some(mut req)) => {
-                req.version = h1::Version::Http2;
-                let x = Exchange {
-                    out: &mut busy.out,
-                    requests: &mut requests,
-                    server: &mut server,
-                    peer: on.peer,
-                    listener: on.listener,
-                    started: self.started,
-                    rotate: false,
-                    tls: on.tls,
-                };
+        let len = match parse(buf, max_header) {
+            Ok(Some(req)) => {
+                let x = Exchange::new(&mut busy.out, &mut requests, &mut server, from);
                 let head = &buf[..req.head_len];
                 dispatch::answer_after_file(x, svc, &req, head, job);
                 req.head_len
@@ -751,6 +736,17 @@ fn put_body(busy: &mut Busy, framing: Framing, data: &[u8]) -> usize {
     busy.inbuf[busy.in_end..busy.in_end + piece.len()].copy_from_slice(piece);
     busy.in_end += piece.len();
     n
+}
+
+/// The stream's request, written as an HTTP/1.1 head, parsed as one and marked as
+/// HTTP/2's (the access log says so).
+fn parse(head: &[u8], max_header: usize) -> Result<Option<h1::Request<'_>>, h1::RequestError> {
+    h1::parse(head, max_header).map(|parsed| {
+        parsed.map(|mut req| {
+            req.version = h1::Version::Http2;
+            req
+        })
+    })
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ impl Conn {
     /// The file came: answers the waiting request (`Some(Some(after))` if the
     /// connection then closes, `Some(None)` to read on). `None`: still waiting.
     pub(super) fn file_arrived(&mut self, svc: &mut Services) -> Option<Option<After>> {
+        let from = self.origin();
         let busy = self.busy.as_deref_mut()?;
         let job = busy.file_wait?;
         if !svc.files.arrived(job) {
@@ -21,16 +22,7 @@ impl Conn {
         let buf = &busy.inbuf[busy.in_start..busy.in_end];
         let (head_len, after) = match request::parse(buf, max_header) {
             Ok(Some(req)) => {
-                let x = Exchange {
-                    out: &mut busy.out,
-                    requests: &mut self.requests,
-                    server: &mut self.server,
-                    peer: self.peer,
-                    listener: usize::from(self.listener),
-                    started: self.head_since,
-                    rotate: self.bits.has(Bits::ROTATE),
-                    tls: self.tls.is_tls(),
-                };
+                let x = Exchange::new(&mut busy.out, &mut self.requests, &mut self.server, from);
                 let head = &buf[..req.head_len];
                 (
                     req.head_len,

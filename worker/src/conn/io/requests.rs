@@ -9,6 +9,7 @@ impl Conn {
     /// `None` when it needs more input or has entered `ReadBody`, or when a batch of
     /// output should be written first.
     pub(super) fn answer_buffered(&mut self, key: usize, svc: &mut Services) -> Option<After> {
+        let from = self.origin();
         let busy = self.busy.as_deref_mut()?;
         // Until the head is complete its `Host` is unknown: read up to the largest
         // head any server on the address takes; `dispatch` then applies the limit of
@@ -31,16 +32,8 @@ impl Conn {
             }
             let step = match request::parse(buf, max_header) {
                 Ok(Some(req)) => {
-                    let x = Exchange {
-                        out: &mut busy.out,
-                        requests: &mut self.requests,
-                        server: &mut self.server,
-                        peer: self.peer,
-                        listener: usize::from(self.listener),
-                        started: self.head_since,
-                        rotate: self.bits.has(Bits::ROTATE),
-                        tls: self.tls.is_tls(),
-                    };
+                    let x =
+                        Exchange::new(&mut busy.out, &mut self.requests, &mut self.server, from);
                     let next = dispatch::answer(x, svc, &req, &buf[..req.head_len]);
                     Ok(Some((req.head_len, next)))
                 }
@@ -94,6 +87,7 @@ impl Conn {
     /// Consumes body bytes from the input buffer. When the body is complete, answers
     /// the request (`Some` if the connection then closes).
     pub(super) fn discard_body(&mut self, svc: &mut Services) -> Option<After> {
+        let from = self.origin();
         let busy = self.busy.as_deref_mut()?;
         let pending = busy.body.as_mut()?;
         let server = pending.server;
@@ -124,16 +118,7 @@ impl Conn {
         self.phase = Phase::ReadHead;
         match request::parse(&head, head.len()) {
             Ok(Some(req)) => {
-                let x = Exchange {
-                    out: &mut busy.out,
-                    requests: &mut self.requests,
-                    server: &mut self.server,
-                    peer: self.peer,
-                    listener: usize::from(self.listener),
-                    started: self.head_since,
-                    rotate: self.bits.has(Bits::ROTATE),
-                    tls: self.tls.is_tls(),
-                };
+                let x = Exchange::new(&mut busy.out, &mut self.requests, &mut self.server, from);
                 dispatch::answer_after_body(x, svc, &req, &head, server)
             }
             // It parsed before being copied; parsing it again cannot fail.

@@ -7,6 +7,7 @@
 //! - `sys`: the few OS calls no safe crate wraps; the only `unsafe` of this crate.
 //! - `exit`: the exit codes master and workers use to talk about a worker's death.
 
+pub mod cache;
 pub mod capacity;
 pub mod config;
 pub mod exit;

@@ -9,6 +9,7 @@
 //!
 //! The master loads it before forking; workers inherit the validated value.
 
+pub mod cache;
 pub mod cidr;
 mod error;
 pub mod limits;

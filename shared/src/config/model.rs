@@ -52,6 +52,8 @@ pub struct Config {
     pub servers: Vec<Server>,
     /// `upstreams`, in file order; `Handler::Proxy` holds an index into it.
     pub upstreams: Vec<Upstream>,
+    /// `caches`, in file order; a route's `cache` holds an index into it.
+    pub caches: Vec<super::cache::CacheZone>,
     /// Every distinct listen address with the largest backlog any server asked for.
     pub listeners: Vec<Listener>,
     /// Problems that do not stop it from running (a certificate expiring soon), as
@@ -235,6 +237,8 @@ pub enum Handler {
         request_buffering: bool,
         /// What the route changes in the request sent upstream.
         shaping: shaping::Shaping,
+        /// The shared cache the route's responses are kept in.
+        cache: Option<Box<super::cache::RouteCache>>,
     },
 }
 

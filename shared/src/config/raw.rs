@@ -72,6 +72,9 @@ pub struct RawConfig {
     /// Named groups of application servers that `Proxy` routes send requests to.
     #[serde(default)]
     pub upstreams: UpstreamMap,
+    /// Named shared caches that `Proxy` routes keep responses in.
+    #[serde(default)]
+    pub caches: super::cache::CacheMap,
     pub servers: Vec<RawServer>,
 }
 
@@ -279,6 +282,9 @@ pub enum RawHandler {
         send_timeout: Option<ConfDuration>,
         #[serde(default)]
         read_timeout: Option<ConfDuration>,
+        /// Responses are kept in a zone of `caches` and answered from there.
+        #[serde(default)]
+        cache: Option<super::cache::RawRouteCache>,
     },
 }
 

@@ -4,6 +4,9 @@
 //! serde does not keep positions, so an error here is located by finding the value it
 //! is about in the source text (the n-th occurrence of the key or literal).
 
+use super::cache::{
+    CacheZone, RawCacheZone, RawRouteCache, RouteCache, MAX_INDEX_ENTRIES, MIN_INDEX_ENTRIES,
+};
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors};
 use super::locate::locate;
 use super::raw::{self, RawConfig, RawHandler, RawLogTarget, Workers};
@@ -16,7 +19,7 @@ use super::{
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 /// Half the region's worker slots: a reload runs two generations side by side.
 const MAX_WORKERS: usize = crate::capacity::MAX_SLOTS / 2;
@@ -76,6 +79,132 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let line = before.matches('\n').count() + 1;
     let col = before.rfind('\n').map_or(offset, |nl| offset - nl - 1) + 1;
     (line, col)
+}
+
+/// `caches`: each zone's folder resolved and checked (it must be, or be made,
+/// writable, as `temp_dir`), its bounds in range, no two zones in one folder.
+fn cache_zones(
+    check: &mut Checker,
+    base: &Path,
+    raw: Vec<(String, RawCacheZone)>,
+) -> Vec<CacheZone> {
+    let mut zones: Vec<CacheZone> = Vec::with_capacity(raw.len());
+    for (name, z) in raw {
+        let field = format!("caches.{name}");
+        let path = resolve(base, &z.path);
+        let quoted = format!("\"{}\"", z.path);
+        if let Some(other) = zones.iter().find(|o| o.path == path) {
+            check.error(
+                &quoted,
+                0,
+                format!("{field}.path"),
+                format!(
+                    "{} is already the folder of cache zone `{}`: each zone needs its own",
+                    path.display(),
+                    other.name
+                ),
+            );
+        } else if let Err(why) = crate::temp_dir::check(&path) {
+            check.error(
+                &quoted,
+                0,
+                format!("{field}.path"),
+                format!("{}: {why}", path.display()),
+            );
+        }
+        if z.max_size.0 == 0 {
+            check.error(
+                "max_size",
+                0,
+                format!("{field}.max_size"),
+                "a cache zone of 0 bytes keeps nothing: remove the route's `cache` instead".into(),
+            );
+        }
+        if !(MIN_INDEX_ENTRIES..=MAX_INDEX_ENTRIES).contains(&z.index_entries) {
+            check.error(
+                "index_entries",
+                0,
+                format!("{field}.index_entries"),
+                format!(
+                    "{} entries: a zone's index holds from {MIN_INDEX_ENTRIES} to {MAX_INDEX_ENTRIES}",
+                    z.index_entries
+                ),
+            );
+        }
+        if z.inactive.0.as_secs() == 0 {
+            check.error(
+                "inactive",
+                0,
+                format!("{field}.inactive"),
+                "`inactive` must be at least 1s".into(),
+            );
+        }
+        zones.push(CacheZone {
+            name,
+            path,
+            max_size: z.max_size.0,
+            index_entries: z.index_entries,
+            inactive: z.inactive.0,
+        });
+    }
+    zones
+}
+
+/// A `Proxy` route's `cache`: its zone exists, its `valid` statuses can be stored.
+fn route_cache(
+    check: &mut Checker,
+    zones: &[CacheZone],
+    raw: RawRouteCache,
+    literal: &str,
+    nth: usize,
+    rfield: &str,
+) -> Option<Box<RouteCache>> {
+    let field = format!("{rfield}.handler.cache");
+    let Some(zone) = zones.iter().position(|z| z.name == raw.zone) else {
+        let known: Vec<&str> = zones.iter().map(|z| z.name.as_str()).collect();
+        check.error(
+            literal,
+            nth,
+            format!("{field}.zone"),
+            if known.is_empty() {
+                format!("no cache zone named `{}`: `caches` is empty", raw.zone)
+            } else {
+                format!(
+                    "no cache zone named `{}` (known: {})",
+                    raw.zone,
+                    known.join(", ")
+                )
+            },
+        );
+        return None;
+    };
+    let mut valid = Vec::with_capacity(raw.valid.len());
+    for (status, d) in &raw.valid {
+        let why = match *status {
+            206 => Some("partial content is never stored (a full response is, and ranges are cut from it)"),
+            304 => Some("a 304 refreshes a stored entry; it is not stored itself"),
+            s if !(200..=599).contains(&s) => Some("only final statuses (200 to 599) are stored"),
+            s if valid.iter().any(|(v, _)| *v == s) => Some("is listed twice"),
+            _ => None,
+        };
+        if let Some(why) = why {
+            check.error(
+                &status.to_string(),
+                0,
+                format!("{field}.valid"),
+                format!("status {status}: {why}"),
+            );
+        }
+        valid.push((*status, d.0.as_secs()));
+    }
+    Some(Box::new(RouteCache {
+        zone,
+        key: raw.key,
+        valid,
+        stale_if_error: raw.stale_if_error.map_or(Duration::ZERO, |d| d.0),
+        stale_while_revalidate: raw.stale_while_revalidate.map_or(Duration::ZERO, |d| d.0),
+        lock_timeout: raw.lock_timeout.0,
+    }))
 }
 
 fn resolve(base: &Path, path: &str) -> PathBuf {
@@ -276,7 +405,7 @@ fn page_type(path: &Path) -> &'static str {
 pub(super) fn validate(
     file: &Path,
     text: &str,
-    raw: RawConfig,
+    mut raw: RawConfig,
     resolve_names: &super::Resolver<'_>,
     running: Option<&Config>,
 ) -> Result<Config, ConfigErrors> {
@@ -475,6 +604,8 @@ pub(super) fn validate(
             ),
         }
     }
+
+    let caches = cache_zones(&mut check, &base, std::mem::take(&mut raw.caches.0));
 
     let mut servers = Vec::with_capacity(raw.servers.len());
     let mut warnings: Vec<String> = Vec::new();
@@ -825,7 +956,12 @@ pub(super) fn validate(
                     connect_timeout,
                     send_timeout,
                     read_timeout,
+                    cache,
                 } => {
+                    let cache = cache.and_then(|c| {
+                        let (literal, nth) = occurrence(&c.zone);
+                        route_cache(&mut check, &caches, c, &literal, nth, &rfield)
+                    });
                     let (literal, nth) = occurrence(&upstream);
                     let found = upstreams.iter().position(|u| u.name == upstream);
                     if found.is_none() {
@@ -910,6 +1046,7 @@ pub(super) fn validate(
                                 read_timeout,
                             ),
                         },
+                        cache,
                     }
                 }
             };
@@ -1070,6 +1207,7 @@ pub(super) fn validate(
         temp_max_bytes: raw.temp_max_bytes.0,
         servers,
         upstreams,
+        caches,
         listeners,
         warnings,
     })
@@ -1372,6 +1510,7 @@ mod tests {
                 buffering: true,
                 request_buffering: true,
                 shaping: Default::default(),
+                cache: None,
             }
         );
         let off = PROXY.replace(
@@ -1389,6 +1528,7 @@ mod tests {
                 buffering: false,
                 request_buffering: false,
                 shaping: Default::default(),
+                cache: None,
             }
         );
         assert_eq!(c.max_temp_file_size, 1 << 30);
@@ -1417,6 +1557,7 @@ mod tests {
                 buffering: true,
                 request_buffering: true,
                 shaping: Default::default(),
+                cache: None,
             }
         );
         let bad = PROXY.replace("keepalive: 8,", "tunnel_idle_timeout: \"soon\",");

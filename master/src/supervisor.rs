@@ -381,6 +381,9 @@ impl Supervisor {
             .map_err(|e| format!("preparing the log files failed: {e}"))?;
         forkd_shared::temp_dir::prepare(&config)
             .map_err(|e| format!("preparing temp_dir failed: {e}"))?;
+        use forkd_shared::cache::prepare::{prepare, When};
+        prepare(&config, When::Reload)
+            .map_err(|e| format!("preparing the cache zones failed: {e}"))?;
         // All or nothing: what the workers would refuse is refused here, before
         // anything is published.
         preflight::check(&self.config, &config, &text, &plan.how, &mut self.pid_file)?;

@@ -16,12 +16,28 @@ const SENDFILE_CHUNK: usize = 512 * 1024;
 enum Segment {
     /// Bytes of `buf` up to this offset.
     Mem { end: usize },
-    /// A range of a cached file.
+    /// A range of a file.
     File {
-        file: Rc<CachedFile>,
+        file: Held,
         offset: u64,
         remaining: u64,
     },
+}
+
+/// A file a segment sends from: one of the open-file cache's, or one the response
+/// owns (a body file of the proxy cache, closed once sent).
+enum Held {
+    Cached(Rc<CachedFile>),
+    Own(File),
+}
+
+impl Held {
+    fn file(&self) -> &File {
+        match self {
+            Held::Cached(c) => &c.file,
+            Held::Own(f) => f,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -141,6 +157,15 @@ impl OutQueue {
 
     /// Queues `len` bytes of `file` from `offset`, after what is queued so far.
     pub fn push_file(&mut self, file: Rc<CachedFile>, offset: u64, len: u64) {
+        self.push_held(Held::Cached(file), offset, len);
+    }
+
+    /// Queues `len` bytes of `file` (which the queue then owns) from `offset`.
+    pub fn push_own_file(&mut self, file: File, offset: u64, len: u64) {
+        self.push_held(Held::Own(file), offset, len);
+    }
+
+    fn push_held(&mut self, file: Held, offset: u64, len: u64) {
         self.seal();
         if len > 0 {
             self.segments.push_back(Segment::File {
@@ -194,7 +219,7 @@ impl OutQueue {
                         if left == 0 {
                             return Ok(Flush::Budget);
                         }
-                        match send_range(sock, &file.file, *offset, (*remaining).min(left)) {
+                        match send_range(sock, file.file(), *offset, (*remaining).min(left)) {
                             Ok(n) => {
                                 *offset += n as u64;
                                 *remaining -= n as u64;

@@ -53,7 +53,22 @@ pub struct Opened {
     pub meta: Meta,
     /// Where the body starts in `file`.
     pub body_at: u64,
+    /// The file's first bytes (header, and the body too when it is small): what one
+    /// read brought, so a small entry costs no second read.
+    pub prefix: Vec<u8>,
 }
+
+impl Opened {
+    /// The whole body, when the first read brought it.
+    pub fn small_body(&self) -> Option<&[u8]> {
+        let at = self.body_at as usize;
+        let end = at.checked_add(usize::try_from(self.meta.body_len).ok()?)?;
+        self.prefix.get(at..end)
+    }
+}
+
+/// How much of a body file one read takes: the header and a small body.
+pub const FIRST_READ: usize = 16 * 1024;
 
 /// Opens `hash`'s body file and reads its header; `key`: the key it must be for
 /// (`None`: any, for the loader). A file whose size disagrees with its header, or of
@@ -71,12 +86,18 @@ pub fn open(dir: &Path, hash: KeyHash, key: Option<&[u8]>) -> Result<Opened, Ope
 /// [`open`] of a file already open.
 pub fn open_file(file: File, key: Option<&[u8]>) -> Result<Opened, OpenError> {
     let size = file.metadata().map_err(OpenError::Io)?.len();
-    let mut fixed = [0u8; entry::FIXED];
-    let n = read_at_most(&file, &mut fixed, 0).map_err(OpenError::Io)?;
-    let len = Meta::header_len_of(&fixed[..n]).map_err(OpenError::Corrupt)?;
-    let mut header = vec![0u8; len];
-    let n = read_at_most(&file, &mut header, 0).map_err(OpenError::Io)?;
-    let meta = Meta::decode(&header[..n]).map_err(OpenError::Corrupt)?;
+    let first = usize::try_from(size).unwrap_or(FIRST_READ).min(FIRST_READ);
+    let mut prefix = vec![0u8; first.max(entry::FIXED)];
+    let n = read_at_most(&file, &mut prefix, 0).map_err(OpenError::Io)?;
+    prefix.truncate(n);
+    let len = Meta::header_len_of(&prefix).map_err(OpenError::Corrupt)?;
+    if prefix.len() < len {
+        let had = prefix.len();
+        prefix.resize(len, 0);
+        let more = read_at_most(&file, &mut prefix[had..], had as u64).map_err(OpenError::Io)?;
+        prefix.truncate(had + more);
+    }
+    let meta = Meta::decode(&prefix).map_err(OpenError::Corrupt)?;
     meta.check_size(size).map_err(OpenError::Corrupt)?;
     if key.is_some_and(|k| k != meta.key.as_slice()) {
         return Err(OpenError::Corrupt(Corrupt::OtherKey));
@@ -85,6 +106,7 @@ pub fn open_file(file: File, key: Option<&[u8]>) -> Result<Opened, OpenError> {
         file,
         body_at: len as u64,
         meta,
+        prefix,
     })
 }
 
@@ -262,6 +284,7 @@ mod tests {
         let mut body = vec![0; 11];
         o.file.read_exact_at(&mut body, o.body_at).unwrap();
         assert_eq!(&body, b"hello world");
+        assert_eq!(o.small_body(), Some(&b"hello world"[..]));
         assert!(matches!(
             open(&dir, h, Some(b"other")),
             Err(OpenError::Corrupt(Corrupt::OtherKey))

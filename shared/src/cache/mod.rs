@@ -20,6 +20,7 @@ pub mod entry;
 pub mod files;
 pub mod index;
 mod map;
+pub mod prepare;
 pub mod upkeep;
 
 pub use index::{Index, Lookup, SlotView};

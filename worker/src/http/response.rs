@@ -94,7 +94,7 @@ impl Status {
 }
 
 /// `HTTP/1.1 <code> <reason>`, for any code (the table of [`Status::line`] aside).
-fn status_line(out: &mut Vec<u8>, status: Status) {
+pub fn status_line(out: &mut Vec<u8>, status: Status) {
     if status.0 == 500 || status.line() != Status(500).line() {
         out.extend_from_slice(status.line().as_bytes());
     } else {

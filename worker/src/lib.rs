@@ -26,6 +26,7 @@
 
 pub mod access_log;
 pub mod busy;
+pub mod cache;
 pub mod checks;
 pub mod clock;
 pub mod conn;

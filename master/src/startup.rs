@@ -33,7 +33,10 @@ pub fn run(config: Config, text: String) -> i32 {
     use forkd_shared::cache::prepare::{prepare, When};
     if let Err(e) = prepare(&config, When::Start) {
         forkd_shared::alert!("preparing the cache zones failed: {e}");
-        return fail(&mut upgrade, format!("preparing the cache zones failed: {e}"));
+        return fail(
+            &mut upgrade,
+            format!("preparing the cache zones failed: {e}"),
+        );
     }
     for warning in &config.warnings {
         forkd_shared::warn!("{warning}");

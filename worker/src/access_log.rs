@@ -69,6 +69,9 @@ pub struct Entry<'a> {
     pub request_id: Option<&'a [u8]>,
     /// For a proxied request: the upstream exchange (filled in by the proxy).
     pub upstream: Option<UpstreamEntry<'a>>,
+    /// On a cached route: what the cache did (`HIT`, `MISS`, `STALE`,
+    /// `REVALIDATED`, `BYPASS`).
+    pub cache: Option<&'static str>,
 }
 
 /// What an entry says of its request: the request line's parts, `Referer` and
@@ -344,6 +347,7 @@ pub fn format_json(out: &mut Vec<u8>, e: &Entry, unix_secs: u64) {
         upstream_response_time: e.upstream.map(|u| u.response_time_us.map(seconds)),
         upstream_header_time: e.upstream.map(|u| u.header_time_us.map(seconds)),
         upstream_connect: e.upstream.map(|u| u.connect),
+        cache: e.cache,
     };
     // Plain fields, strings and numbers: serialising cannot fail.
     serde_json::to_writer(&mut *out, &line).expect("an access-log entry serialises");
@@ -374,6 +378,9 @@ struct JsonLine<'a> {
     upstream_header_time: Option<Option<f64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     upstream_connect: Option<UpstreamConnect>,
+    /// nginx's `$upstream_cache_status`, on cached routes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache: Option<&'a str>,
 }
 
 /// `unix_secs` as `YYYY-MM-DDTHH:MM:SSZ` (UTC).
@@ -449,6 +456,7 @@ mod tests {
             request_time_us: None,
             request_id: None,
             upstream: None,
+            cache: None,
         };
         let mut out = Vec::new();
         format_line(&mut out, &e, b"29/Nov/2026:22:10:00 +0000");
@@ -477,6 +485,7 @@ mod tests {
             request_time_us: None,
             request_id: None,
             upstream: None,
+            cache: None,
         };
         format_line(&mut out, &e, b"29/Nov/2026:22:10:00 +0000");
         assert_eq!(
@@ -500,6 +509,7 @@ mod tests {
             request_time_us: None,
             request_id: None,
             upstream: None,
+            cache: None,
         };
         format_line(&mut out, &e, b"29/Nov/2026:22:10:00 +0000");
         assert_eq!(
@@ -529,6 +539,7 @@ mod tests {
             request_time_us: Some(1500),
             request_id: None,
             upstream: None,
+            cache: None,
         }
     }
 

@@ -167,6 +167,8 @@ impl EventLoop {
             conns: Slab::with_capacity(capacity.min(1024)),
             svc: Services {
                 temp: crate::spool::TempFiles::new(&config),
+                caches: crate::cache::zones::Zones::new(&config),
+                cache_upkeep: crate::cache::upkeep::Upkeep::off(),
                 config,
                 routing,
                 cache: FileCache::default(),
@@ -220,6 +222,7 @@ impl EventLoop {
         self.svc.files = crate::file_pool::Files::start(self.svc.config.file_threads, || {
             mio::Waker::new(registry, FILES)
         });
+        self.start_cache_thread();
         self.install_ticket_keys();
         self.svc.stats.serving();
         self.sample_stats();
@@ -228,6 +231,17 @@ impl EventLoop {
         self.svc.logs.flush();
         self.svc.stats.set_state(WorkerState::Exited);
         code
+    }
+
+    /// The cache thread, once the configuration has zones (after privileges are
+    /// dropped); then it follows the zones of each configuration adopted.
+    fn start_cache_thread(&mut self) {
+        let zones: Vec<_> = self.svc.caches.all().cloned().collect();
+        if self.svc.cache_upkeep.running() {
+            self.svc.cache_upkeep.set_zones(zones);
+        } else if !zones.is_empty() {
+            self.svc.cache_upkeep = crate::cache::upkeep::Upkeep::start(zones);
+        }
     }
 
     fn serve(&mut self) -> i32 {
@@ -667,8 +681,10 @@ impl EventLoop {
         self.svc.checks.adopt(&config, &self.svc.stats);
         self.svc.overload.reconfigure(&config);
         self.svc.temp.reconfigure(&config);
+        self.svc.caches.reconfigure(&config);
         self.svc.logs.set_formats(&config.servers);
         self.svc.config = config;
+        self.start_cache_thread();
         self.generation = published;
         self.svc.stats.slot().generation.store(published, Relaxed);
         forkd_shared::info!(

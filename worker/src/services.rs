@@ -41,6 +41,10 @@ pub struct Services {
     pub stats: Stats,
     /// Upstream connection pools and tokens (the reverse proxy).
     pub upstreams: Upstreams,
+    /// The shared proxy cache's zones (their indexes mapped).
+    pub caches: crate::cache::zones::Zones,
+    /// The cache thread: loader, manager, background refreshes.
+    pub cache_upkeep: crate::cache::upkeep::Upkeep,
     /// Where proxied bodies spill to temporary files, and the worker's budget for them.
     pub temp: std::rc::Rc<crate::spool::TempFiles>,
     /// Active checks' verdicts and names' addresses (shared by every worker).

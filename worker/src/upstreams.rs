@@ -341,6 +341,11 @@ pub struct Proxied {
     /// What the access log, an error page and the balancer read of the client's
     /// request.
     pub client: ClientRequest,
+    /// What the cache did (the access log's `cache`); `None` off a cached route.
+    pub cache_status: Option<crate::cache::CacheStatus>,
+    /// The cache answered instead of the upstream (a stale or revalidated entry): the
+    /// status and body bytes it sent.
+    pub cache_answer: Option<(u16, u64)>,
     /// The `X-Request-Id` sent upstream.
     request_id: [u8; 32],
     request_id_len: u8,
@@ -397,6 +402,8 @@ impl Proxied {
             transfer_counted: false,
             timeouts: Default::default(),
             client,
+            cache_status: None,
+            cache_answer: None,
             request_id: id,
             request_id_len: len as u8,
         }

@@ -59,10 +59,16 @@ pub struct Meta {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Corrupt {
     Magic,
-    Short { need: usize, have: usize },
+    Short {
+        need: usize,
+        have: usize,
+    },
     Lengths,
     /// The file's size is not its header plus its body.
-    Size { expected: u64, found: u64 },
+    Size {
+        expected: u64,
+        found: u64,
+    },
     /// It is the file of another key (a hash collision, or a replaced file).
     OtherKey,
 }
@@ -296,7 +302,10 @@ mod tests {
         assert_eq!(Meta::decode(&b), Ok(m.clone()));
         assert!(m.must_revalidate() && !m.is_vary_record());
         assert_eq!(m.check_size(b.len() as u64 + 5), Ok(()));
-        assert!(matches!(m.check_size(b.len() as u64 + 4), Err(Corrupt::Size { .. })));
+        assert!(matches!(
+            m.check_size(b.len() as u64 + 4),
+            Err(Corrupt::Size { .. })
+        ));
         let mut patched = b.clone();
         let mut n = m.clone();
         n.body_len = 77;
@@ -309,8 +318,17 @@ mod tests {
     #[test]
     fn damaged_headers_are_refused_never_misread() {
         let b = sample().encode().unwrap();
-        assert_eq!(Meta::decode(&b[..40]), Err(Corrupt::Short { need: FIXED, have: 40 }));
-        assert!(matches!(Meta::decode(&b[..b.len() - 1]), Err(Corrupt::Short { .. })));
+        assert_eq!(
+            Meta::decode(&b[..40]),
+            Err(Corrupt::Short {
+                need: FIXED,
+                have: 40
+            })
+        );
+        assert!(matches!(
+            Meta::decode(&b[..b.len() - 1]),
+            Err(Corrupt::Short { .. })
+        ));
         let mut other = b.clone();
         other[0] = b'X';
         assert_eq!(Meta::decode(&other), Err(Corrupt::Magic));

@@ -290,7 +290,10 @@ mod tests {
             Err(OpenError::Corrupt(Corrupt::OtherKey))
         ));
         // A truncated file is corrupt, never served short.
-        let f = OpenOptions::new().write(true).open(body_path(&dir, h)).unwrap();
+        let f = OpenOptions::new()
+            .write(true)
+            .open(body_path(&dir, h))
+            .unwrap();
         f.set_len(size - 1).unwrap();
         assert!(matches!(
             open(&dir, h, Some(b"k")),

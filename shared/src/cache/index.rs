@@ -391,13 +391,11 @@ impl<'a> Index<'a> {
         if held == mine {
             return true;
         }
-        if held != LockWord::FREE
-            && !held.expired(now_ms)
-            && pid_running(held.pid() as i32)
-        {
+        if held != LockWord::FREE && !held.expired(now_ms) && pid_running(held.pid() as i32) {
             return false;
         }
-        cell.compare_exchange(held.0, mine.0, Acquire, Relaxed).is_ok()
+        cell.compare_exchange(held.0, mine.0, Acquire, Relaxed)
+            .is_ok()
     }
 
     /// Gives slot `i`'s fetch lock back if `mine` still holds it.
@@ -507,7 +505,11 @@ pub(crate) mod tests {
         let r = ix.reserve(h, 5, 1000).unwrap();
         assert_eq!(r.evicted, None);
         assert_eq!(ix.find(h).unwrap().view.kind, Kind::Reserved);
-        assert_eq!(ix.reserve(h, 5, 1000).unwrap().slot, r.slot, "same slot again");
+        assert_eq!(
+            ix.reserve(h, 5, 1000).unwrap().slot,
+            r.slot,
+            "same slot again"
+        );
         assert_eq!(ix.publish(r.slot, entry(h, 100, 5)), Ok(None));
         assert_eq!(ix.header.bytes.load(Relaxed), 100);
         assert_eq!(ix.header.count.load(Relaxed), 1);

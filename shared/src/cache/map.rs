@@ -88,8 +88,12 @@ impl IndexFile {
         }
         // SAFETY: the file was just made by this process with this exact size, and
         // nobody else knows its name yet; the map lives only in this block.
-        let map = unsafe { MmapOptions::new().len(size_for(entries as usize)).map_mut(&file) }
-            .map_err(io("mmap", &tmp))?;
+        let map = unsafe {
+            MmapOptions::new()
+                .len(size_for(entries as usize))
+                .map_mut(&file)
+        }
+        .map_err(io("mmap", &tmp))?;
         let header = header_of(&map);
         header.version.store(VERSION, Relaxed);
         header.entries.store(entries, Relaxed);
@@ -208,7 +212,11 @@ mod tests {
         IndexFile::create(&dir, 128, None).unwrap();
         assert_ne!(current_id(&dir), Some(first), "a new file");
         assert!(a.index().find(h).is_some(), "the old map still reads");
-        assert!(IndexFile::open(&dir, None).unwrap().index().find(h).is_none());
+        assert!(IndexFile::open(&dir, None)
+            .unwrap()
+            .index()
+            .find(h)
+            .is_none());
         std::fs::write(index_path(&dir), b"garbage garbage").unwrap();
         assert!(IndexFile::open(&dir, None).is_err());
         std::fs::remove_dir_all(&dir).unwrap();

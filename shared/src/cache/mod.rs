@@ -98,8 +98,14 @@ mod tests {
         assert_ne!(h, KeyHash::of(&[b"httplocalhost/b"]));
         assert_eq!(KeyHash::parse_hex(&h.hex()), Some(h));
         assert_eq!(KeyHash::from_parts(h.hi(), h.lo()), h);
-        assert_eq!(KeyHash::of(&[b""]).hex(), "6c62272e07bb014262b821756295c58d");
+        assert_eq!(
+            KeyHash::of(&[b""]).hex(),
+            "6c62272e07bb014262b821756295c58d"
+        );
         assert_eq!(KeyHash::parse_hex("xyz"), None);
-        assert_ne!(variant_hash(b"k", 1, b"gzip"), variant_hash(b"k", 2, b"gzip"));
+        assert_ne!(
+            variant_hash(b"k", 1, b"gzip"),
+            variant_hash(b"k", 2, b"gzip")
+        );
     }
 }

@@ -21,8 +21,8 @@ pub fn prepare(config: &Config, when: When) -> io::Result<()> {
     let owner = owner(config)?;
     for zone in &config.caches {
         make_folder(&zone.path, owner)?;
-        let keep = when == When::Reload
-            && IndexFile::open(&zone.path, Some(zone.index_entries)).is_ok();
+        let keep =
+            when == When::Reload && IndexFile::open(&zone.path, Some(zone.index_entries)).is_ok();
         if !keep {
             IndexFile::create(&zone.path, zone.index_entries, owner).map_err(|e| {
                 let kind = match &e {
@@ -63,7 +63,9 @@ fn make_folder(dir: &std::path::Path, owner: Option<(u32, u32)>) -> io::Result<(
                 .recursive(true)
                 .mode(0o755)
                 .create(parent)
-                .map_err(|e| io::Error::new(e.kind(), format!("mkdir {}: {e}", parent.display())))?;
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("mkdir {}: {e}", parent.display()))
+                })?;
         }
         std::fs::DirBuilder::new()
             .mode(0o700)

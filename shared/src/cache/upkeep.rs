@@ -292,7 +292,13 @@ mod tests {
         let each = (total - ix.find(old).unwrap().view.size) / 4;
         // inactive 600 s at now 1005: `old` (used at 10) goes; then two evicted.
         let m = manage(&dir, &ix, each * 2, 600, 1005);
-        assert_eq!(m, Managed { inactive: 1, evicted: 2 });
+        assert_eq!(
+            m,
+            Managed {
+                inactive: 1,
+                evicted: 2
+            }
+        );
         assert!(ix.find(old).is_none() && !files::body_path(&dir, old).exists());
         assert!(ix.find(keys[0]).is_none() && ix.find(keys[1]).is_none());
         assert!(ix.find(keys[2]).is_some() && ix.find(keys[3]).is_some());
@@ -325,7 +331,10 @@ mod tests {
         let me = std::process::id();
         assert!(take_lease(&ix, me));
         assert!(take_lease(&ix, me), "renewed");
-        assert!(!take_lease(&ix, 1), "pid 1 runs, but the lease is fresh and mine");
+        assert!(
+            !take_lease(&ix, 1),
+            "pid 1 runs, but the lease is fresh and mine"
+        );
         give_lease(&ix, me);
         assert!(take_lease(&ix, 1));
     }

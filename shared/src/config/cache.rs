@@ -93,16 +93,24 @@ pub struct RawRouteCache {
     /// says nothing itself (no `Cache-Control` freshness, no `Expires`).
     #[serde(default)]
     pub valid: Vec<(u16, ConfDuration)>,
-    #[serde(default)]
-    pub stale_if_error: Option<ConfDuration>,
-    #[serde(default)]
-    pub stale_while_revalidate: Option<ConfDuration>,
+    /// A stale entry answers while the application fails (5xx, timeouts, every
+    /// server down) for this long past its freshness.
+    #[serde(default = "zero")]
+    pub stale_if_error: ConfDuration,
+    /// A stale entry answers for this long past its freshness while one request
+    /// refreshes it in the background.
+    #[serde(default = "zero")]
+    pub stale_while_revalidate: ConfDuration,
     #[serde(default = "default_lock_timeout")]
     pub lock_timeout: ConfDuration,
 }
 
 fn default_key() -> KeyTemplate {
     KeyTemplate::parse("{scheme}{host}{uri}").expect("the default key parses")
+}
+
+fn zero() -> ConfDuration {
+    ConfDuration(Duration::ZERO)
 }
 
 fn default_lock_timeout() -> ConfDuration {
@@ -222,8 +230,12 @@ mod tests {
         assert!(KeyTemplate::parse("{host}")
             .unwrap_err()
             .contains("neither {uri} nor {path}"));
-        assert!(KeyTemplate::parse("{path").unwrap_err().contains("without `}`"));
-        assert!(KeyTemplate::parse("a}{path}").unwrap_err().contains("without `{`"));
+        assert!(KeyTemplate::parse("{path")
+            .unwrap_err()
+            .contains("without `}`"));
+        assert!(KeyTemplate::parse("a}{path}")
+            .unwrap_err()
+            .contains("without `{`"));
         assert!(KeyTemplate::parse("{path}\n").is_err());
     }
 

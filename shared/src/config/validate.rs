@@ -10,7 +10,7 @@ use super::cache::{
 use super::error::{ConfigError, ConfigErrorKind, ConfigErrors};
 use super::locate::locate;
 use super::raw::{self, RawConfig, RawHandler, RawLogTarget, Workers};
-use super::shaping::{RawHost, RouteTimeouts, SentHost, Shaping};
+use super::shaping::{FieldName, RawHost, RouteTimeouts, SentHost, Shaping};
 use super::site::{Access, HeaderField};
 use super::upstream::{over_capacity, validate_upstream, CapacityProblem, UpstreamProblem};
 use super::{
@@ -19,7 +19,7 @@ use super::{
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 /// Half the region's worker slots: a reload runs two generations side by side.
 const MAX_WORKERS: usize = crate::capacity::MAX_SLOTS / 2;
@@ -150,6 +150,9 @@ fn cache_zones(
     zones
 }
 
+/// Request fields a cached route does not forward (the cache answers them).
+const CACHE_REMOVES: &[&str] = &["If-None-Match", "If-Modified-Since", "If-Range", "Range"];
+
 /// A `Proxy` route's `cache`: its zone exists, its `valid` statuses can be stored.
 fn route_cache(
     check: &mut Checker,
@@ -181,9 +184,13 @@ fn route_cache(
     let mut valid = Vec::with_capacity(raw.valid.len());
     for (status, d) in &raw.valid {
         let why = match *status {
-            206 => Some("partial content is never stored (a full response is, and ranges are cut from it)"),
+            206 => Some(
+                "partial content is never stored (a full response is, and ranges are cut from it)",
+            ),
             304 => Some("a 304 refreshes a stored entry; it is not stored itself"),
-            s if !(200..=599).contains(&s) => Some("only final statuses (200 to 599) are stored"),
+            s if s != 0 && !(200..=599).contains(&s) => {
+                Some("only final statuses (200 to 599, or 0 for any other) are stored")
+            }
             s if valid.iter().any(|(v, _)| *v == s) => Some("is listed twice"),
             _ => None,
         };
@@ -201,8 +208,8 @@ fn route_cache(
         zone,
         key: raw.key,
         valid,
-        stale_if_error: raw.stale_if_error.map_or(Duration::ZERO, |d| d.0),
-        stale_while_revalidate: raw.stale_while_revalidate.map_or(Duration::ZERO, |d| d.0),
+        stale_if_error: raw.stale_if_error.0,
+        stale_while_revalidate: raw.stale_while_revalidate.0,
         lock_timeout: raw.lock_timeout.0,
     }))
 }
@@ -962,6 +969,21 @@ pub(super) fn validate(
                         let (literal, nth) = occurrence(&c.zone);
                         route_cache(&mut check, &caches, c, &literal, nth, &rfield)
                     });
+                    // The cache answers the client's conditional and range requests
+                    // from whole responses: the application is asked for those
+                    // (revalidations carry the entry's own validators).
+                    let mut remove_headers = remove_headers;
+                    if cache.is_some() {
+                        for name in CACHE_REMOVES {
+                            let named = remove_headers
+                                .iter()
+                                .chain(set_headers.iter().map(|h| &h.name))
+                                .any(|n| n.0.eq_ignore_ascii_case(name));
+                            if !named {
+                                remove_headers.push(FieldName((*name).into()));
+                            }
+                        }
+                    }
                     let (literal, nth) = occurrence(&upstream);
                     let found = upstreams.iter().position(|u| u.name == upstream);
                     if found.is_none() {

@@ -11,6 +11,12 @@
 
 use crate::access_log::{self, KeptLine, RequestLine};
 use crate::busy::{Body, PendingBody};
+use crate::cache::fill::{self, Plan};
+use crate::cache::hit;
+use crate::cache::key::KeyInput;
+use crate::cache::lookup::{self, Asked, Decision};
+use crate::cache::upkeep::Refresh;
+use crate::cache::{self, CacheStatus};
 use crate::file_pool::JobId;
 use crate::handlers::health::{self, Probe};
 use crate::handlers::redirect::{self, Redirect};
@@ -66,7 +72,14 @@ pub enum Next {
     /// input, unconsumed, and is answered by [`answer_after_file`] once the job's
     /// result is in (`Files::arrived`). Nothing was counted or logged yet.
     File(JobId),
+    /// A cached route's key is being fetched by another request (on any worker):
+    /// the head stays in the input, unconsumed, and is dispatched again shortly
+    /// ([`CACHE_WAIT_POLL`]), until the entry is there or `lock_timeout` passes.
+    CacheWait,
 }
+
+/// How often a request waiting for another's fetch of its key looks again (µs).
+pub const CACHE_WAIT_POLL: Micros = 10_000;
 
 /// What of a connection answering a request touches, borrowed apart from the input
 /// buffer the request itself borrows.
@@ -194,7 +207,12 @@ pub fn answer(mut x: Exchange, svc: &mut Services, req: &Request, head: &[u8]) -
             priority,
             route,
         };
-        return proxy(x, svc, req, head, server, to);
+        if req.body == BodyKind::None {
+            if let Some(decision) = cache_lookup(&x, svc, req, head, server, route, path) {
+                return cached(x, svc, req, head, server, to, decision);
+            }
+        }
+        return proxy(x, svc, req, head, server, to, None, None);
     }
     if let Some(body) = body {
         if req.expect_continue && refused_from_head(svc, server, req, path, x.peer) {
@@ -463,7 +481,9 @@ struct ProxyTo {
     route: usize,
 }
 
-/// "Proxy this": the upstream head written, the exchange built.
+/// "Proxy this": the upstream head written, the exchange built; `cache`: fetched
+/// for the cache with this plan (its stale entry's validators sent along).
+#[allow(clippy::too_many_arguments)]
 fn proxy(
     x: Exchange,
     svc: &mut Services,
@@ -471,6 +491,8 @@ fn proxy(
     head: &[u8],
     server: usize,
     to: ProxyTo,
+    cache: Option<Box<Plan>>,
+    cache_status: Option<CacheStatus>,
 ) -> Next {
     let ProxyTo {
         upstream: upstream_index,
@@ -527,6 +549,9 @@ fn proxy(
     if let Some(protocol) = protocol {
         upgrade::add_request_fields(&mut out, protocol);
     }
+    if let Some(stale) = cache.as_ref().and_then(|p| p.stale.as_ref()) {
+        add_fields(&mut out, &fill::revalidation_fields(&stale.meta));
+    }
     let request_id = out[written.request_id.clone()].to_vec();
     let redirects = redirects(&fwd, written.client_host, upstream, route);
     let context = ResponseContext {
@@ -553,6 +578,9 @@ fn proxy(
         let spool = Spool::new(svc.temp.clone(), PROXY_BUFFER, spool::Mode::Replay);
         session.buffer_request(spool);
     }
+    if let Some(plan) = cache {
+        session.fetch_for_cache(plan);
+    }
     let expect = req.expect_continue && framing != Framing::None;
     let client = ClientRequest {
         line: KeptLine::new(RequestLine::of(req)),
@@ -574,7 +602,217 @@ fn proxy(
     // A switched protocol is a tunnel, never held back.
     proxied.buffering = *buffering && protocol.is_none();
     proxied.timeouts = shaping.timeouts;
+    proxied.cache_status = cache_status;
     Next::Proxy(proxied)
+}
+
+/// Appends header field lines to a request head that ends in its empty line.
+fn add_fields(head: &mut Vec<u8>, fields: &[u8]) {
+    if fields.is_empty() || !head.ends_with(b"\r\n\r\n") {
+        return;
+    }
+    head.truncate(head.len() - 2);
+    head.extend_from_slice(fields);
+    head.extend_from_slice(b"\r\n");
+}
+
+/// The cache's decision for a request on a `Proxy` route with `cache`, if it has
+/// one and its zone is mapped.
+fn cache_lookup(
+    x: &Exchange,
+    svc: &Services,
+    req: &Request,
+    head: &[u8],
+    server: usize,
+    route: usize,
+    path: RoutePath<'_>,
+) -> Option<Decision> {
+    let srv = &svc.config.servers[server];
+    let Handler::Proxy {
+        cache: Some(rc), ..
+    } = &srv.routes[route].handler
+    else {
+        return None;
+    };
+    let zone = svc.caches.get(rc.zone)?;
+    let fallback = srv
+        .names
+        .first()
+        .map_or(&b"localhost"[..], |n| n.as_bytes());
+    let key = cache::key::expand(
+        &rc.key,
+        &KeyInput {
+            tls: x.tls,
+            host: req.host,
+            fallback_host: fallback,
+            path: path.ok()?,
+            query: req.query,
+        },
+    );
+    let fields = cache::key::fields(head);
+    let asked = Asked {
+        method: req.method,
+        head,
+        fields: &fields,
+        key,
+    };
+    let now = lookup::Now {
+        unix: svc.clock.unix_secs,
+        ms: forkd_shared::shm::monotonic_ms(),
+        waited_us: svc.clock.now_us.saturating_sub(x.started),
+    };
+    Some(lookup::decide(zone, rc, asked, now))
+}
+
+/// Acts on the cache's decision: an answer from the zone (and a background refresh
+/// it started), a fetch, a wait, or a plain exchange.
+fn cached(
+    x: Exchange,
+    svc: &mut Services,
+    req: &Request,
+    head: &[u8],
+    server: usize,
+    to: ProxyTo,
+    decision: Decision,
+) -> Next {
+    let (entry, status, age, not_modified, refresh) = match decision {
+        Decision::Fetch(plan) => {
+            return proxy(
+                x,
+                svc,
+                req,
+                head,
+                server,
+                to,
+                Some(plan),
+                Some(CacheStatus::Miss),
+            )
+        }
+        Decision::Bypass(status) => {
+            return proxy(x, svc, req, head, server, to, None, Some(status))
+        }
+        Decision::Wait => return Next::CacheWait,
+        Decision::Answer {
+            entry,
+            status,
+            age,
+            not_modified,
+            refresh,
+        } => (entry, status, age, not_modified, refresh),
+    };
+    if let Some(plan) = refresh {
+        refresh_in_background(svc, req, head, server, &to, plan, x.peer, x.tls);
+    }
+    *x.requests = x.requests.saturating_add(1);
+    let srv = &svc.config.servers[server];
+    let persistence = keep_alive(&x, svc, req, srv, true);
+    ensure_out(x.out);
+    let answer = hit::Answer {
+        date: svc.clock.http_date(),
+        age,
+        persistence,
+        head_only: req.method == Method::Head,
+        not_modified,
+    };
+    let sent = hit::write(x.out, entry, &answer);
+    if let Some(zone) = svc.caches.get(to_zone(svc, server, to.route)) {
+        zone.index().bump(
+            forkd_shared::cache::index::counters::BYTES_SERVED,
+            sent.body_bytes,
+        );
+    }
+    let outcome = Outcome {
+        status: Status(sent.status),
+        body_bytes: sent.body_bytes,
+        logged: true,
+    };
+    let latency = svc.clock.precise_us().saturating_sub(x.started);
+    svc.stats.response(sent.status, Some(latency));
+    let line = RequestLine::of(req);
+    log_entry(
+        svc,
+        server,
+        x.peer,
+        line,
+        &outcome,
+        latency,
+        None,
+        None,
+        Some(status),
+    );
+    match persistence {
+        Persistence::Close => Next::Finish(After::Close),
+        _ => Next::Continue,
+    }
+}
+
+/// The zone of a cached route (for its counters).
+fn to_zone(svc: &Services, server: usize, route: usize) -> usize {
+    match &svc.config.servers[server].routes[route].handler {
+        Handler::Proxy {
+            cache: Some(rc), ..
+        } => rc.zone,
+        _ => usize::MAX,
+    }
+}
+
+/// Hands a stale entry's refresh to the cache thread: the request the route would
+/// send upstream (its shaping applied), with the entry's validators.
+#[allow(clippy::too_many_arguments)]
+fn refresh_in_background(
+    svc: &mut Services,
+    req: &Request,
+    head: &[u8],
+    server: usize,
+    to: &ProxyTo,
+    plan: Box<Plan>,
+    peer: IpAddr,
+    tls: bool,
+) {
+    if !svc.cache_upkeep.running() {
+        return; // the plan, dropped, gives the lock back
+    }
+    let srv = &svc.config.servers[server];
+    let route = &srv.routes[to.route];
+    let Handler::Proxy { shaping, .. } = &route.handler else {
+        return;
+    };
+    let upstream = &svc.config.upstreams[to.upstream];
+    let fallback = srv
+        .names
+        .first()
+        .map_or(&b"localhost"[..], |n| n.as_bytes());
+    let fwd = Forwarding {
+        client_ip: peer,
+        scheme: if tls { Scheme::Https } else { Scheme::Http },
+        fallback_host: fallback,
+        close: true,
+        shaping,
+        prefix: &route.prefix,
+    };
+    let mut out = Vec::with_capacity(head.len() + 256);
+    let written =
+        upstream_request::write(head, Framing::None, &fwd, &mut svc.upstreams.ids, &mut out);
+    if written.is_err() || req.method != Method::Get {
+        return;
+    }
+    if let Some(stale) = plan.stale.as_ref() {
+        add_fields(&mut out, &fill::revalidation_fields(&stale.meta));
+    }
+    let addrs = upstream
+        .servers
+        .iter()
+        .enumerate()
+        .map(|(i, s)| svc.checks.address(to.upstream, i, &s.addr))
+        .collect();
+    let timeouts = shaping.timeouts;
+    svc.cache_upkeep.refresh(Refresh {
+        plan,
+        head: out,
+        addrs,
+        connect_timeout: timeouts.connect.unwrap_or(upstream.connect_timeout),
+        read_timeout: timeouts.read.unwrap_or(upstream.read_timeout),
+    });
 }
 
 /// How the response's `Location` and `Refresh` naming the upstream are rewritten
@@ -837,6 +1075,7 @@ fn log_unread(
         request_time_us: Some(latency),
         request_id: None,
         upstream: None,
+        cache: None,
     };
     svc.logs
         .record(server, &entry, svc.clock.log_time(), svc.clock.unix_secs);
@@ -907,7 +1146,7 @@ pub fn error_page_with(
                 body_bytes,
                 logged: true,
             };
-            log_entry(svc, server, peer, req, &outcome, latency, None, None);
+            log_entry(svc, server, peer, req, &outcome, latency, None, None, None);
         }
         None => log_unread(svc, server, peer, status, body_bytes, latency),
     }
@@ -922,7 +1161,9 @@ pub fn log_request(
     latency_us: u64,
 ) {
     let line = RequestLine::of(req);
-    log_entry(svc, server, peer, line, outcome, latency_us, None, None);
+    log_entry(
+        svc, server, peer, line, outcome, latency_us, None, None, None,
+    );
 }
 
 /// The access-log line of the request `req`, with the request id and upstream part
@@ -937,6 +1178,7 @@ pub fn log_entry(
     latency_us: u64,
     request_id: Option<&[u8]>,
     upstream: Option<access_log::UpstreamEntry>,
+    cache: Option<CacheStatus>,
 ) {
     if !svc.logs.enabled(server) {
         return;
@@ -953,6 +1195,7 @@ pub fn log_entry(
         request_time_us: Some(latency_us),
         request_id,
         upstream,
+        cache: cache.map(CacheStatus::name),
     };
     svc.logs
         .record(server, &entry, svc.clock.log_time(), svc.clock.unix_secs);

@@ -142,6 +142,10 @@ enum Phase {
     /// The request at the input's start waits for a file-pool job
     /// (`Busy::file_wait`); earlier pipelined answers are written meanwhile.
     FileWait,
+    /// The request at the input's start waits for another request's fetch of its
+    /// cache key (`conn::dispatch::Next::CacheWait`): dispatched again at the
+    /// deadline; earlier pipelined answers are written meanwhile.
+    CacheWait,
     /// Writing queued responses.
     Write(After),
     /// Response sent and our side shut down: discarding input until EOF or timeout.
@@ -263,7 +267,9 @@ impl Conn {
 
     pub fn activity(&self) -> Activity {
         match self.phase {
-            Phase::Write(_) | Phase::Proxy | Phase::Tunnel | Phase::FileWait => Activity::Writing,
+            Phase::Write(_) | Phase::Proxy | Phase::Tunnel | Phase::FileWait | Phase::CacheWait => {
+                Activity::Writing
+            }
             Phase::H2 => match self
                 .busy
                 .as_ref()
@@ -281,7 +287,7 @@ impl Conn {
     /// response not fully sent (nginx's 499).
     pub fn abandoned(&self) -> bool {
         match self.phase {
-            Phase::ReadBody | Phase::Proxy | Phase::FileWait => true,
+            Phase::ReadBody | Phase::Proxy | Phase::FileWait | Phase::CacheWait => true,
             Phase::Write(After::ReadHead) => self.wants_write(),
             _ => false,
         }
@@ -503,7 +509,7 @@ impl Conn {
                         }
                         None if matches!(
                             self.phase,
-                            Phase::ReadBody | Phase::Proxy | Phase::FileWait
+                            Phase::ReadBody | Phase::Proxy | Phase::FileWait | Phase::CacheWait
                         ) =>
                         {
                             continue
@@ -519,6 +525,19 @@ impl Conn {
                         Ok(false) => return Verdict::Keep,
                         Err(_) => return Verdict::Close,
                     }
+                }
+                Phase::CacheWait => {
+                    if self.wants_write() {
+                        match self.flush(svc, &mut bytes) {
+                            Err(_) => return Verdict::Close,
+                            Ok(Flush::Budget) => {
+                                self.bits.set(Bits::YIELDED, true);
+                                return Verdict::Keep;
+                            }
+                            Ok(Flush::Blocked | Flush::Done) => {}
+                        }
+                    }
+                    return Verdict::Keep;
                 }
                 Phase::FileWait => match self.file_arrived(svc) {
                     Some(Some(after)) => {

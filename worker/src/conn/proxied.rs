@@ -14,6 +14,8 @@ use super::proxied_deadlines::note_client;
 pub use super::proxied_deadlines::{deadlines, min_rate};
 use crate::access_log;
 use crate::busy::{Busy, RateWindow};
+use crate::cache::fill::Plan;
+use crate::cache::CacheStatus;
 use crate::handlers::Outcome;
 use crate::http::response::{Persistence, Status};
 use crate::out::{Flush, Sink};
@@ -21,6 +23,7 @@ use crate::overload::admission::Admission;
 use crate::proxy::response_head::ClientBody;
 use crate::proxy::retry::Failure;
 use crate::proxy::session::Step;
+use crate::proxy::stream::{Intercepted, Why};
 use crate::services::Services;
 use crate::spool::{Mode, Spool};
 use crate::stats::CellId;
@@ -28,6 +31,7 @@ use crate::timers::Micros;
 use crate::tls::Transport;
 use crate::upstream_health::{self, fail_policy, Choice};
 use crate::upstreams::{Proxied, Transfer};
+use forkd_shared::cache::index::counters as cache_counters;
 use forkd_shared::shm::upstream_state::{usability, ActiveChecks, DownReason, Usability};
 use std::io::{self, IoSlice};
 use std::net::IpAddr;
@@ -368,6 +372,9 @@ fn act(
                 if !keep {
                     busy.discard_input();
                 }
+                if let Some(done) = stale_on_error(p, busy, svc, keep) {
+                    return Some(done);
+                }
                 return Some(fail(p, busy, svc, Status(status), keep, &[]));
             }
             Step::Unavailable { retry_after_secs } => {
@@ -377,6 +384,9 @@ fn act(
                 let keep = p.client_keep_alive && p.session.client_body_read();
                 if !keep {
                     busy.discard_input();
+                }
+                if let Some(done) = stale_on_error(p, busy, svc, keep) {
+                    return Some(done);
                 }
                 let mut digits = Vec::with_capacity(20);
                 crate::http::response::push_decimal(&mut digits, retry_after_secs);
@@ -420,10 +430,103 @@ fn act(
                         }
                     }
                 }
+                if let Some(i) = p.session.take_intercepted() {
+                    let keep = p.client_keep_alive && p.session.request_complete() && !svc.draining;
+                    return Some(answer_intercepted(p, busy, svc, i, keep));
+                }
                 return None;
             }
         };
     }
+}
+
+/// The application failed (no response, or every server down) and the request's
+/// cache entry is stale within `stale-if-error`: the entry answers instead of an
+/// error page. `None`: no such entry.
+fn stale_on_error(
+    p: &mut Proxied,
+    busy: &mut Busy,
+    svc: &mut Services,
+    keep: bool,
+) -> Option<Progress> {
+    let plan = p.session.take_cache_plan()?;
+    if !plan.stale.as_ref().is_some_and(|s| s.if_error) {
+        return None;
+    }
+    answer_from_cache(p, busy, svc, &plan, CacheStatus::Stale, keep)
+}
+
+/// The cache answers for the upstream's response (read whole): a 304 refreshed the
+/// stale entry, or a 5xx within `stale-if-error`.
+fn answer_intercepted(
+    p: &mut Proxied,
+    busy: &mut Busy,
+    svc: &mut Services,
+    i: Intercepted,
+    keep: bool,
+) -> Progress {
+    let status = match i.why {
+        Why::NotModified => {
+            i.plan
+                .refresh(&i.upstream_head, forkd_shared::cache::unix_now());
+            CacheStatus::Revalidated
+        }
+        Why::StaleOnError => CacheStatus::Stale,
+    };
+    match answer_from_cache(p, busy, svc, &i.plan, status, keep) {
+        Some(done) => done,
+        // The entry went (evicted, purged) while the application was asked.
+        None => fail(p, busy, svc, Status::BAD_GATEWAY, keep, &[]),
+    }
+}
+
+/// Queues the answer from `plan`'s stale entry, counted and logged as the
+/// exchange's response (`Progress::Failed`: an answer is queued in `busy.out`).
+fn answer_from_cache(
+    p: &mut Proxied,
+    busy: &mut Busy,
+    svc: &mut Services,
+    plan: &Plan,
+    status: CacheStatus,
+    keep: bool,
+) -> Option<Progress> {
+    let stale = plan.stale.as_ref()?;
+    let entry = plan.open_stale()?;
+    let now = forkd_shared::cache::unix_now();
+    let age = match status {
+        CacheStatus::Revalidated => stale.meta.age_at_store,
+        _ => stale
+            .meta
+            .age_at_store
+            .saturating_add(now.saturating_sub(stale.meta.stored)),
+    };
+    let fields = crate::cache::key::fields(&plan.request_head);
+    let non_empty = |v: &[u8]| !v.is_empty();
+    let not_modified = crate::cache::policy::not_modified(
+        &fields,
+        Some(&entry.meta.etag[..]).filter(|v| non_empty(v)),
+        Some(&entry.meta.last_modified[..]).filter(|v| non_empty(v)),
+    );
+    if !busy.out.has_buffer() {
+        busy.out.attach(Vec::with_capacity(16 * 1024));
+    }
+    let answer = crate::cache::hit::Answer {
+        date: svc.clock.http_date(),
+        age,
+        persistence: Persistence::after(keep, p.http10),
+        head_only: p.client.line.line().is_head(),
+        not_modified,
+    };
+    let sent = crate::cache::hit::write(&mut busy.out, entry, &answer);
+    if status == CacheStatus::Stale {
+        plan.zone.index().bump(cache_counters::STALE, 1);
+    }
+    p.cache_status = Some(status);
+    p.cache_answer = Some((sent.status, sent.body_bytes));
+    p.upstream_done = true;
+    p.upstream_done_at.get_or_insert(svc.clock.precise_us());
+    account(p, svc);
+    Some(Progress::Failed { keep })
 }
 
 /// Starts an attempt on the server `upstream_health::choose` picks among those this
@@ -751,7 +854,7 @@ fn finish(p: &mut Proxied, svc: &mut Services) -> bool {
 
 /// Counts the response in the stats and writes its access-log line.
 fn account(p: &Proxied, svc: &mut Services) {
-    let status = p.status.unwrap_or(502);
+    let status = p.cache_answer.map_or(p.status.unwrap_or(502), |(s, _)| s);
     let now = svc.clock.precise_us();
     let latency = now.saturating_sub(p.started);
     svc.stats.response(status, Some(latency));
@@ -810,6 +913,7 @@ fn log_line(p: &Proxied, svc: &mut Services, status: u16, latency: u64) {
         return;
     }
     let body_bytes = match p.session.response_head().map(|h| h.client_body) {
+        _ if p.cache_answer.is_some() => p.cache_answer.map_or(0, |(_, n)| n),
         Some(ClientBody::Length(n)) => n.min(p.sent),
         Some(ClientBody::None) | None => 0,
         // Chunked or close-delimited: the bytes sent (nginx's $bytes_sent).
@@ -846,5 +950,6 @@ fn log_line(p: &Proxied, svc: &mut Services, status: u16, latency: u64) {
         latency,
         Some(p.request_id()),
         upstream,
+        p.cache_status,
     );
 }

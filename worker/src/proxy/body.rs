@@ -203,6 +203,10 @@ pub struct Relay {
     finished: bool,
     /// Body bytes relayed so far (for the access log).
     pub data_bytes: u64,
+    /// The response is also stored in the cache: every data byte goes here too.
+    pub tee: Option<Box<crate::cache::fill::Fill>>,
+    /// The body is read to its end but not relayed (the cache answers instead).
+    pub discard: bool,
 }
 
 impl Relay {
@@ -216,6 +220,8 @@ impl Relay {
             capacity,
             finished: false,
             data_bytes: 0,
+            tee: None,
+            discard: false,
         };
         relay.finish_if_done();
         relay
@@ -234,9 +240,14 @@ impl Relay {
             let step = self.decoder.decode(&input[taken..end])?;
             let data = &input[taken + step.data.start..taken + step.data.end];
             self.data_bytes += data.len() as u64;
-            self.out.truncate(self.end);
-            self.encoder.data(data, &mut self.out);
-            self.end = self.out.len();
+            if let Some(tee) = self.tee.as_mut() {
+                tee.data(data);
+            }
+            if !self.discard {
+                self.out.truncate(self.end);
+                self.encoder.data(data, &mut self.out);
+                self.end = self.out.len();
+            }
             taken += step.consumed;
             if step.consumed == 0 {
                 break;
@@ -297,7 +308,12 @@ impl Relay {
             "direct room is within the body"
         );
         self.data_bytes += step.consumed as u64;
-        self.end += step.consumed;
+        if let Some(tee) = self.tee.as_mut() {
+            tee.data(&self.out[self.end..self.end + step.consumed]);
+        }
+        if !self.discard {
+            self.end += step.consumed;
+        }
         self.finish_if_done();
         Ok(())
     }
@@ -329,9 +345,14 @@ impl Relay {
     fn finish_if_done(&mut self) {
         if self.decoder.is_done() && !self.finished {
             self.finished = true;
-            self.out.truncate(self.end);
-            self.encoder.finish(self.decoder.trailers(), &mut self.out);
-            self.end = self.out.len();
+            if let Some(tee) = self.tee.take() {
+                tee.complete();
+            }
+            if !self.discard {
+                self.out.truncate(self.end);
+                self.encoder.finish(self.decoder.trailers(), &mut self.out);
+                self.end = self.out.len();
+            }
         }
     }
 }

@@ -152,6 +152,7 @@ impl Session {
         self.conn_requests = pooled.unwrap_or(0) + 1;
         // The redirect rewriting moves on to the attempt's new stream (no copy).
         let redirects = self.response.take_redirects();
+        let cache = self.response.take_cache_plan();
         self.response = ResponseStream::new(
             ResponseContext {
                 upstream_requests: self.conn_requests,
@@ -160,6 +161,7 @@ impl Session {
             self.capacity,
         );
         self.response.rewrite_redirects(redirects);
+        self.response.fetch_for_cache(cache);
         self.inbox_end = 0;
         self.inbox_at = 0;
         self.readable = false;
@@ -195,6 +197,22 @@ impl Session {
     /// The request's body spool, once buffering was asked for.
     pub fn request_spool(&self) -> Option<&crate::spool::Spool> {
         self.request.spool()
+    }
+
+    /// Fetches the response for the cache (see `cache::fill`).
+    pub fn fetch_for_cache(&mut self, plan: Box<crate::cache::fill::Plan>) {
+        self.response.fetch_for_cache(Some(plan));
+    }
+
+    /// The cache plan, if the response did not take it (see
+    /// [`ResponseStream::take_cache_plan`]).
+    pub fn take_cache_plan(&mut self) -> Option<Box<crate::cache::fill::Plan>> {
+        self.response.take_cache_plan()
+    }
+
+    /// The response the cache answers for instead, once read whole.
+    pub fn take_intercepted(&mut self) -> Option<super::stream::Intercepted> {
+        self.response.take_intercepted()
     }
 
     /// Rewrites a `Location` or `Refresh` naming the upstream in every attempt's

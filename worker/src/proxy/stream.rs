@@ -310,6 +310,29 @@ pub struct ResponseStream {
     parses: usize,
     /// How a final head's `Location` and `Refresh` naming the upstream are rewritten.
     redirects: Option<Redirects>,
+    /// The response is fetched for the cache: decided at the final head.
+    cache: Option<Box<crate::cache::fill::Plan>>,
+    /// The cache answers instead of this response (its head is not sent, its body
+    /// is read and dropped): the plan, and the upstream's head.
+    intercepted: Option<Intercepted>,
+}
+
+/// A response the cache answers for (see [`ResponseStream::take_intercepted`]).
+#[derive(Debug)]
+pub struct Intercepted {
+    pub why: Why,
+    pub plan: Box<crate::cache::fill::Plan>,
+    /// The upstream's head (a 304's fields refresh the entry).
+    pub upstream_head: Vec<u8>,
+}
+
+/// Why the cache answers instead of the upstream's response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// The application confirmed the stale entry (304).
+    NotModified,
+    /// The application failed (5xx) and `stale-if-error` allows the stale entry.
+    StaleOnError,
 }
 
 impl ResponseStream {
@@ -327,7 +350,36 @@ impl ResponseStream {
             #[cfg(test)]
             parses: 0,
             redirects: None,
+            cache: None,
+            intercepted: None,
         }
+    }
+
+    /// Fetches the response for the cache with `plan`.
+    pub fn fetch_for_cache(&mut self, plan: Option<Box<crate::cache::fill::Plan>>) {
+        self.cache = plan;
+    }
+
+    /// The cache plan, for the next attempt's stream or for a failure's answer
+    /// (a stale entry): from before the head, from an interception, or from a
+    /// body being stored (which is then not stored).
+    pub fn take_cache_plan(&mut self) -> Option<Box<crate::cache::fill::Plan>> {
+        if let Some(p) = self.cache.take() {
+            return Some(p);
+        }
+        if let Some(i) = self.intercepted.take() {
+            return Some(i.plan);
+        }
+        None
+    }
+
+    /// The response the cache answers for, once read whole.
+    pub fn take_intercepted(&mut self) -> Option<Intercepted> {
+        self.intercepted.take()
+    }
+
+    pub fn is_intercepted(&self) -> bool {
+        self.intercepted.is_some()
     }
 
     /// Rewrites the final head's `Location` and `Refresh` with `redirects`.
@@ -382,6 +434,7 @@ impl ResponseStream {
                     {
                         self.parses += 1;
                     }
+                    let heads_before = self.heads.len();
                     let parsed = response_head::parse_with(
                         buf,
                         &self.ctx,
@@ -425,9 +478,39 @@ impl ResponseStream {
                         }
                         Parsed::Final(head) => {
                             fed.head = Some(head);
+                            let mut relay = relay_to_client(&head, self.capacity);
+                            if let Some(plan) = self.cache.take() {
+                                let upstream_head = &buf[..head.head_len];
+                                let client_head = &self.heads[heads_before..];
+                                let now = forkd_shared::cache::unix_now();
+                                use crate::cache::fill::AtHead;
+                                let why = match plan.at_head(
+                                    head.status,
+                                    upstream_head,
+                                    client_head,
+                                    now,
+                                ) {
+                                    AtHead::Store(fill) => {
+                                        relay.tee = Some(fill);
+                                        None
+                                    }
+                                    AtHead::Pass => None,
+                                    AtHead::NotModified(p) => Some((Why::NotModified, p)),
+                                    AtHead::StaleOnError(p) => Some((Why::StaleOnError, p)),
+                                };
+                                if let Some((why, plan)) = why {
+                                    self.heads.truncate(heads_before);
+                                    relay.discard = true;
+                                    self.intercepted = Some(Intercepted {
+                                        why,
+                                        plan,
+                                        upstream_head: upstream_head.to_vec(),
+                                    });
+                                }
+                            }
                             self.phase = Phase::Body {
                                 head,
-                                relay: relay_to_client(&head, self.capacity),
+                                relay,
                                 leftover: rest,
                             };
                         }

@@ -150,6 +150,9 @@ impl Session {
             if let Some((upstream, client)) = st.deadlines(svc) {
                 at = at.min(upstream).min(client);
             }
+            if let Some(look) = st.cache_wait() {
+                at = at.min(look);
+            }
         }
         if !open {
             at = at.min(self.idle_since + us(self.settings.idle_timeout));

@@ -105,6 +105,9 @@ enum Work {
     /// The head (in `busy.inbuf`) waits for the file pool's job; the connection's
     /// other streams run meanwhile.
     File(crate::file_pool::JobId),
+    /// The head (in `busy.inbuf`) waits for another request's fetch of its cache
+    /// key: dispatched again at this time.
+    CacheWait(Micros),
     /// The answer is in `busy.out`, going into the pipe.
     Answered,
     /// A proxied exchange (`busy.proxy`).
@@ -241,6 +244,14 @@ impl Stream {
         self.ended.is_none() && (!self.unsent.is_empty() || self.pipe.bytes.len() >= PIPE_BYTES)
     }
 
+    /// When a stream waiting for a cache fetch looks again.
+    pub fn cache_wait(&self) -> Option<Micros> {
+        match self.work {
+            Work::CacheWait(at) => Some(at),
+            _ => None,
+        }
+    }
+
     /// The proxied exchange's deadlines (upstream, client), if it proxies.
     pub fn deadlines(&self, svc: &Services) -> Option<(Micros, Micros)> {
         let p = self.busy.proxy.as_deref()?;
@@ -291,6 +302,9 @@ impl Stream {
                 svc.files.wait(job, super::split_key(on.key).0);
                 self.work = Work::File(job);
             }
+            Ok((_, Next::CacheWait)) => {
+                self.work = Work::CacheWait(svc.clock.now_us + dispatch::CACHE_WAIT_POLL);
+            }
             Ok((len, next)) => {
                 busy.consume(len);
                 match next {
@@ -309,7 +323,7 @@ impl Stream {
                         busy.discard_input();
                         self.error(svc, e.status(), on.peer);
                     }
-                    Next::File(_) => unreachable!("matched above"),
+                    Next::File(_) | Next::CacheWait => unreachable!("matched above"),
                 }
             }
             Err(e) => {
@@ -452,7 +466,7 @@ impl Stream {
                     return true;
                 }
             }
-            Work::File(_) | Work::Answered | Work::Written => {}
+            Work::File(_) | Work::CacheWait(_) | Work::Answered | Work::Written => {}
         }
         self.release_held(n);
         true
@@ -537,6 +551,13 @@ impl Stream {
                     if !self.answer_after_file(job, on, svc) {
                         return moved;
                     }
+                    moved = true;
+                }
+                Work::CacheWait(at) => {
+                    if svc.clock.now_us < at {
+                        return moved;
+                    }
+                    self.dispatch(on, svc);
                     moved = true;
                 }
                 Work::Body { .. } if self.busy.out.is_empty() => return moved,

@@ -39,6 +39,7 @@ impl Conn {
             }
             // The file pool is forkd's own: as long as a response may take to go.
             Phase::FileWait => self.progress + us(server.send_timeout),
+            Phase::CacheWait => svc.clock.now_us + crate::conn::dispatch::CACHE_WAIT_POLL,
             Phase::Linger => self.idle_since + LINGER,
             Phase::ProxyHeader => self.idle_since + us(server.header_timeout),
             Phase::Tunnel => match self.busy.as_ref().and_then(|b| b.tunnel.as_ref()) {
@@ -202,6 +203,14 @@ impl Conn {
                     self.peer
                 );
                 self.abort()
+            }
+            Phase::CacheWait => {
+                // Look again: the entry may be there, the lock free, or the wait over.
+                self.phase = Phase::ReadHead;
+                if let Some(busy) = self.busy.as_deref_mut() {
+                    busy.head_scanned = 0;
+                }
+                self.drive(key, svc)
             }
             Phase::ProxyHeader => {
                 svc.stats.bump(counters::PROXY_HEADER_REFUSED, 1);

@@ -48,6 +48,12 @@ impl Conn {
                     self.phase = Phase::FileWait;
                     return None;
                 }
+                Ok(Some((_, Next::CacheWait))) => {
+                    // The head stays in the input: dispatched again when the
+                    // deadline (`CACHE_WAIT_POLL`) passes.
+                    self.phase = Phase::CacheWait;
+                    return None;
+                }
                 Ok(Some((head_len, next))) => {
                     busy.consume(head_len);
                     match next {
@@ -68,7 +74,7 @@ impl Conn {
                             self.reject(svc, e.status(), e);
                             return Some(After::Linger);
                         }
-                        Next::File(_) => unreachable!("matched above"),
+                        Next::File(_) | Next::CacheWait => unreachable!("matched above"),
                     }
                 }
                 Ok(None) => {

@@ -1,0 +1,374 @@
+//! A fetch for the cache: what a miss (or the revalidation of a stale entry) carries
+//! to the upstream's response head ([`Plan`]), what is decided there
+//! ([`Plan::at_head`]: store it, pass it on, or answer from the entry because the
+//! application said 304 or failed), and the body on its way to its file ([`Fill`]).
+//!
+//! The plan holds the key's fetch lock: dropping it (the exchange failed, the
+//! response was not storable) gives the lock back, so a waiter goes upstream itself.
+//! A fill publishes its entry in the index only once its body file is whole.
+
+use super::key;
+use super::policy::{self, Freshness, Storable, StoreInput};
+use super::zones::Zone;
+use crate::http::request::Method;
+use forkd_shared::cache::entry::{Meta, FLAG_MUST_REVALIDATE, FLAG_VARY_RECORD};
+use forkd_shared::cache::files::{self, Opened, Writer};
+use forkd_shared::cache::index::{counters, LockWord};
+use forkd_shared::cache::upkeep::view_of;
+use forkd_shared::cache::{variant_hash, KeyHash};
+use std::sync::Arc;
+
+/// A stale entry this fetch revalidates: a 304 refreshes it, a failure may serve it.
+#[derive(Debug)]
+pub struct Stale {
+    pub meta: Meta,
+    pub hash: KeyHash,
+    pub slot: usize,
+    /// Its age now, and whether `stale-if-error` allows serving it.
+    pub if_error: bool,
+}
+
+/// What a fetch for the cache needs once the response head is in.
+pub struct Plan {
+    pub zone: Arc<Zone>,
+    pub key: Vec<u8>,
+    /// The entry the fetch is for (the key's, or a variant's) and its slot.
+    pub hash: KeyHash,
+    pub slot: usize,
+    /// The fetch lock held on `slot`; `None`: the lock could not be had in time
+    /// (`lock_timeout`), so the response is passed on, not stored.
+    pub lock: Option<LockWord>,
+    /// The key's vary record as found: its epoch and field names.
+    pub vary: Option<(u64, Vec<Box<[u8]>>)>,
+    /// The client's request head (its fields: Vary's values, `Authorization`).
+    pub request_head: Box<[u8]>,
+    pub valid: Vec<(u16, u64)>,
+    pub route_swr: u64,
+    pub route_sie: u64,
+    pub stale: Option<Stale>,
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("zone", &self.zone.name)
+            .field("hash", &self.hash)
+            .field("lock", &self.lock)
+            .finish()
+    }
+}
+
+/// What the response head decided.
+pub enum AtHead {
+    /// Stored while it goes to the client.
+    Store(Box<Fill>),
+    /// Not storable: it goes to the client, the cache is left as it was.
+    Pass,
+    /// The application confirmed the stale entry (304): the entry, refreshed,
+    /// answers the client, not the upstream's 304.
+    NotModified(Box<Plan>),
+    /// The application failed (5xx) and `stale-if-error` allows the stale entry.
+    StaleOnError(Box<Plan>),
+}
+
+/// The fields that make the fetch a revalidation of `stale` (`If-None-Match`,
+/// `If-Modified-Since`), to add to the upstream request.
+pub fn revalidation_fields(stale: &Meta) -> Vec<u8> {
+    let mut f = Vec::new();
+    if !stale.etag.is_empty() {
+        f.extend_from_slice(b"If-None-Match: ");
+        f.extend_from_slice(&stale.etag);
+        f.extend_from_slice(b"\r\n");
+    }
+    if !stale.last_modified.is_empty() {
+        f.extend_from_slice(b"If-Modified-Since: ");
+        f.extend_from_slice(&stale.last_modified);
+        f.extend_from_slice(b"\r\n");
+    }
+    f
+}
+
+/// Fields a stored head never keeps: the framing and the connection's (a hit writes
+/// its own), `Date` and `Age` (a hit says when and how old).
+const NOT_STORED: [&[u8]; 8] = [
+    b"connection",
+    b"keep-alive",
+    b"proxy-connection",
+    b"transfer-encoding",
+    b"content-length",
+    b"date",
+    b"age",
+    b"trailer",
+];
+
+/// The head fields to store, from the head forkd wrote for the client.
+fn stored_head(client_head: &[u8]) -> Vec<u8> {
+    let mut head = Vec::with_capacity(client_head.len());
+    for (name, value) in key::fields(client_head) {
+        if NOT_STORED.iter().any(|n| n.eq_ignore_ascii_case(name)) {
+            continue;
+        }
+        head.extend_from_slice(name);
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value);
+        head.extend_from_slice(b"\r\n");
+    }
+    head
+}
+
+impl Plan {
+    fn request_fields(&self) -> Vec<(&[u8], &[u8])> {
+        key::fields(&self.request_head)
+    }
+
+    /// Decides on the final response head: `status`, the upstream's head bytes, the
+    /// head forkd wrote for the client.
+    pub fn at_head(
+        self: Box<Self>,
+        status: u16,
+        upstream_head: &[u8],
+        client_head: &[u8],
+        now: u64,
+    ) -> AtHead {
+        if status == 304 && self.stale.is_some() {
+            return AtHead::NotModified(self);
+        }
+        if status >= 500 && self.stale.as_ref().is_some_and(|s| s.if_error) {
+            return AtHead::StaleOnError(self);
+        }
+        if self.lock.is_none() {
+            return AtHead::Pass;
+        }
+        let response = key::fields(upstream_head);
+        let request = self.request_fields();
+        let verdict = policy::storable(&StoreInput {
+            method: Method::Get,
+            status,
+            response: &response,
+            request: &request,
+            valid: &self.valid,
+            now,
+        });
+        let fresh = match verdict {
+            Storable::Yes(f) => f,
+            Storable::No(_) => return AtHead::Pass,
+        };
+        let values = policy::vary_key(&fresh.vary, &request);
+        drop(request);
+        match Fill::start(self, fresh, status, client_head, &values, now) {
+            Some(fill) => AtHead::Store(Box::new(fill)),
+            None => AtHead::Pass,
+        }
+    }
+
+    /// The stale entry's file, opened to answer from (a 304, an error).
+    pub fn open_stale(&self) -> Option<Opened> {
+        let s = self.stale.as_ref()?;
+        files::open(&self.zone.dir, s.hash, Some(&self.key)).ok()
+    }
+
+    /// A 304 confirmed the stale entry: its freshness starts again, from the 304's
+    /// fields (merged over the stored ones, RFC 9111 §4.3.4) or its last lifetime.
+    pub fn refresh(&self, not_modified_head: &[u8], now: u64) {
+        let Some(s) = &self.stale else {
+            return;
+        };
+        let new = key::fields(not_modified_head);
+        let stored = key::fields(&s.meta.head);
+        let mut merged: Vec<(&[u8], &[u8])> = new.clone();
+        for (n, v) in stored {
+            if !new.iter().any(|(m, _)| m.eq_ignore_ascii_case(n)) {
+                merged.push((n, v));
+            }
+        }
+        let request = self.request_fields();
+        let ttl = match policy::storable(&StoreInput {
+            method: Method::Get,
+            status: s.meta.status,
+            response: &merged,
+            request: &request,
+            valid: &self.valid,
+            now,
+        }) {
+            Storable::Yes(f) => f.ttl,
+            Storable::No(_) => s.meta.ttl,
+        };
+        let ix = self.zone.index();
+        if ix.refresh(s.slot, s.hash, now, now.saturating_add(ttl)) {
+            let mut meta = s.meta.clone();
+            meta.stored = now;
+            meta.ttl = ttl;
+            let _ = files::refresh(&self.zone.dir, s.hash, &meta);
+        }
+        ix.bump(counters::REVALIDATED, 1);
+    }
+
+    /// Writes the key's vary record (a new epoch, so variants stored under an older
+    /// record are never found again) in the key's own slot; the epoch.
+    fn write_vary_record(&self, names: &[Box<[u8]>], now: u64) -> Option<u64> {
+        let primary = KeyHash::of(&[&self.key]);
+        let ix = self.zone.index();
+        let epoch = (now << 20) ^ u64::from(std::process::id()) ^ self.hash.lo();
+        let meta = Meta {
+            status: 0,
+            flags: FLAG_VARY_RECORD,
+            stored: now,
+            ttl: u64::from(u32::MAX),
+            epoch,
+            key: self.key.clone(),
+            vary: names.iter().map(|n| n.to_vec()).collect(),
+            ..Meta::default()
+        };
+        let size = Writer::create(&self.zone.dir, primary, meta.clone())
+            .and_then(Writer::finish)
+            .ok()?;
+        let r = ix.reserve(primary, now, forkd_shared::shm::monotonic_ms())?;
+        if let Some(e) = r.evicted {
+            files::remove(&self.zone.dir, e.hash);
+        }
+        ix.publish(r.slot, view_of(primary, &meta, size)).ok()?;
+        Some(epoch)
+    }
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        if let Some(lock) = self.lock {
+            self.zone.index().unlock(self.slot, lock);
+        }
+    }
+}
+
+impl std::fmt::Debug for Fill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fill").field("hash", &self.hash).finish()
+    }
+}
+
+/// A response body on its way into its file.
+pub struct Fill {
+    writer: Option<Writer>,
+    plan: Box<Plan>,
+    /// The entry's hash (the key's, or the variant's the response said).
+    hash: KeyHash,
+    /// The most body bytes one entry may have (a quarter of the zone).
+    limit: u64,
+}
+
+impl Fill {
+    fn start(
+        plan: Box<Plan>,
+        fresh: Freshness,
+        status: u16,
+        client_head: &[u8],
+        vary_values: &[u8],
+        now: u64,
+    ) -> Option<Fill> {
+        let known = plan.vary.as_ref().map(|(_, n)| n.as_slice());
+        let (hash, epoch) = if fresh.vary.is_empty() {
+            (KeyHash::of(&[&plan.key]), 0)
+        } else if known == Some(fresh.vary.as_slice()) {
+            (plan.hash, plan.vary.as_ref().map_or(0, |(e, _)| *e))
+        } else {
+            let epoch = plan.write_vary_record(&fresh.vary, now)?;
+            (variant_hash(&plan.key, epoch, vary_values), epoch)
+        };
+        let mut flags = 0;
+        if fresh.must_revalidate {
+            flags |= FLAG_MUST_REVALIDATE;
+        }
+        let meta = Meta {
+            status,
+            flags,
+            body_len: 0,
+            stored: now,
+            ttl: fresh.ttl,
+            age_at_store: fresh.age,
+            swr: fresh
+                .stale_while_revalidate
+                .unwrap_or(0)
+                .max(plan.route_swr),
+            sie: fresh.stale_if_error.unwrap_or(0).max(plan.route_sie),
+            epoch,
+            key: plan.key.clone(),
+            head: stored_head(client_head),
+            etag: fresh.etag.map(|e| e.to_vec()).unwrap_or_default(),
+            last_modified: fresh.last_modified.map(|e| e.to_vec()).unwrap_or_default(),
+            vary: fresh.vary.iter().map(|n| n.to_vec()).collect(),
+        };
+        let ix = plan.zone.index();
+        match Writer::create(&plan.zone.dir, hash, meta) {
+            Ok(w) => Some(Fill {
+                writer: Some(w),
+                limit: plan.zone.max_size / 4,
+                hash,
+                plan,
+            }),
+            Err(e) => {
+                ix.bump(counters::STORE_FAILED, 1);
+                forkd_shared::warn!(
+                    "cache zone `{}`: a body file cannot be made, the response is not stored: {e}",
+                    plan.zone.name
+                );
+                None
+            }
+        }
+    }
+
+    /// Body bytes, as decoded from the upstream.
+    pub fn data(&mut self, d: &[u8]) {
+        let Some(w) = self.writer.as_mut() else {
+            return;
+        };
+        let over = w.written() + d.len() as u64 > self.limit;
+        if over || w.write(d).is_err() {
+            // Too large for the zone, or the disk is full: not stored, the response
+            // goes on to the client untouched.
+            self.writer = None;
+            self.plan.zone.index().bump(counters::STORE_FAILED, 1);
+        }
+    }
+
+    /// The body came whole: the file takes its name and the entry is published.
+    pub fn complete(mut self: Box<Self>) {
+        let Some(w) = self.writer.take() else {
+            return;
+        };
+        let meta = w.meta().clone();
+        let body_len = w.written();
+        let plan = &self.plan;
+        let ix = plan.zone.index();
+        let size = match w.finish() {
+            Ok(s) => s,
+            Err(e) => {
+                ix.bump(counters::STORE_FAILED, 1);
+                forkd_shared::warn!(
+                    "cache zone `{}`: storing an entry failed: {e}",
+                    plan.zone.name
+                );
+                return;
+            }
+        };
+        let mut meta = meta;
+        meta.body_len = body_len;
+        let view = view_of(self.hash, &meta, size);
+        let slot = if self.hash == plan.hash {
+            Some(plan.slot)
+        } else {
+            ix.reserve(self.hash, meta.stored, forkd_shared::shm::monotonic_ms())
+                .map(|r| {
+                    if let Some(e) = r.evicted {
+                        files::remove(&plan.zone.dir, e.hash);
+                    }
+                    r.slot
+                })
+        };
+        let published = slot.is_some_and(|s| ix.publish(s, view).is_ok());
+        if published {
+            ix.bump(counters::STORES, 1);
+        } else {
+            // Its slot went to another key meanwhile: the file is not reachable.
+            files::remove(&plan.zone.dir, self.hash);
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! What a request on a cached route gets: an answer from the zone now (fresh, or
+//! stale within `stale-while-revalidate` while one fetch refreshes it), a fetch that
+//! will store (the key's lock taken, on any worker), a wait for another request's
+//! fetch (up to `lock_timeout`), or a plain proxied exchange (not for the cache).
+//!
+//! ```text
+//!  key ─▶ slot of the key ─ Vary record? ─▶ slot of the variant ─▶ body file (checked)
+//!                                                    │
+//!        fresh ─▶ Answer(HIT)     stale ─ swr ─▶ Answer(STALE) + a refresh if the lock is free
+//!                                       └ lock ─▶ Fetch(revalidate)  held ─▶ Wait
+//!  no entry ─ lock ─▶ Fetch(miss)   held ─▶ Wait   lock_timeout passed ─▶ Fetch (not stored)
+//! ```
+
+use super::fill::{Plan, Stale};
+use super::policy::{self, Use};
+use super::zones::Zone;
+use super::CacheStatus;
+use crate::http::request::Method;
+use forkd_shared::cache::files::{self, OpenError, Opened};
+use forkd_shared::cache::index::{counters, Index, Kind, LockWord};
+use forkd_shared::cache::{variant_hash, KeyHash};
+use forkd_shared::config::cache::RouteCache;
+use std::sync::Arc;
+
+/// The request, as the cache sees it.
+pub struct Asked<'a> {
+    pub method: Method,
+    pub head: &'a [u8],
+    pub fields: &'a [(&'a [u8], &'a [u8])],
+    pub key: Vec<u8>,
+}
+
+/// When the decision is made.
+#[derive(Debug, Clone, Copy)]
+pub struct Now {
+    /// Unix seconds.
+    pub unix: u64,
+    /// The monotonic clock (ms), for fetch locks.
+    pub ms: u64,
+    /// Microseconds the request has waited already (since its first byte).
+    pub waited_us: u64,
+}
+
+/// What the request gets.
+pub enum Decision {
+    /// Answered from the entry; `refresh`: a stale answer's background refresh,
+    /// whose lock this request took.
+    Answer {
+        entry: Opened,
+        status: CacheStatus,
+        age: u64,
+        not_modified: bool,
+        refresh: Option<Box<Plan>>,
+    },
+    /// Go upstream with this plan: stored if the response allows.
+    Fetch(Box<Plan>),
+    /// Another request fetches the key: look again shortly.
+    Wait,
+    /// Not for the cache (its method, `no-store`, a full index window): proxied as
+    /// without a cache.
+    Bypass(CacheStatus),
+}
+
+pub fn decide(zone: &Arc<Zone>, rc: &RouteCache, a: Asked, now: Now) -> Decision {
+    let ix = zone.index();
+    let dirs = policy::request_directives(a.fields);
+    if !matches!(a.method, Method::Get | Method::Head) || policy::bypass(a.method, &dirs) {
+        ix.bump(counters::BYPASS, 1);
+        return Decision::Bypass(CacheStatus::Bypass);
+    }
+    let primary = KeyHash::of(&[&a.key]);
+    let mut target = primary;
+    let mut vary = None;
+    if let Some(f) = ix.find(primary).filter(|f| f.view.kind == Kind::Vary) {
+        match files::open(&zone.dir, primary, Some(&a.key)) {
+            Ok(o) if o.meta.is_vary_record() => {
+                let names: Vec<Box<[u8]>> = o.meta.vary.iter().map(|n| n.clone().into()).collect();
+                let values = policy::vary_key(&names, a.fields);
+                target = variant_hash(&a.key, o.meta.epoch, &values);
+                vary = Some((o.meta.epoch, names));
+                ix.touch(f.slot, now.unix);
+            }
+            _ => forget(&ix, zone, f.slot, primary),
+        }
+    }
+    let lock_ms = rc.lock_timeout.as_millis() as u64;
+    let mine = LockWord::new(std::process::id(), now.ms + lock_ms.max(1));
+    let may_wait = now.waited_us < rc.lock_timeout.as_micros() as u64;
+    let plan = |slot, lock, vary, stale| {
+        Box::new(Plan {
+            zone: zone.clone(),
+            key: a.key.clone(),
+            hash: target,
+            slot,
+            lock,
+            vary,
+            request_head: a.head.into(),
+            valid: rc.valid.clone(),
+            route_swr: rc.stale_while_revalidate.as_secs(),
+            route_sie: rc.stale_if_error.as_secs(),
+            stale,
+        })
+    };
+    if let Some(e) = ix.find(target).filter(|e| e.view.kind == Kind::Entry) {
+        match open_entry(zone, target, &a.key, vary.as_ref().map(|(ep, _)| *ep)) {
+            Err(()) => forget(&ix, zone, e.slot, target),
+            Ok(entry) => {
+                ix.touch(e.slot, now.unix);
+                let reuse = policy::Entry {
+                    stored_at: e.view.stored,
+                    ttl: e.view.expires.saturating_sub(e.view.stored),
+                    initial_age: entry.meta.age_at_store,
+                    must_revalidate: entry.meta.must_revalidate(),
+                    stale_while_revalidate: entry.meta.swr.max(rc.stale_while_revalidate.as_secs()),
+                };
+                let age = reuse.age(now.unix);
+                let sie = entry.meta.sie.max(rc.stale_if_error.as_secs());
+                let not_modified = policy::not_modified(
+                    a.fields,
+                    Some(&entry.meta.etag)
+                        .filter(|e| !e.is_empty())
+                        .map(|e| &e[..]),
+                    Some(&entry.meta.last_modified)
+                        .filter(|e| !e.is_empty())
+                        .map(|e| &e[..]),
+                );
+                let answer = |entry, status, refresh| Decision::Answer {
+                    entry,
+                    status,
+                    age,
+                    not_modified,
+                    refresh,
+                };
+                match policy::usable(&reuse, &dirs, now.unix) {
+                    Use::Fresh => {
+                        ix.bump(counters::HITS, 1);
+                        return answer(entry, CacheStatus::Hit, None);
+                    }
+                    Use::StaleWhileRevalidate => {
+                        ix.bump(counters::STALE, 1);
+                        let refresh = (a.method == Method::Get
+                            && ix.try_lock(e.slot, mine, now.ms))
+                        .then(|| {
+                            let stale = Stale {
+                                meta: entry.meta.clone(),
+                                hash: target,
+                                slot: e.slot,
+                                if_error: false,
+                            };
+                            plan(e.slot, Some(mine), vary.clone(), Some(stale))
+                        });
+                        return answer(entry, CacheStatus::Stale, refresh);
+                    }
+                    Use::Revalidate => {
+                        let stale = Stale {
+                            meta: entry.meta.clone(),
+                            hash: target,
+                            slot: e.slot,
+                            if_error: policy::stale_if_error_allows(&reuse, sie, now.unix),
+                        };
+                        if a.method == Method::Get && ix.try_lock(e.slot, mine, now.ms) {
+                            ix.bump(counters::MISSES, 1);
+                            return Decision::Fetch(plan(e.slot, Some(mine), vary, Some(stale)));
+                        }
+                        if may_wait {
+                            return Decision::Wait;
+                        }
+                        ix.bump(counters::MISSES, 1);
+                        return Decision::Fetch(plan(e.slot, None, vary, Some(stale)));
+                    }
+                }
+            }
+        }
+    }
+    if a.method == Method::Head {
+        // Its answer has no body to store; a GET for the key will fetch one.
+        ix.bump(counters::MISSES, 1);
+        return Decision::Bypass(CacheStatus::Miss);
+    }
+    let Some(r) = ix.reserve(target, now.unix, now.ms) else {
+        ix.bump(counters::BYPASS, 1);
+        return Decision::Bypass(CacheStatus::Bypass);
+    };
+    if let Some(ev) = r.evicted {
+        files::remove(&zone.dir, ev.hash);
+        ix.bump(counters::EVICTIONS, 1);
+    }
+    if ix.try_lock(r.slot, mine, now.ms) {
+        ix.bump(counters::MISSES, 1);
+        return Decision::Fetch(plan(r.slot, Some(mine), vary, None));
+    }
+    if may_wait {
+        return Decision::Wait;
+    }
+    ix.bump(counters::MISSES, 1);
+    Decision::Fetch(plan(r.slot, None, vary, None))
+}
+
+/// Opens `hash`'s body file for `key`: a variant's must be of the vary record's
+/// `epoch`. A missing or damaged file is `Err` (a miss).
+fn open_entry(zone: &Zone, hash: KeyHash, key: &[u8], epoch: Option<u64>) -> Result<Opened, ()> {
+    match files::open(&zone.dir, hash, Some(key)) {
+        Ok(o) if !o.meta.is_vary_record() && epoch.is_none_or(|e| o.meta.epoch == e) => Ok(o),
+        Ok(_) => Err(()),
+        Err(OpenError::Corrupt(why)) => {
+            forkd_shared::warn!(
+                "cache zone `{}`: entry {} is damaged ({why}): removed, fetched again",
+                zone.name,
+                hash.hex()
+            );
+            Err(())
+        }
+        Err(_) => Err(()),
+    }
+}
+
+/// An entry whose file is gone or damaged: out of the index and off the disk.
+fn forget(ix: &Index, zone: &Zone, slot: usize, hash: KeyHash) {
+    if ix.remove(slot, hash).is_some() {
+        files::remove(&zone.dir, hash);
+    }
+}

@@ -22,6 +22,18 @@ use forkd_shared::cache::{variant_hash, KeyHash};
 use forkd_shared::config::cache::RouteCache;
 use std::sync::Arc;
 
+/// How often a request waiting for another's fetch of its key looks again (µs).
+pub const WAIT_POLL_US: u64 = 10_000;
+
+/// A wait, counted once per request: at its first look, made as its head came (a
+/// look again comes `WAIT_POLL_US` later at the earliest).
+fn wait(ix: &Index, now: &Now) -> Decision {
+    if now.waited_us < WAIT_POLL_US {
+        ix.bump(counters::LOCK_WAITS, 1);
+    }
+    Decision::Wait
+}
+
 /// The request, as the cache sees it.
 pub struct Asked<'a> {
     pub method: Method,
@@ -46,7 +58,7 @@ pub enum Decision {
     /// Answered from the entry; `refresh`: a stale answer's background refresh,
     /// whose lock this request took.
     Answer {
-        entry: Opened,
+        entry: Box<Opened>,
         status: CacheStatus,
         age: u64,
         not_modified: bool,
@@ -125,7 +137,7 @@ pub fn decide(zone: &Arc<Zone>, rc: &RouteCache, a: Asked, now: Now) -> Decision
                         .map(|e| &e[..]),
                 );
                 let answer = |entry, status, refresh| Decision::Answer {
-                    entry,
+                    entry: Box::new(entry),
                     status,
                     age,
                     not_modified,
@@ -163,7 +175,7 @@ pub fn decide(zone: &Arc<Zone>, rc: &RouteCache, a: Asked, now: Now) -> Decision
                             return Decision::Fetch(plan(e.slot, Some(mine), vary, Some(stale)));
                         }
                         if may_wait {
-                            return Decision::Wait;
+                            return wait(&ix, &now);
                         }
                         ix.bump(counters::MISSES, 1);
                         return Decision::Fetch(plan(e.slot, None, vary, Some(stale)));
@@ -190,7 +202,7 @@ pub fn decide(zone: &Arc<Zone>, rc: &RouteCache, a: Asked, now: Now) -> Decision
         return Decision::Fetch(plan(r.slot, Some(mine), vary, None));
     }
     if may_wait {
-        return Decision::Wait;
+        return wait(&ix, &now);
     }
     ix.bump(counters::MISSES, 1);
     Decision::Fetch(plan(r.slot, None, vary, None))

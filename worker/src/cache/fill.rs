@@ -36,8 +36,11 @@ pub struct Plan {
     pub hash: KeyHash,
     pub slot: usize,
     /// The fetch lock held on `slot`; `None`: the lock could not be had in time
-    /// (`lock_timeout`), so the response is passed on, not stored.
+    /// (`lock_timeout`), or the key's responses were found not storable lately.
     pub lock: Option<LockWord>,
+    /// The response is stored if it may be: with the lock, or without it for a key
+    /// marked not storable (a response that now may be stored replaces the mark).
+    pub store: bool,
     /// The key's vary record as found: its epoch and field names.
     pub vary: Option<(u64, Vec<Box<[u8]>>)>,
     /// The client's request head (its fields: Vary's values, `Authorization`).
@@ -57,6 +60,10 @@ impl std::fmt::Debug for Plan {
             .finish()
     }
 }
+
+/// How long a key whose response may not be stored is fetched without the lock
+/// (seconds; Varnish's hit-for-miss lasts 120 s by default).
+pub const PASS_FOR: u64 = 120;
 
 /// What the response head decided.
 pub enum AtHead {
@@ -136,7 +143,7 @@ impl Plan {
         if status >= 500 && self.stale.as_ref().is_some_and(|s| s.if_error) {
             return AtHead::StaleOnError(self);
         }
-        if self.lock.is_none() {
+        if !self.store {
             return AtHead::Pass;
         }
         let response = key::fields(upstream_head);
@@ -151,13 +158,28 @@ impl Plan {
         });
         let fresh = match verdict {
             Storable::Yes(f) => f,
-            Storable::No(_) => return AtHead::Pass,
+            Storable::No(_) => {
+                if status < 500 && self.lock.is_some() {
+                    self.mark_pass(now);
+                }
+                return AtHead::Pass;
+            }
         };
         let values = policy::vary_key(&fresh.vary, &request);
         drop(request);
         match Fill::start(self, fresh, status, client_head, &values, now) {
             Some(fill) => AtHead::Store(Box::new(fill)),
             None => AtHead::Pass,
+        }
+    }
+
+    /// The key's response may not be stored: for [`PASS_FOR`] seconds its requests
+    /// go upstream without waiting on each other (a stored entry it had is removed:
+    /// the application says it may not be kept any more).
+    fn mark_pass(&self, now: u64) {
+        let ix = self.zone.index();
+        if ix.mark_pass(self.slot, self.hash, now + PASS_FOR).is_some() {
+            files::remove(&self.zone.dir, self.hash);
         }
     }
 

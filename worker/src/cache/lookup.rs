@@ -98,12 +98,13 @@ pub fn decide(zone: &Arc<Zone>, rc: &RouteCache, a: Asked, now: Now) -> Decision
     let lock_ms = rc.lock_timeout.as_millis() as u64;
     let mine = LockWord::new(std::process::id(), now.ms + lock_ms.max(1));
     let may_wait = now.waited_us < rc.lock_timeout.as_micros() as u64;
-    let plan = |slot, lock, vary, stale| {
+    let plan = |slot, lock: Option<LockWord>, vary, stale| {
         Box::new(Plan {
             zone: zone.clone(),
             key: a.key.clone(),
             hash: target,
             slot,
+            store: lock.is_some(),
             lock,
             vary,
             request_head: a.head.into(),
@@ -188,6 +189,16 @@ pub fn decide(zone: &Arc<Zone>, rc: &RouteCache, a: Asked, now: Now) -> Decision
         // Its answer has no body to store; a GET for the key will fetch one.
         ix.bump(counters::MISSES, 1);
         return Decision::Bypass(CacheStatus::Miss);
+    }
+    if let Some(f) = ix.find(target) {
+        if f.view.kind == Kind::Reserved && f.view.expires > now.unix {
+            // Not storable lately: side by side to the application, stored if the
+            // response now may be.
+            ix.bump(counters::MISSES, 1);
+            let mut p = plan(f.slot, None, vary, None);
+            p.store = true;
+            return Decision::Fetch(p);
+        }
     }
     let Some(r) = ix.reserve(target, now.unix, now.ms) else {
         ix.bump(counters::BYPASS, 1);

@@ -33,21 +33,24 @@ pub struct Zones {
     pub vary_names: VaryNames,
 }
 
+/// A vary record's field names.
+pub type Names = Arc<[Box<[u8]>]>;
+
 /// Vary records' field names met lately (see [`Zones::vary_names`]).
 #[derive(Default)]
 pub struct VaryNames {
-    names: rustc_hash::FxHashMap<(usize, KeyHash, u64), Arc<[Box<[u8]>]>>,
+    names: rustc_hash::FxHashMap<(usize, KeyHash, u64), Names>,
 }
 
 /// Records remembered at most (then forgotten all at once; each costs one read).
 const VARY_NAMES_KEPT: usize = 4096;
 
 impl VaryNames {
-    pub fn get(&self, zone: usize, key: KeyHash, epoch: u64) -> Option<Arc<[Box<[u8]>]>> {
+    pub fn get(&self, zone: usize, key: KeyHash, epoch: u64) -> Option<Names> {
         self.names.get(&(zone, key, epoch)).cloned()
     }
 
-    pub fn put(&mut self, zone: usize, key: KeyHash, epoch: u64, names: Arc<[Box<[u8]>]>) {
+    pub fn put(&mut self, zone: usize, key: KeyHash, epoch: u64, names: Names) {
         if self.names.len() >= VARY_NAMES_KEPT {
             self.names.clear();
         }

@@ -418,9 +418,8 @@ impl<'a> Index<'a> {
     pub fn try_lock(&self, i: usize, mine: LockWord, now_ms: u64) -> bool {
         let cell = &self.slots[i].lock;
         let held = LockWord(cell.load(Acquire));
-        if held == mine {
-            return true;
-        }
+        // A word equal to `mine` is another request of this process, made in the same
+        // millisecond: held like any other.
         if held != LockWord::FREE && !held.expired(now_ms) && pid_running(held.pid() as i32) {
             return false;
         }
@@ -593,6 +592,10 @@ pub(crate) mod tests {
         let a = LockWord::new(me, 1000 + 5000);
         assert!(ix.try_lock(slot, a, 1000));
         assert!(!ix.lock_free(slot, 2000));
+        assert!(
+            !ix.try_lock(slot, a, 1000),
+            "another request of this process, same ms"
+        );
         // Another live process's word (the parent of the test: pid 1 is running).
         let b = LockWord::new(1, 1000 + 5000);
         assert!(!ix.try_lock(slot, b, 2000), "held by a live process");
@@ -604,7 +607,7 @@ pub(crate) mod tests {
         // A holder that is not running.
         let gone = LockWord::new(0x7fff_fff0, 99_999);
         assert!(ix.try_lock(slot, gone, 0));
-        assert!(ix.try_lock(slot, a, 0));
+        assert!(ix.try_lock(slot, a, 0), "its holder is gone");
     }
 
     #[test]

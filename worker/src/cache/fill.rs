@@ -275,6 +275,18 @@ pub struct Fill {
     hash: KeyHash,
     /// The most body bytes one entry may have (a quarter of the zone).
     limit: u64,
+    /// The variant's own slot and the lock this fetch holds on it (a response that
+    /// varies, met before its vary record existed or with other fields): requests
+    /// for the variant wait for this fetch as for the key's.
+    variant: Option<(usize, Option<LockWord>)>,
+}
+
+impl Drop for Fill {
+    fn drop(&mut self) {
+        if let Some((slot, Some(lock))) = self.variant {
+            self.plan.zone.index().unlock(slot, lock);
+        }
+    }
 }
 
 impl Fill {
@@ -320,12 +332,26 @@ impl Fill {
         };
         let ix = plan.zone.index();
         match Writer::create(&plan.zone.dir, hash, meta) {
-            Ok(w) => Some(Fill {
-                writer: Some(w),
-                limit: plan.zone.max_size / 4,
-                hash,
-                plan,
-            }),
+            Ok(w) => {
+                let variant = (hash != plan.hash)
+                    .then(|| {
+                        let now_ms = forkd_shared::shm::monotonic_ms();
+                        let r = ix.reserve(hash, now, now_ms)?;
+                        if let Some(e) = r.evicted {
+                            files::remove(&plan.zone.dir, e.hash);
+                        }
+                        let lock = plan.lock.filter(|l| ix.try_lock(r.slot, *l, now_ms));
+                        Some((r.slot, lock))
+                    })
+                    .flatten();
+                Some(Fill {
+                    writer: Some(w),
+                    limit: plan.zone.max_size / 4,
+                    hash,
+                    plan,
+                    variant,
+                })
+            }
             Err(e) => {
                 ix.bump(counters::STORE_FAILED, 1);
                 forkd_shared::warn!(
@@ -376,14 +402,10 @@ impl Fill {
         let view = view_of(self.hash, &meta, size);
         let slot = if self.hash == plan.hash {
             Some(plan.slot)
+        } else if let Some((slot, _)) = self.variant {
+            Some(slot)
         } else {
-            ix.reserve(self.hash, meta.stored, forkd_shared::shm::monotonic_ms())
-                .map(|r| {
-                    if let Some(e) = r.evicted {
-                        files::remove(&plan.zone.dir, e.hash);
-                    }
-                    r.slot
-                })
+            None
         };
         let published = slot.is_some_and(|s| ix.publish(s, view).is_ok());
         if published {

@@ -13,7 +13,7 @@
 
 use super::fill::{Plan, Stale};
 use super::policy::{self, Use};
-use super::zones::Zone;
+use super::zones::{VaryNames, Zone};
 use super::CacheStatus;
 use crate::http::request::Method;
 use forkd_shared::cache::files::{self, OpenError, Opened};
@@ -73,7 +73,13 @@ pub enum Decision {
     Bypass(CacheStatus),
 }
 
-pub fn decide(zone: &Arc<Zone>, rc: &RouteCache, a: Asked, now: Now) -> Decision {
+pub fn decide(
+    zone: &Arc<Zone>,
+    names: &mut VaryNames,
+    rc: &RouteCache,
+    a: Asked,
+    now: Now,
+) -> Decision {
     let ix = zone.index();
     let dirs = policy::request_directives(a.fields);
     if !matches!(a.method, Method::Get | Method::Head) || policy::bypass(a.method, &dirs) {
@@ -84,15 +90,27 @@ pub fn decide(zone: &Arc<Zone>, rc: &RouteCache, a: Asked, now: Now) -> Decision
     let mut target = primary;
     let mut vary = None;
     if let Some(f) = ix.find(primary).filter(|f| f.view.kind == Kind::Vary) {
-        match files::open(&zone.dir, primary, Some(&a.key)) {
-            Ok(o) if o.meta.is_vary_record() => {
-                let names: Vec<Box<[u8]>> = o.meta.vary.iter().map(|n| n.clone().into()).collect();
-                let values = policy::vary_key(&names, a.fields);
-                target = variant_hash(&a.key, o.meta.epoch, &values);
-                vary = Some((o.meta.epoch, names));
+        // The record's epoch is in its slot; its names are read once per epoch.
+        let epoch = f.view.expires;
+        let known = names.get(rc.zone, primary, epoch).or_else(|| {
+            match files::open(&zone.dir, primary, Some(&a.key)) {
+                Ok(o) if o.meta.is_vary_record() && o.meta.epoch == epoch => {
+                    let read: Arc<[Box<[u8]>]> =
+                        o.meta.vary.iter().map(|n| n.clone().into()).collect();
+                    names.put(rc.zone, primary, epoch, read.clone());
+                    Some(read)
+                }
+                _ => None,
+            }
+        });
+        match known {
+            Some(record) => {
+                let values = policy::vary_key(&record, a.fields);
+                target = variant_hash(&a.key, epoch, &values);
+                vary = Some((epoch, record.to_vec()));
                 ix.touch(f.slot, now.unix);
             }
-            _ => forget(&ix, zone, f.slot, primary),
+            None => forget(&ix, zone, f.slot, primary),
         }
     }
     let lock_ms = rc.lock_timeout.as_millis() as u64;

@@ -620,7 +620,7 @@ fn add_fields(head: &mut Vec<u8>, fields: &[u8]) {
 /// one and its zone is mapped.
 fn cache_lookup(
     x: &Exchange,
-    svc: &Services,
+    svc: &mut Services,
     req: &Request,
     head: &[u8],
     server: usize,
@@ -634,7 +634,7 @@ fn cache_lookup(
     else {
         return None;
     };
-    let zone = svc.caches.get(rc.zone)?;
+    let (zone, names) = svc.caches.with_names(rc.zone)?;
     let fallback = srv
         .names
         .first()
@@ -661,7 +661,7 @@ fn cache_lookup(
         ms: forkd_shared::shm::monotonic_ms(),
         waited_us: svc.clock.now_us.saturating_sub(x.started),
     };
-    Some(lookup::decide(zone, rc, asked, now))
+    Some(lookup::decide(zone, names, rc, asked, now))
 }
 
 /// Acts on the cache's decision: an answer from the zone (and a background refresh

@@ -7,7 +7,8 @@
       reads every answer. Prints one JSON object: statuses, bodies checked against
       what the upstream sends for TARGET, X-Cache labels (nginx's and Varnish's), the
       answers' latency (p50, max), and how many requests for TARGET the upstream
-      logged from the burst on.
+      logged from the burst on. With --at-fraction F the writes start at F (0..1) of
+      a wall-clock second.
 
   load.py steady --port P --prefix /k/ --query ttl=2 --keys 20 --rate 200 --duration 10
                  --kill-at 5 --kill-pid PID --upstream-log LOG [--snapshot-cmd CMD]
@@ -16,7 +17,8 @@
       (the upstream) and runs CMD (a shell command: the server's counters at the
       kill). An answer is ok when it is a 200 with the key's body within 2 s. Prints
       one JSON object with, before and after the kill: requests, ok, failed, X-Cache
-      labels, and the upstream's requests (from LOG), so the hit ratio before the kill
+      labels, p50/p99 of the ok answers (from when each was due), and the upstream's
+      requests (from LOG), so the hit ratio before the kill
       is 1 - upstream / requests whatever the server says of itself.
 """
 
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import time
 
+sys.dont_write_bytecode = True  # no __pycache__ beside the scripts
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from upstream import body_of  # noqa: E402
 
@@ -106,6 +109,10 @@ async def stampede(args):
     )
     conns = [r for r in results if not isinstance(r, BaseException)]
     connect_failed = len(results) - len(conns)
+    if args.at_fraction is not None:
+        # Wait for that point of a wall-clock second (Date and the caches' clocks
+        # have whole seconds): to put the fetch's answer where a boundary falls.
+        await asyncio.sleep((args.at_fraction - time.time()) % 1)
     wall0 = time.time()
     t0 = time.monotonic()
     for _, writer in conns:
@@ -190,7 +197,7 @@ async def steady(args):
             label = fields.get("x-cache", "-")
         except (asyncio.TimeoutError, OSError, asyncio.IncompleteReadError, ValueError, IndexError):
             status, good, label = 0, False, "-"
-        records.append((due - t0, status, good, label))
+        records.append((due - t0, status, good, label, (time.monotonic() - due) * 1000))
 
     def kill():
         snapshot["kill_wall"] = time.time()
@@ -227,6 +234,8 @@ async def steady(args):
             "failed": sum(1 for r in rs if not r[2]),
             "statuses": count(str(r[1]) for r in rs),
             "labels": count(r[3] for r in rs),
+            "p50_ms": round(percentile([r[4] for r in rs if r[2]], 50) or 0, 1),
+            "p99_ms": round(percentile([r[4] for r in rs if r[2]], 99) or 0, 1),
             "upstream_requests": sum(1 for t in ups if (t < kill_wall) == before),
         }
 
@@ -251,6 +260,7 @@ def main():
     s.add_argument("--n", type=int, default=1000)
     s.add_argument("--timeout", type=float, default=10)
     s.add_argument("--upstream-log", required=True)
+    s.add_argument("--at-fraction", type=float, default=None)
     t = sub.add_parser("steady")
     t.add_argument("--port", type=int, required=True)
     t.add_argument("--prefix", required=True)

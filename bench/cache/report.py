@@ -31,6 +31,13 @@ def size_name(n):
     return f"{n // 1024} KiB" if n % 1024 == 0 else f"{n} B"
 
 
+def user_us(rounds):
+    """The median over the rounds of user-space CPU µs per response."""
+    if not all("kernel_ticks" in r for r in rounds):
+        return None
+    return statistics.median((r["ticks"] - r["kernel_ticks"]) / r["hz"] * 1e6 / r["requests"] for r in rounds)
+
+
 def cpu(records):
     rs = [r for r in records if r["case"] == "cpu"]
     if not rs:
@@ -40,7 +47,7 @@ def cpu(records):
     print("## CPU µs per cached hit")
     print()
     print(f"Keep-alive, `wrk -t1 -c{rs[0].get('connections', 64)}` on CPU 1, the whole server on CPU 0,")
-    print(f"one worker (Varnish: one process, one thread pool); utime+stime of all the server's")
+    print("one worker (Varnish: one process, one thread pool); utime+stime of all the server's")
     print(f"processes per response; median of {rounds} rounds. Target: forkd ≤ 0.70 × nginx.")
     print()
     print("| body | forkd µs/hit | nginx µs/hit | Varnish µs/hit | forkd / nginx | forkd / Varnish | target met |")
@@ -55,17 +62,20 @@ def cpu(records):
         print(f"| {size_name(size)} | {fmt(med['forkd'])} | {fmt(med['nginx'])} | {fmt(med['varnish'])} "
               f"| {fn} | {ratio(med['forkd'], med['varnish'])} | {met} |")
     print()
-    print("Per round (µs/hit; requests):")
+    print("Per round (µs/hit; requests; the kernel's share of the server's CPU, stime / (utime + stime)):")
     print()
-    print("| body | server | rounds | requests of each round | errors | upstream requests during the runs |")
-    print("|---|---|---|---|---|---|")
+    print("| body | server | µs/hit of each round | requests of each round | kernel share | user µs/hit (median) | errors | upstream requests during the runs |")
+    print("|---|---|---|---|---|---|---|---|")
     for size in sizes:
         for s in SERVERS:
             v = [r for r in rs if r["server"] == s and r["size"] == size]
             if not v:
                 continue
+            ticks = sum(r["ticks"] for r in v)
+            known = ticks and all("kernel_ticks" in r for r in v)
+            share = sum(r["kernel_ticks"] for r in v) / ticks if known else None
             print(f"| {size_name(size)} | {s} | {' '.join(fmt(r['us_per_req']) for r in v)} "
-                  f"| {' '.join(str(r['requests']) for r in v)} "
+                  f"| {' '.join(str(r['requests']) for r in v)} | {fmt(share)} | {fmt(user_us(v))} "
                   f"| {sum(r['non2xx'] + r['socket_errors'] for r in v)} "
                   f"| {sum(r['upstream_requests'] for r in v)} |")
     print()
@@ -131,8 +141,8 @@ def kill(records):
     print("Stale: forkd's `stale` counter after the kill, nginx's `X-Cache: STALE`/`UPDATING`, Varnish's")
     print("answers from an expired object (`X-Cache: STALE`).")
     print()
-    print("| route | server | requests before / after | failed before / after | upstream requests before / after | hit ratio before | answered from cache after | stale served after | the server's counters after the kill |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| route | server | requests before / after | failed before / after | upstream requests before / after | hit ratio before | answered from cache after | stale served after | p99 ms before / after | the server's counters after the kill |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for v in ["swr", "strict"]:
         for s in SERVERS:
             for r in [r for r in rs if r["variant"] == v and r["server"] == s]:
@@ -146,7 +156,7 @@ def kill(records):
                     stale = sum(a["labels"].get(k, 0) for k in ("STALE", "UPDATING"))
                 print(f"| {v} | {s} | {b['requests']} / {a['requests']} | **{b['failed']} / {a['failed']}** "
                       f"| {b['upstream_requests']} / {a['upstream_requests']} | {fmt(hit, 3)} | {fmt(served, 3)} "
-                      f"| {stale} | {server_counters(r, after)} |")
+                      f"| {stale} | {b.get('p99_ms', '-')} / {a.get('p99_ms', '-')} | {server_counters(r, after)} |")
     print()
 
 

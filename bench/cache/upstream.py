@@ -10,6 +10,8 @@ answer is set by the query of each GET:
               to N (so a client can tell one key's body from another's)
     ttl=S     `Cache-Control: max-age=S` (default 3600)
     delay=MS  the answer comes this long after the request (default 0)
+    date=early  `Date` is taken when the request comes, before the delay (as an
+              application that stamps it first); by default just before sending
 
 Every response has `ETag: "<size>-<path>"`; a request whose `If-None-Match` is that
 tag gets a 304 (after the same delay). `/__probe` answers 200 `ok` at once (a health
@@ -55,9 +57,10 @@ class Handler(BaseHTTPRequestHandler):
         status = 304 if self.headers.get("If-None-Match") == etag else 200
         line = f"{time.time():.6f} {status} {self.path}\n".encode()
         os.write(self.server.log_fd, line)
+        early = self.date_time_string() if q.get("date") == ["early"] else None
         if delay:
             time.sleep(delay / 1000)
-        fields = {"Cache-Control": f"max-age={ttl}", "ETag": etag}
+        fields = {"Date": early or self.date_time_string(), "Cache-Control": f"max-age={ttl}", "ETag": etag}
         if status == 304:
             self.answer(304, fields, None)
         else:
@@ -66,7 +69,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def answer(self, status, fields, body):
         self.send_response_only(status)
-        self.send_header("Date", self.date_time_string())
+        fields.setdefault("Date", self.date_time_string())
         for name, value in fields.items():
             self.send_header(name, value)
         if body is not None:

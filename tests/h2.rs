@@ -196,3 +196,65 @@ fn compress_over_h2_sends_the_same_gzip_body_as_over_http_1_1() {
     let r = c.request("GET", "/page.txt", &[], None).unwrap();
     assert!(r.body == page && r.header("content-encoding").is_none());
 }
+
+#[test]
+fn cached_proxy_routes_answer_h2_streams_from_the_zone_and_fetch_once_for_concurrent_ones() {
+    let cacheable = |body: &[u8]| Reply::Full {
+        status: 200,
+        extra: vec![("Cache-Control".into(), "max-age=600".into())],
+        body: body.to_vec(),
+    };
+    let up = TestUpstream::start(Settings::default(), move |req| match req.path() {
+        "/c/slow" => cacheable(b"slow and shared").delayed(Duration::from_millis(300)),
+        _ => cacheable(b"cached over h2"),
+    });
+    let d = TestDaemon::builder()
+        .h2c()
+        .top(&format!(
+            r#"upstreams: {{ "app": (servers: ["{}"]) }},
+            caches: {{ "pages": (path: "cache/pages", max_size: "16MiB", index_entries: 256) }},"#,
+            up.addr()
+        ))
+        .routes(
+            r#"(prefix: "/c/", handler: Proxy(upstream: "app", cache: Some((zone: "pages")))),"#,
+        )
+        .start();
+    let mut c = H2Client::connect(d.port);
+    let first = c.request("GET", "/c/page", &[], None).unwrap();
+    assert_eq!(
+        (first.status, first.body.as_slice()),
+        (200, &b"cached over h2"[..])
+    );
+    let second = c.request("GET", "/c/page", &[], None).unwrap();
+    assert_eq!(
+        (second.status, second.body.as_slice()),
+        (200, &b"cached over h2"[..])
+    );
+    assert!(second.header("age").is_some(), "a hit says its age");
+    assert_eq!(
+        up.received()
+            .iter()
+            .filter(|r| r.path() == "/c/page")
+            .count(),
+        1,
+        "the second stream was answered from the zone"
+    );
+
+    // Streams for one key at once: one fetch, the others wait for it on the stream.
+    let pending: Vec<_> = (0..10).map(|_| c.start("GET", "/c/slow")).collect();
+    for p in pending {
+        let r = c.finish(p).unwrap();
+        assert_eq!(
+            (r.status, r.body.as_slice()),
+            (200, &b"slow and shared"[..])
+        );
+    }
+    assert_eq!(
+        up.received()
+            .iter()
+            .filter(|r| r.path() == "/c/slow")
+            .count(),
+        1,
+        "concurrent streams for one key make one upstream request"
+    );
+}

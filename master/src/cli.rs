@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 pub const USAGE: &str = "usage: forkd [-c FILE] [-t] [-s stop|quit|reload|reopen|upgrade] [-V] [-h]
        forkd stats [-c FILE | --shm PATH] [--json] [--watch[=1s]]
+       forkd cache stats [-c FILE] [--json]
+       forkd cache purge [-c FILE] ZONE (KEY | --prefix PREFIX)
   -c FILE   configuration file (default: conf/forkd.ron)
   -t        test the configuration and exit
   -s SIGNAL send a signal to the running master: stop (fast), quit (graceful),
@@ -13,7 +15,11 @@ pub const USAGE: &str = "usage: forkd [-c FILE] [-t] [-s stop|quit|reload|reopen
   -h        print this help and exit
   stats     print the shared-memory stats of the server configured in FILE (or of the
             region at PATH): a table per worker, or --json with every counter;
-            --watch repeats every interval (default 1s) until interrupted";
+            --watch repeats every interval (default 1s) until interrupted
+  cache     the shared caches of the server configured in FILE: `stats` prints each
+            zone's entries, bytes and counters (--json: as JSON); `purge` removes the
+            entry of KEY (as the route's key template makes it, e.g.
+            httpexample.com/page) or every key starting with PREFIX from ZONE";
 
 /// What the master is asked to send with `-s`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +39,20 @@ pub enum Action {
     Version,
     Help,
     Stats(StatsArgs),
+    Cache(CacheArgs),
+}
+
+/// `forkd cache ...`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheArgs {
+    Stats { json: bool },
+    Purge { zone: String, what: PurgeWhat },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PurgeWhat {
+    Key(String),
+    Prefix(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +77,13 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Cli, String> {
     let mut stats: Option<StatsArgs> = None;
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
+        if arg == "cache" && stats.is_none() && action == Action::Run {
+            let (c, cache) = parse_cache(args, config)?;
+            return Ok(Cli {
+                config: c,
+                action: Action::Cache(cache),
+            });
+        }
         match (arg.as_str(), stats.as_mut()) {
             ("-c", _) => config = args.next().ok_or("-c needs a file name")?.into(),
             ("stats", None) => {
@@ -110,12 +137,76 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Cli, String> {
     Ok(Cli { config, action })
 }
 
+/// `cache stats [--json]` or `cache purge ZONE KEY|--prefix P`, `-c FILE` anywhere.
+fn parse_cache(
+    args: impl Iterator<Item = String>,
+    mut config: PathBuf,
+) -> Result<(PathBuf, CacheArgs), String> {
+    let mut words = Vec::new();
+    let mut json = false;
+    let mut prefix = None;
+    let mut args = args;
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "-c" => config = args.next().ok_or("-c needs a file name")?.into(),
+            "--json" => json = true,
+            "--prefix" => prefix = Some(args.next().ok_or("--prefix needs a prefix")?),
+            _ => words.push(a),
+        }
+    }
+    let cache = match (words.first().map(String::as_str), &words[1..]) {
+        (Some("stats"), []) if prefix.is_none() => CacheArgs::Stats { json },
+        (Some("purge"), [zone]) if !json => match prefix {
+            Some(p) => CacheArgs::Purge {
+                zone: zone.clone(),
+                what: PurgeWhat::Prefix(p),
+            },
+            None => return Err("cache purge needs a KEY or --prefix PREFIX".into()),
+        },
+        (Some("purge"), [zone, key]) if !json && prefix.is_none() => CacheArgs::Purge {
+            zone: zone.clone(),
+            what: PurgeWhat::Key(key.clone()),
+        },
+        _ => return Err(
+            "use `forkd cache stats [--json]` or `forkd cache purge ZONE (KEY | --prefix PREFIX)`"
+                .into(),
+        ),
+    };
+    Ok((config, cache))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn p(args: &[&str]) -> Result<Cli, String> {
         parse(args.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn cache_subcommands() {
+        let c = p(&["-c", "x.ron", "cache", "purge", "pages", "--prefix", "http"]).unwrap();
+        assert_eq!(c.config, PathBuf::from("x.ron"));
+        assert_eq!(
+            c.action,
+            Action::Cache(CacheArgs::Purge {
+                zone: "pages".into(),
+                what: PurgeWhat::Prefix("http".into())
+            })
+        );
+        let c = p(&["cache", "stats", "--json", "-c", "y.ron"]).unwrap();
+        assert_eq!(c.config, PathBuf::from("y.ron"));
+        assert_eq!(c.action, Action::Cache(CacheArgs::Stats { json: true }));
+        assert!(matches!(
+            p(&["cache", "purge", "pages", "k"]).unwrap().action,
+            Action::Cache(CacheArgs::Purge {
+                what: PurgeWhat::Key(_),
+                ..
+            })
+        ));
+        assert!(p(&["cache", "purge", "pages"]).is_err());
+        assert!(p(&["cache", "frob"]).is_err());
+        assert!(p(&["cache", "purge", "pages", "k", "--prefix", "p"]).is_err());
     }
 
     #[test]

@@ -19,6 +19,7 @@
 //! - `daemon`: the pid file.
 //! - `stats`: `forkd stats`, reading the shared-memory region.
 
+mod cache_cli;
 mod cli;
 mod control;
 mod daemon;
@@ -98,6 +99,7 @@ fn run() -> i32 {
         cli::Action::Signal(signal) => control::send(&config, signal),
         cli::Action::Run => startup::run(config, text),
         cli::Action::Stats(args) => stats::run(&config.shm_file, &args),
+        cli::Action::Cache(args) => cache_cli::run(&config, &args),
         cli::Action::Help | cli::Action::Version => unreachable!("handled above"),
     }
 }

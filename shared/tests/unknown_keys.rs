@@ -35,7 +35,10 @@ const BASE: &str = r#"(
 )"#;
 
 const DEFAULTS: &[(&str, &str)] = &[
-    ("TOP", ""),
+    (
+        "TOP",
+        r#"caches: { "c": (path: "cache", max_size: "1MiB") },"#,
+    ),
     ("ADDR", r#""127.0.0.1:9000""#),
     ("UPSTREAM", ""),
     ("LISTEN", r#""127.0.0.1:8080""#),
@@ -108,6 +111,24 @@ const CASES: &[Case] = &[
         at: "HANDLER",
         text: r#"Proxy(upstream: "app", TYPO)"#,
         typo: "bufering",
+    },
+    Case {
+        covers: &["RawCacheZone"],
+        at: "TOP",
+        text: r#"caches: { "c": (path: "cache", max_size: "1MiB", TYPO) },"#,
+        typo: "max_sise",
+    },
+    Case {
+        covers: &["RawRouteCache"],
+        at: "HANDLER",
+        text: r#"Proxy(upstream: "app", cache: Some((zone: "c", TYPO)))"#,
+        typo: "stale_if_eror",
+    },
+    Case {
+        covers: &["RawHandler::Purge"],
+        at: "HANDLER",
+        text: r#"Purge(zone: "c", TYPO)"#,
+        typo: "kye",
     },
     Case {
         covers: &["Limits"],

@@ -549,6 +549,7 @@ impl EventLoop {
         self.svc.draining = true;
         self.svc.upstreams.drain();
         self.svc.checks.stop();
+        self.svc.cache_upkeep.stop();
         self.svc.stats.set_state(WorkerState::Draining);
         // Idle keep-alive connections get a short grace: a client about to send its next
         // request gets an answer with `Connection: close` instead of a reset.

@@ -331,6 +331,36 @@ impl<'a> Index<'a> {
         false
     }
 
+    /// Marks slot `i` (holding `hash`) as a key whose responses are not stored, until
+    /// `until` (unix seconds): requests for it go upstream side by side, without
+    /// waiting for each other's fetch (Varnish's hit-for-miss). Returns the entry it
+    /// held, if any (its body file is the caller's to remove).
+    pub fn mark_pass(&self, i: usize, hash: KeyHash, until: u64) -> Option<SlotView> {
+        for _ in 0..WRITE_TRIES {
+            let (seq, old) = self.read(i)?;
+            if old.hash != hash {
+                return None;
+            }
+            let view = SlotView {
+                kind: Kind::Reserved,
+                hash,
+                stored: 0,
+                expires: until,
+                size: 0,
+                accessed: old.accessed,
+            };
+            if self.write(i, seq, &view) {
+                let held = matches!(old.kind, Kind::Entry | Kind::Vary).then_some(old);
+                if let Some(o) = held {
+                    self.forget_bytes(o.size);
+                    self.header.count.fetch_sub(1, Relaxed);
+                }
+                return held;
+            }
+        }
+        None
+    }
+
     /// Empties slot `i` if it holds `hash`: the removed entry, whose body file is the
     /// caller's to remove.
     pub fn remove(&self, i: usize, hash: KeyHash) -> Option<SlotView> {
@@ -388,9 +418,8 @@ impl<'a> Index<'a> {
     pub fn try_lock(&self, i: usize, mine: LockWord, now_ms: u64) -> bool {
         let cell = &self.slots[i].lock;
         let held = LockWord(cell.load(Acquire));
-        if held == mine {
-            return true;
-        }
+        // A word equal to `mine` is another request of this process, made in the same
+        // millisecond: held like any other.
         if held != LockWord::FREE && !held.expired(now_ms) && pid_running(held.pid() as i32) {
             return false;
         }
@@ -520,6 +549,12 @@ pub(crate) mod tests {
         let v = ix.find(h).unwrap().view;
         assert_eq!((v.stored, v.expires), (30, 90));
         assert!(ix.remove(r.slot, KeyHash::of(&[b"other"])).is_none());
+        let held = ix.mark_pass(r.slot, h, 500).unwrap();
+        assert_eq!(held.size, 40);
+        let v = ix.find(h).unwrap().view;
+        assert_eq!((v.kind, v.expires), (Kind::Reserved, 500));
+        assert_eq!(ix.header.bytes.load(Relaxed), 0);
+        ix.publish(r.slot, entry(h, 40, 7)).unwrap();
         assert_eq!(ix.remove(r.slot, h).unwrap().size, 40);
         assert_eq!(ix.find(h), None);
         assert_eq!(ix.header.bytes.load(Relaxed), 0);
@@ -557,6 +592,10 @@ pub(crate) mod tests {
         let a = LockWord::new(me, 1000 + 5000);
         assert!(ix.try_lock(slot, a, 1000));
         assert!(!ix.lock_free(slot, 2000));
+        assert!(
+            !ix.try_lock(slot, a, 1000),
+            "another request of this process, same ms"
+        );
         // Another live process's word (the parent of the test: pid 1 is running).
         let b = LockWord::new(1, 1000 + 5000);
         assert!(!ix.try_lock(slot, b, 2000), "held by a live process");
@@ -568,7 +607,7 @@ pub(crate) mod tests {
         // A holder that is not running.
         let gone = LockWord::new(0x7fff_fff0, 99_999);
         assert!(ix.try_lock(slot, gone, 0));
-        assert!(ix.try_lock(slot, a, 0));
+        assert!(ix.try_lock(slot, a, 0), "its holder is gone");
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod files;
 pub mod index;
 mod map;
 pub mod prepare;
+pub mod report;
 pub mod upkeep;
 
 pub use index::{Index, Lookup, SlotView};

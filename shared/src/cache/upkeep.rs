@@ -95,17 +95,20 @@ pub fn load(dir: &Path, index: &Index) -> Loaded {
     loaded
 }
 
-/// The slot of an entry stored with `meta` (its file `size` bytes).
+/// The slot of an entry stored with `meta` (its file `size` bytes). A vary record's
+/// `expires` holds its epoch instead (a record does not expire; a lookup learns the
+/// epoch from the slot and reads the record's field names once per epoch).
 pub fn view_of(hash: KeyHash, meta: &Meta, size: u64) -> SlotView {
+    let vary = meta.is_vary_record();
     SlotView {
-        kind: if meta.is_vary_record() {
-            Kind::Vary
-        } else {
-            Kind::Entry
-        },
+        kind: if vary { Kind::Vary } else { Kind::Entry },
         hash,
         stored: meta.stored,
-        expires: meta.stored.saturating_add(meta.ttl),
+        expires: if vary {
+            meta.epoch
+        } else {
+            meta.stored.saturating_add(meta.ttl)
+        },
         size,
         accessed: meta.stored,
     }

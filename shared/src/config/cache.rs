@@ -105,7 +105,7 @@ pub struct RawRouteCache {
     pub lock_timeout: ConfDuration,
 }
 
-fn default_key() -> KeyTemplate {
+pub(super) fn default_key() -> KeyTemplate {
     KeyTemplate::parse("{scheme}{host}{uri}").expect("the default key parses")
 }
 

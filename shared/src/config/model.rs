@@ -203,6 +203,12 @@ pub enum Handler {
     Readiness,
     Status,
     Metrics,
+    /// `PURGE` removes the request's key from zone `zone` (index into
+    /// `Config::caches`).
+    Purge {
+        zone: usize,
+        key: super::cache::KeyTemplate,
+    },
     Static {
         root: PathBuf,
         index: Vec<String>,

@@ -216,6 +216,13 @@ pub enum RawHandler {
     Status,
     /// The shared-memory stats in Prometheus text format.
     Metrics,
+    /// `PURGE` requests remove the entry of their key from a cache zone (the key
+    /// made with this route's `key` from the request, as a cached route makes it).
+    Purge {
+        zone: String,
+        #[serde(default = "super::cache::default_key")]
+        key: super::cache::KeyTemplate,
+    },
     /// Serves files below `root` (the request path is appended to it, as nginx's `root`).
     Static {
         root: String,
@@ -284,7 +291,7 @@ pub enum RawHandler {
         read_timeout: Option<ConfDuration>,
         /// Responses are kept in a zone of `caches` and answered from there.
         #[serde(default)]
-        cache: Option<super::cache::RawRouteCache>,
+        cache: Option<Box<super::cache::RawRouteCache>>,
     },
 }
 

@@ -843,6 +843,22 @@ pub(super) fn validate(
                 RawHandler::Readiness => Handler::Readiness,
                 RawHandler::Status => Handler::Status,
                 RawHandler::Metrics => Handler::Metrics,
+                RawHandler::Purge { zone, key } => {
+                    let found = caches.iter().position(|z| z.name == zone);
+                    if found.is_none() {
+                        let (literal, nth) = occurrence(&zone);
+                        check.error(
+                            &literal,
+                            nth,
+                            format!("{rfield}.handler.zone"),
+                            format!("no cache zone named `{zone}`"),
+                        );
+                    }
+                    Handler::Purge {
+                        zone: found.unwrap_or(0),
+                        key,
+                    }
+                }
                 RawHandler::Static {
                     root,
                     index,
@@ -967,7 +983,7 @@ pub(super) fn validate(
                 } => {
                     let cache = cache.and_then(|c| {
                         let (literal, nth) = occurrence(&c.zone);
-                        route_cache(&mut check, &caches, c, &literal, nth, &rfield)
+                        route_cache(&mut check, &caches, *c, &literal, nth, &rfield)
                     });
                     // The cache answers the client's conditional and range requests
                     // from whole responses: the application is asked for those
@@ -1074,7 +1090,11 @@ pub(super) fn validate(
             };
             let probe = matches!(handler, Handler::Liveness | Handler::Readiness);
             // Probes and stats are for machines: no site header fields on them.
-            let monitoring = probe || matches!(handler, Handler::Status | Handler::Metrics);
+            let monitoring = probe
+                || matches!(
+                    handler,
+                    Handler::Status | Handler::Metrics | Handler::Purge { .. }
+                );
             let headers = if monitoring {
                 Vec::new()
             } else {
@@ -1501,6 +1521,85 @@ mod tests {
         ],
     )],
 )"#;
+
+    #[test]
+    fn cache_zones_and_route_caches_are_checked_with_their_location() {
+        let d = site();
+        let with = |top: &str, cache: &str| {
+            PROXY
+                .replace("    upstreams: {", &format!("    {top}\n    upstreams: {{"))
+                .replace(
+                    "Proxy(upstream: \"app\")",
+                    &format!("Proxy(upstream: \"app\", cache: {cache})"),
+                )
+        };
+        let zone = r#"caches: { "pages": (path: "cache/pages", max_size: "1GiB") },"#;
+        let c = parse(
+            &d.0,
+            &with(
+                zone,
+                r#"Some((zone: "pages", valid: [(200, "10m"), (0, "1m")]))"#,
+            ),
+        )
+        .unwrap();
+        assert_eq!(c.caches.len(), 1);
+        assert_eq!(c.caches[0].index_entries, 100_000);
+        assert!(c.caches[0].path.ends_with("cache/pages"));
+        let Handler::Proxy {
+            cache: Some(rc),
+            shaping,
+            ..
+        } = &c.servers[0].route(b"/api/x").unwrap().handler
+        else {
+            panic!("a cached proxy route");
+        };
+        assert_eq!(rc.valid, vec![(200, 600), (0, 60)]);
+        assert_eq!(rc.lock_timeout.as_secs(), 5);
+        assert_eq!(rc.stale_if_error.as_secs(), 0);
+        let removed: Vec<&str> = shaping
+            .remove_headers
+            .iter()
+            .map(|n| n.0.as_str())
+            .collect();
+        assert_eq!(
+            removed,
+            ["If-None-Match", "If-Modified-Since", "If-Range", "Range"]
+        );
+
+        let e = parse(&d.0, &with(zone, r#"Some((zone: "page"))"#)).unwrap_err();
+        assert!(
+            e.contains("no cache zone named `page` (known: pages)"),
+            "{e}"
+        );
+        assert!(
+            e.contains("forkd.ron:13:82:"),
+            "located at the zone it names: {e}"
+        );
+        let e = parse(
+            &d.0,
+            &with(zone, r#"Some((zone: "pages", valid: [(206, "1m")]))"#),
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("status 206: partial content is never stored"),
+            "{e}"
+        );
+        let e = parse(&d.0, &with(zone, r#"Some((zone: "pages", key: "{host}"))"#)).unwrap_err();
+        assert!(e.contains("neither {uri} nor {path}"), "{e}");
+        let two = r#"caches: { "a": (path: "c", max_size: "1MiB"), "b": (path: "c", max_size: "1MiB", index_entries: 10) },"#;
+        let e = parse(&d.0, &with(two, "None")).unwrap_err();
+        assert!(e.contains("already the folder of cache zone `a`"), "{e}");
+        assert!(
+            e.contains("10 entries: a zone's index holds from 64"),
+            "{e}"
+        );
+        let e = parse(
+            &d.0,
+            &with(r#"caches: { "a": (path: "c", max_size: 0) },"#, "None"),
+        )
+        .unwrap_err();
+        assert!(e.contains("a cache zone of 0 bytes keeps nothing"), "{e}");
+    }
 
     #[test]
     fn proxy_routes_name_an_upstream_with_documented_defaults() {

@@ -36,8 +36,11 @@ pub struct Plan {
     pub hash: KeyHash,
     pub slot: usize,
     /// The fetch lock held on `slot`; `None`: the lock could not be had in time
-    /// (`lock_timeout`), so the response is passed on, not stored.
+    /// (`lock_timeout`), or the key's responses were found not storable lately.
     pub lock: Option<LockWord>,
+    /// The response is stored if it may be: with the lock, or without it for a key
+    /// marked not storable (a response that now may be stored replaces the mark).
+    pub store: bool,
     /// The key's vary record as found: its epoch and field names.
     pub vary: Option<(u64, Vec<Box<[u8]>>)>,
     /// The client's request head (its fields: Vary's values, `Authorization`).
@@ -57,6 +60,10 @@ impl std::fmt::Debug for Plan {
             .finish()
     }
 }
+
+/// How long a key whose response may not be stored is fetched without the lock
+/// (seconds; Varnish's hit-for-miss lasts 120 s by default).
+pub const PASS_FOR: u64 = 120;
 
 /// What the response head decided.
 pub enum AtHead {
@@ -136,7 +143,7 @@ impl Plan {
         if status >= 500 && self.stale.as_ref().is_some_and(|s| s.if_error) {
             return AtHead::StaleOnError(self);
         }
-        if self.lock.is_none() {
+        if !self.store {
             return AtHead::Pass;
         }
         let response = key::fields(upstream_head);
@@ -151,13 +158,28 @@ impl Plan {
         });
         let fresh = match verdict {
             Storable::Yes(f) => f,
-            Storable::No(_) => return AtHead::Pass,
+            Storable::No(_) => {
+                if status < 500 && self.lock.is_some() {
+                    self.mark_pass(now);
+                }
+                return AtHead::Pass;
+            }
         };
         let values = policy::vary_key(&fresh.vary, &request);
         drop(request);
         match Fill::start(self, fresh, status, client_head, &values, now) {
             Some(fill) => AtHead::Store(Box::new(fill)),
             None => AtHead::Pass,
+        }
+    }
+
+    /// The key's response may not be stored: for [`PASS_FOR`] seconds its requests
+    /// go upstream without waiting on each other (a stored entry it had is removed:
+    /// the application says it may not be kept any more).
+    fn mark_pass(&self, now: u64) {
+        let ix = self.zone.index();
+        if ix.mark_pass(self.slot, self.hash, now + PASS_FOR).is_some() {
+            files::remove(&self.zone.dir, self.hash);
         }
     }
 
@@ -253,6 +275,18 @@ pub struct Fill {
     hash: KeyHash,
     /// The most body bytes one entry may have (a quarter of the zone).
     limit: u64,
+    /// The variant's own slot and the lock this fetch holds on it (a response that
+    /// varies, met before its vary record existed or with other fields): requests
+    /// for the variant wait for this fetch as for the key's.
+    variant: Option<(usize, Option<LockWord>)>,
+}
+
+impl Drop for Fill {
+    fn drop(&mut self) {
+        if let Some((slot, Some(lock))) = self.variant {
+            self.plan.zone.index().unlock(slot, lock);
+        }
+    }
 }
 
 impl Fill {
@@ -298,12 +332,26 @@ impl Fill {
         };
         let ix = plan.zone.index();
         match Writer::create(&plan.zone.dir, hash, meta) {
-            Ok(w) => Some(Fill {
-                writer: Some(w),
-                limit: plan.zone.max_size / 4,
-                hash,
-                plan,
-            }),
+            Ok(w) => {
+                let variant = (hash != plan.hash)
+                    .then(|| {
+                        let now_ms = forkd_shared::shm::monotonic_ms();
+                        let r = ix.reserve(hash, now, now_ms)?;
+                        if let Some(e) = r.evicted {
+                            files::remove(&plan.zone.dir, e.hash);
+                        }
+                        let lock = plan.lock.filter(|l| ix.try_lock(r.slot, *l, now_ms));
+                        Some((r.slot, lock))
+                    })
+                    .flatten();
+                Some(Fill {
+                    writer: Some(w),
+                    limit: plan.zone.max_size / 4,
+                    hash,
+                    plan,
+                    variant,
+                })
+            }
             Err(e) => {
                 ix.bump(counters::STORE_FAILED, 1);
                 forkd_shared::warn!(
@@ -354,14 +402,10 @@ impl Fill {
         let view = view_of(self.hash, &meta, size);
         let slot = if self.hash == plan.hash {
             Some(plan.slot)
+        } else if let Some((slot, _)) = self.variant {
+            Some(slot)
         } else {
-            ix.reserve(self.hash, meta.stored, forkd_shared::shm::monotonic_ms())
-                .map(|r| {
-                    if let Some(e) = r.evicted {
-                        files::remove(&plan.zone.dir, e.hash);
-                    }
-                    r.slot
-                })
+            None
         };
         let published = slot.is_some_and(|s| ix.publish(s, view).is_ok());
         if published {

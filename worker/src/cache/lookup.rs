@@ -13,7 +13,7 @@
 
 use super::fill::{Plan, Stale};
 use super::policy::{self, Use};
-use super::zones::Zone;
+use super::zones::{VaryNames, Zone};
 use super::CacheStatus;
 use crate::http::request::Method;
 use forkd_shared::cache::files::{self, OpenError, Opened};
@@ -21,6 +21,18 @@ use forkd_shared::cache::index::{counters, Index, Kind, LockWord};
 use forkd_shared::cache::{variant_hash, KeyHash};
 use forkd_shared::config::cache::RouteCache;
 use std::sync::Arc;
+
+/// How often a request waiting for another's fetch of its key looks again (µs).
+pub const WAIT_POLL_US: u64 = 10_000;
+
+/// A wait, counted once per request: at its first look, made as its head came (a
+/// look again comes `WAIT_POLL_US` later at the earliest).
+fn wait(ix: &Index, now: &Now) -> Decision {
+    if now.waited_us < WAIT_POLL_US {
+        ix.bump(counters::LOCK_WAITS, 1);
+    }
+    Decision::Wait
+}
 
 /// The request, as the cache sees it.
 pub struct Asked<'a> {
@@ -46,7 +58,7 @@ pub enum Decision {
     /// Answered from the entry; `refresh`: a stale answer's background refresh,
     /// whose lock this request took.
     Answer {
-        entry: Opened,
+        entry: Box<Opened>,
         status: CacheStatus,
         age: u64,
         not_modified: bool,
@@ -61,7 +73,13 @@ pub enum Decision {
     Bypass(CacheStatus),
 }
 
-pub fn decide(zone: &Arc<Zone>, rc: &RouteCache, a: Asked, now: Now) -> Decision {
+pub fn decide(
+    zone: &Arc<Zone>,
+    names: &mut VaryNames,
+    rc: &RouteCache,
+    a: Asked,
+    now: Now,
+) -> Decision {
     let ix = zone.index();
     let dirs = policy::request_directives(a.fields);
     if !matches!(a.method, Method::Get | Method::Head) || policy::bypass(a.method, &dirs) {
@@ -72,26 +90,39 @@ pub fn decide(zone: &Arc<Zone>, rc: &RouteCache, a: Asked, now: Now) -> Decision
     let mut target = primary;
     let mut vary = None;
     if let Some(f) = ix.find(primary).filter(|f| f.view.kind == Kind::Vary) {
-        match files::open(&zone.dir, primary, Some(&a.key)) {
-            Ok(o) if o.meta.is_vary_record() => {
-                let names: Vec<Box<[u8]>> = o.meta.vary.iter().map(|n| n.clone().into()).collect();
-                let values = policy::vary_key(&names, a.fields);
-                target = variant_hash(&a.key, o.meta.epoch, &values);
-                vary = Some((o.meta.epoch, names));
+        // The record's epoch is in its slot; its names are read once per epoch.
+        let epoch = f.view.expires;
+        let known = names.get(rc.zone, primary, epoch).or_else(|| {
+            match files::open(&zone.dir, primary, Some(&a.key)) {
+                Ok(o) if o.meta.is_vary_record() && o.meta.epoch == epoch => {
+                    let read: Arc<[Box<[u8]>]> =
+                        o.meta.vary.iter().map(|n| n.clone().into()).collect();
+                    names.put(rc.zone, primary, epoch, read.clone());
+                    Some(read)
+                }
+                _ => None,
+            }
+        });
+        match known {
+            Some(record) => {
+                let values = policy::vary_key(&record, a.fields);
+                target = variant_hash(&a.key, epoch, &values);
+                vary = Some((epoch, record.to_vec()));
                 ix.touch(f.slot, now.unix);
             }
-            _ => forget(&ix, zone, f.slot, primary),
+            None => forget(&ix, zone, f.slot, primary),
         }
     }
     let lock_ms = rc.lock_timeout.as_millis() as u64;
     let mine = LockWord::new(std::process::id(), now.ms + lock_ms.max(1));
     let may_wait = now.waited_us < rc.lock_timeout.as_micros() as u64;
-    let plan = |slot, lock, vary, stale| {
+    let plan = |slot, lock: Option<LockWord>, vary, stale| {
         Box::new(Plan {
             zone: zone.clone(),
             key: a.key.clone(),
             hash: target,
             slot,
+            store: lock.is_some(),
             lock,
             vary,
             request_head: a.head.into(),
@@ -125,7 +156,7 @@ pub fn decide(zone: &Arc<Zone>, rc: &RouteCache, a: Asked, now: Now) -> Decision
                         .map(|e| &e[..]),
                 );
                 let answer = |entry, status, refresh| Decision::Answer {
-                    entry,
+                    entry: Box::new(entry),
                     status,
                     age,
                     not_modified,
@@ -163,7 +194,7 @@ pub fn decide(zone: &Arc<Zone>, rc: &RouteCache, a: Asked, now: Now) -> Decision
                             return Decision::Fetch(plan(e.slot, Some(mine), vary, Some(stale)));
                         }
                         if may_wait {
-                            return Decision::Wait;
+                            return wait(&ix, &now);
                         }
                         ix.bump(counters::MISSES, 1);
                         return Decision::Fetch(plan(e.slot, None, vary, Some(stale)));
@@ -176,6 +207,16 @@ pub fn decide(zone: &Arc<Zone>, rc: &RouteCache, a: Asked, now: Now) -> Decision
         // Its answer has no body to store; a GET for the key will fetch one.
         ix.bump(counters::MISSES, 1);
         return Decision::Bypass(CacheStatus::Miss);
+    }
+    if let Some(f) = ix.find(target) {
+        if f.view.kind == Kind::Reserved && f.view.expires > now.unix {
+            // Not storable lately: side by side to the application, stored if the
+            // response now may be.
+            ix.bump(counters::MISSES, 1);
+            let mut p = plan(f.slot, None, vary, None);
+            p.store = true;
+            return Decision::Fetch(p);
+        }
     }
     let Some(r) = ix.reserve(target, now.unix, now.ms) else {
         ix.bump(counters::BYPASS, 1);
@@ -190,7 +231,7 @@ pub fn decide(zone: &Arc<Zone>, rc: &RouteCache, a: Asked, now: Now) -> Decision
         return Decision::Fetch(plan(r.slot, Some(mine), vary, None));
     }
     if may_wait {
-        return Decision::Wait;
+        return wait(&ix, &now);
     }
     ix.bump(counters::MISSES, 1);
     Decision::Fetch(plan(r.slot, None, vary, None))

@@ -17,6 +17,7 @@ pub mod hit;
 pub mod key;
 pub mod lookup;
 pub mod policy;
+pub mod purge;
 pub mod upkeep;
 pub mod zones;
 

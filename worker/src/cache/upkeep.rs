@@ -19,9 +19,10 @@ use super::fill::{AtHead, Plan};
 use super::zones::Zone;
 use crate::proxy::body::Decoder;
 use crate::proxy::response_head::{self, Parsed, ResponseContext, UpstreamBody};
-use forkd_shared::cache::upkeep::{load, manage, take_lease};
+use forkd_shared::cache::upkeep::{give_lease, load, manage, take_lease};
 use forkd_shared::config::UpstreamAddress;
 use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -41,6 +42,8 @@ pub struct Refresh {
 pub struct Upkeep {
     zones: Arc<Mutex<Vec<Arc<Zone>>>>,
     jobs: Option<SyncSender<Refresh>>,
+    /// The worker drains: the thread gives its leases up and takes no more.
+    stopping: Arc<AtomicBool>,
 }
 
 /// Refreshes queued at most (more are dropped: the entry stays stale a little
@@ -53,6 +56,7 @@ impl Upkeep {
         Upkeep {
             zones: Arc::new(Mutex::new(Vec::new())),
             jobs: None,
+            stopping: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -61,13 +65,16 @@ impl Upkeep {
         let shared = Arc::new(Mutex::new(zones));
         let (tx, rx) = mpsc::sync_channel(MAX_REFRESHES);
         let for_thread = shared.clone();
+        let stopping = Arc::new(AtomicBool::new(false));
+        let stop = stopping.clone();
         let started = std::thread::Builder::new()
             .name("forkd-cache".into())
-            .spawn(move || run(for_thread, rx));
+            .spawn(move || run(for_thread, rx, stop));
         match started {
             Ok(_) => Upkeep {
                 zones: shared,
                 jobs: Some(tx),
+                stopping,
             },
             Err(e) => {
                 forkd_shared::error!(
@@ -76,9 +83,16 @@ impl Upkeep {
                 Upkeep {
                     zones: shared,
                     jobs: None,
+                    stopping,
                 }
             }
         }
+    }
+
+    /// The worker drains: another worker takes the loader's and manager's work
+    /// (the leases are given up within a second).
+    pub fn stop(&self) {
+        self.stopping.store(true, Relaxed);
     }
 
     pub fn running(&self) -> bool {
@@ -101,7 +115,7 @@ impl Upkeep {
     }
 }
 
-fn run(zones: Arc<Mutex<Vec<Arc<Zone>>>>, jobs: Receiver<Refresh>) {
+fn run(zones: Arc<Mutex<Vec<Arc<Zone>>>>, jobs: Receiver<Refresh>, stopping: Arc<AtomicBool>) {
     let pid = std::process::id();
     let mut next_pass = std::time::Instant::now();
     loop {
@@ -118,6 +132,10 @@ fn run(zones: Arc<Mutex<Vec<Arc<Zone>>>>, jobs: Receiver<Refresh>) {
         let now_zones: Vec<Arc<Zone>> = zones.lock().map(|z| z.clone()).unwrap_or_default();
         for zone in now_zones {
             let ix = zone.index();
+            if stopping.load(Relaxed) {
+                give_lease(&ix, pid);
+                continue;
+            }
             if !take_lease(&ix, pid) {
                 continue;
             }

@@ -3,7 +3,7 @@
 //! the master made its index anew. A zone whose index cannot be mapped is logged
 //! once and treated as empty: its routes proxy without a cache, never fail.
 
-use forkd_shared::cache::{current_id, Index, IndexFile};
+use forkd_shared::cache::{current_id, Index, IndexFile, KeyHash};
 use forkd_shared::config::cache::CacheZone;
 use forkd_shared::config::Config;
 use std::path::PathBuf;
@@ -28,6 +28,34 @@ impl Zone {
 #[derive(Default)]
 pub struct Zones {
     zones: Vec<Option<Arc<Zone>>>,
+    /// The field names of vary records this worker has read, by zone, key and epoch
+    /// (a record's names never change within its epoch).
+    pub vary_names: VaryNames,
+}
+
+/// A vary record's field names.
+pub type Names = Arc<[Box<[u8]>]>;
+
+/// Vary records' field names met lately (see [`Zones::vary_names`]).
+#[derive(Default)]
+pub struct VaryNames {
+    names: rustc_hash::FxHashMap<(usize, KeyHash, u64), Names>,
+}
+
+/// Records remembered at most (then forgotten all at once; each costs one read).
+const VARY_NAMES_KEPT: usize = 4096;
+
+impl VaryNames {
+    pub fn get(&self, zone: usize, key: KeyHash, epoch: u64) -> Option<Names> {
+        self.names.get(&(zone, key, epoch)).cloned()
+    }
+
+    pub fn put(&mut self, zone: usize, key: KeyHash, epoch: u64, names: Names) {
+        if self.names.len() >= VARY_NAMES_KEPT {
+            self.names.clear();
+        }
+        self.names.insert((zone, key, epoch), names);
+    }
 }
 
 impl Zones {
@@ -41,6 +69,7 @@ impl Zones {
     /// under way hold theirs through an `Rc`).
     pub fn reconfigure(&mut self, config: &Config) {
         let old = std::mem::take(&mut self.zones);
+        self.vary_names = VaryNames::default();
         for c in &config.caches {
             let kept = old.iter().flatten().find(|z| same(z, c)).cloned();
             self.zones.push(kept.or_else(|| open(c)));
@@ -49,6 +78,12 @@ impl Zones {
 
     pub fn get(&self, zone: usize) -> Option<&Arc<Zone>> {
         self.zones.get(zone)?.as_ref()
+    }
+
+    /// Zone `zone` and the vary names remembered, apart.
+    pub fn with_names(&mut self, zone: usize) -> Option<(&Arc<Zone>, &mut VaryNames)> {
+        let z = self.zones.get(zone)?.as_ref()?;
+        Some((z, &mut self.vary_names))
     }
 
     /// Every zone mapped, for the cache thread and the stats.

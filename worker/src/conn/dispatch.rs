@@ -79,7 +79,7 @@ pub enum Next {
 }
 
 /// How often a request waiting for another's fetch of its key looks again (µs).
-pub const CACHE_WAIT_POLL: Micros = 10_000;
+pub const CACHE_WAIT_POLL: Micros = lookup::WAIT_POLL_US;
 
 /// What of a connection answering a request touches, borrowed apart from the input
 /// buffer the request itself borrows.
@@ -620,7 +620,7 @@ fn add_fields(head: &mut Vec<u8>, fields: &[u8]) {
 /// one and its zone is mapped.
 fn cache_lookup(
     x: &Exchange,
-    svc: &Services,
+    svc: &mut Services,
     req: &Request,
     head: &[u8],
     server: usize,
@@ -634,7 +634,7 @@ fn cache_lookup(
     else {
         return None;
     };
-    let zone = svc.caches.get(rc.zone)?;
+    let (zone, names) = svc.caches.with_names(rc.zone)?;
     let fallback = srv
         .names
         .first()
@@ -661,7 +661,7 @@ fn cache_lookup(
         ms: forkd_shared::shm::monotonic_ms(),
         waited_us: svc.clock.now_us.saturating_sub(x.started),
     };
-    Some(lookup::decide(zone, rc, asked, now))
+    Some(lookup::decide(zone, names, rc, asked, now))
 }
 
 /// Acts on the cache's decision: an answer from the zone (and a background refresh
@@ -714,7 +714,7 @@ fn cached(
         head_only: req.method == Method::Head,
         not_modified,
     };
-    let sent = hit::write(x.out, entry, &answer);
+    let sent = hit::write(x.out, *entry, &answer);
     if let Some(zone) = svc.caches.get(to_zone(svc, server, to.route)) {
         zone.index().bump(
             forkd_shared::cache::index::counters::BYTES_SERVED,
@@ -744,6 +744,16 @@ fn cached(
         Persistence::Close => Next::Finish(After::Close),
         _ => Next::Continue,
     }
+}
+
+/// The cache zones' lines for `/metrics`.
+fn cache_metrics(svc: &Services) -> String {
+    let reports: Vec<_> = svc
+        .caches
+        .all()
+        .map(|z| forkd_shared::cache::report::zone_report(&z.name, &z.index(), z.max_size))
+        .collect();
+    forkd_shared::cache::report::prometheus(&reports)
 }
 
 /// The zone of a cached route (for its counters).
@@ -928,12 +938,34 @@ fn respond(
             Handler::Status => {
                 status::serve(Format::Json, req.method, svc.stats.region(), &mut reply)
             }
-            Handler::Metrics => status::serve(
-                Format::Prometheus,
-                req.method,
-                svc.stats.region(),
-                &mut reply,
-            ),
+            Handler::Metrics => {
+                let caches = cache_metrics(svc);
+                status::serve_with(
+                    Format::Prometheus,
+                    req.method,
+                    svc.stats.region(),
+                    &caches,
+                    &mut reply,
+                )
+            }
+            Handler::Purge { zone, key } => {
+                let zone = svc.caches.get(*zone);
+                let fallback = server
+                    .names
+                    .first()
+                    .map_or(&b"localhost"[..], |n| n.as_bytes());
+                let key = cache::key::expand(
+                    key,
+                    &KeyInput {
+                        tls: x.tls,
+                        host: req.host,
+                        fallback_host: fallback,
+                        path,
+                        query: req.query,
+                    },
+                );
+                cache::purge::serve(req.method_name, zone.map(|z| &**z), &key, &mut reply)
+            }
             Handler::Static {
                 root,
                 index,

@@ -30,5 +30,7 @@ pub fn allows(handler: &Handler, method: Method) -> bool {
         Handler::Redirect { .. } | Handler::Return { .. } => true,
         // The upstream decides.
         Handler::Proxy { .. } => true,
+        // `PURGE` is not a method the parser names: the handler checks it.
+        Handler::Purge { .. } => method == Method::Other,
     }
 }

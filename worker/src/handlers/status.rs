@@ -15,6 +15,17 @@ pub enum Format {
 }
 
 pub fn serve(format: Format, method: Method, region: &Region, reply: &mut Reply) -> Outcome {
+    serve_with(format, method, region, "", reply)
+}
+
+/// [`serve`], with `extra` Prometheus lines after the region's (the cache zones').
+pub fn serve_with(
+    format: Format,
+    method: Method,
+    region: &Region,
+    extra: &str,
+    reply: &mut Reply,
+) -> Outcome {
     if method == Method::Other {
         return reply.error(Status::METHOD_NOT_ALLOWED, &[("Allow", b"GET, HEAD")]);
     }
@@ -22,7 +33,7 @@ pub fn serve(format: Format, method: Method, region: &Region, reply: &mut Reply)
         (Ok(report), Format::Json) => (Status::OK, report.to_json(), "application/json"),
         (Ok(report), Format::Prometheus) => (
             Status::OK,
-            report.to_prometheus(),
+            report.to_prometheus() + extra,
             "text/plain; version=0.0.4; charset=utf-8",
         ),
         (Err(e), Format::Json) => (Status::SERVICE_UNAVAILABLE, e.to_json(), "application/json"),

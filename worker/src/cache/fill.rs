@@ -16,6 +16,7 @@ use forkd_shared::cache::files::{self, Opened, Writer};
 use forkd_shared::cache::index::{counters, LockWord};
 use forkd_shared::cache::upkeep::view_of;
 use forkd_shared::cache::{variant_hash, KeyHash};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 /// A stale entry this fetch revalidates: a 304 refreshes it, a failure may serve it.
@@ -230,7 +231,7 @@ impl Plan {
     fn write_vary_record(&self, names: &[Box<[u8]>], now: u64) -> Option<u64> {
         let primary = KeyHash::of(&[&self.key]);
         let ix = self.zone.index();
-        let epoch = (now << 20) ^ u64::from(std::process::id()) ^ self.hash.lo();
+        let epoch = new_epoch(primary);
         let meta = Meta {
             status: 0,
             flags: FLAG_VARY_RECORD,
@@ -251,6 +252,23 @@ impl Plan {
         ix.publish(r.slot, view_of(primary, &meta, size)).ok()?;
         Some(epoch)
     }
+}
+
+/// A new vary record's epoch: never the epoch of an earlier record of the key, even
+/// one the same worker made the same second (the record a purge removed: the
+/// variants stored under it must not be found again).
+fn new_epoch(primary: KeyHash) -> u64 {
+    static MADE: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let parts = [
+        nanos.to_le_bytes(),
+        u64::from(std::process::id()).to_le_bytes(),
+        MADE.fetch_add(1, Relaxed).to_le_bytes(),
+        primary.lo().to_le_bytes(),
+    ];
+    KeyHash::of(&parts.each_ref().map(|p| &p[..])).lo()
 }
 
 impl Drop for Plan {
@@ -414,5 +432,17 @@ impl Fill {
             // Its slot went to another key meanwhile: the file is not reachable.
             files::remove(&plan.zone.dir, self.hash);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_vary_record_of_a_key_has_a_new_epoch() {
+        let k = KeyHash::of(&[b"httplocalhost/v"]);
+        let (a, b) = (new_epoch(k), new_epoch(k));
+        assert_ne!(a, b, "two records made at once share an epoch");
     }
 }

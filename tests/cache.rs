@@ -815,11 +815,13 @@ fn concurrent_misses_for_one_key_on_all_workers_make_one_upstream_request() {
         assert!(r.body == body, "client {i}: the body differs");
     }
     assert_eq!(valve.arrived(), 1);
-    let mut log = cache_log(&d, "/hot", N);
-    log.sort();
+    let log = cache_log(&d, "/hot", N);
     let misses = log.iter().filter(|s| *s == "MISS").count();
     let hits = log.iter().filter(|s| *s == "HIT").count();
     assert_eq!((misses, hits), (1, N - 1), "{log:?}");
+    let s = cache_stats(&d);
+    let figures = ["misses", "hits", "lock_waits", "stores"].map(|k| zone_counter(&s, k));
+    assert_eq!(figures, [1, N as u64 - 1, N as u64 - 1, 1], "{s:#}");
 }
 
 /// A fetch that takes longer than `lock_timeout` no longer holds the others: they go
@@ -1467,4 +1469,180 @@ fn an_entry_unused_for_inactive_is_removed() {
     assert_eq!(get(&d, "/i", "").body, b"idle");
     assert_eq!(up.received().len(), 2);
     assert_eq!(cache_log(&d, "/i", 2), ["MISS", "MISS"]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Purge and figures
+// ---------------------------------------------------------------------------------------
+
+/// `forkd cache stats --json`: the zone `pages`.
+fn cache_stats(d: &TestDaemon) -> Value {
+    let (code, out, err) = d.ctl(&["cache", "stats", "--json"]);
+    assert_eq!(code, 0, "forkd cache stats --json: {out} {err}");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    v.as_array()
+        .and_then(|zones| zones.iter().find(|z| z["zone"] == "pages").cloned())
+        .unwrap_or_else(|| panic!("no zone `pages` in {out}"))
+}
+
+/// A counter of the zone `pages`.
+fn zone_counter(stats: &Value, name: &str) -> u64 {
+    stats["counters"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {name} in {stats:#}"))
+}
+
+/// `PURGE target` on `port`.
+fn purge(port: u16, target: &str) -> Response {
+    let mut c = Conn::connect(port).unwrap();
+    c.exchange(
+        format!("PURGE {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .unwrap()
+}
+
+/// Entries go by key or by prefix, from the command line (`forkd cache purge`) or
+/// with `PURGE` on a `Purge` route (which its `allow` restricts); each purged key is
+/// fetched again, the others stay hits. `forkd cache stats` and `/metrics` count
+/// what the zone did.
+#[test]
+fn purge_by_key_and_prefix_from_the_cli_and_the_purge_route_and_the_zones_figures() {
+    let counts = Arc::new(Mutex::new(HashMap::new()));
+    let c = counts.clone();
+    let up = upstream(move |r| {
+        let (n, _) = numbered(&c, r.path());
+        let body = match r.header("accept-encoding") {
+            Some(ae) => format!("{} {ae} #{n}", r.path()),
+            None => format!("{} #{n}", r.path()),
+        };
+        let mut f = vec![("Cache-Control", "max-age=600")];
+        if r.path() == "/v" {
+            f.push(("Vary", "Accept-Encoding"));
+        }
+        full(200, &f, body.as_bytes())
+    });
+    // An admin server beside the cached one, as the README has it.
+    let admin = free_port();
+    let routes = format!(
+        r#"(prefix: "/metrics", handler: Metrics),
+        {cached}
+        ],
+    ), (
+        listen: ["127.0.0.1:{admin}"],
+        routes: [
+            (prefix: "/denied/", handler: Purge(zone: "pages"), allow: ["10.0.0.0/8"]),
+            (prefix: "/", handler: Purge(zone: "pages"), allow: ["127.0.0.1"]),"#,
+        cached = cached_route("/", "")
+    );
+    let d = builder(up.addr(), "", ZONE, &routes).start();
+    let body = |path: &str, extra: &str| get(&d, path, extra).body_str();
+    let gzip = "Accept-Encoding: gzip\r\n";
+    let br = "Accept-Encoding: br\r\n";
+    for _ in 0..2 {
+        for p in ["/a", "/b", "/dir/1", "/dir/2", "/denied/x"] {
+            assert_eq!(body(p, ""), format!("{p} #1"));
+        }
+        assert_eq!(body("/v", gzip), "/v gzip #1");
+        assert_eq!(body("/v", br), "/v br #2");
+    }
+    let s = cache_stats(&d);
+    assert_eq!(
+        (
+            zone_counter(&s, "misses"),
+            zone_counter(&s, "hits"),
+            zone_counter(&s, "stores")
+        ),
+        (7, 7, 7),
+        "{s:#}"
+    );
+    // Five entries, two variants and the record of their fields.
+    assert_eq!(s["entries"], 8, "{s:#}");
+    assert_eq!(s["loaded"], true, "{s:#}");
+    assert_eq!(s["max_size"], 64 << 20, "{s:#}");
+
+    // PURGE: the key of the request, as the cached route makes it.
+    let r = purge(admin, "/a");
+    assert_eq!(
+        (r.status, r.body.as_slice()),
+        (200, &b"purged\n"[..]),
+        "{}",
+        r.head
+    );
+    let r = purge(admin, "/a");
+    assert_eq!((r.status, r.body.as_slice()), (404, &b"not cached\n"[..]));
+    assert_eq!(body("/a", ""), "/a #2");
+    assert_eq!(body("/a", ""), "/a #2");
+    let r = d.request(&format!(
+        "GET /a HTTP/1.1\r\nHost: localhost:{admin}\r\nConnection: close\r\n\r\n"
+    ));
+    assert_eq!(r.status, 200, "the admin port is another server");
+    let mut c = Conn::connect(admin).unwrap();
+    let r = c
+        .exchange(b"GET /a HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    assert_eq!(
+        (r.status, r.header("Allow")),
+        (405, Some("PURGE")),
+        "{}",
+        r.head
+    );
+    // Refused by the route's `allow`: the entry stays.
+    assert_eq!(purge(admin, "/denied/x").status, 403);
+    assert_eq!(body("/denied/x", ""), "/denied/x #1");
+    // A response that varies: every variant goes with its record.
+    assert_eq!(purge(admin, "/v").status, 200);
+    assert_eq!(body("/v", br), "/v br #3");
+    assert_eq!(body("/v", gzip), "/v gzip #4");
+    assert_eq!(body("/v", br), "/v br #3");
+
+    // The command line: one key, then every key under a prefix.
+    let (code, out, err) = d.ctl(&["cache", "purge", "pages", "httplocalhost/b"]);
+    assert_eq!(code, 0, "{out} {err}");
+    assert!(
+        out.contains("purged 1 entry from cache zone `pages`"),
+        "{out}"
+    );
+    assert_eq!(body("/b", ""), "/b #2");
+    let (code, out, err) = d.ctl(&["cache", "purge", "pages", "--prefix", "httplocalhost/dir/"]);
+    assert_eq!(code, 0, "{out} {err}");
+    assert!(
+        out.contains("purged 2 entries from cache zone `pages`"),
+        "{out}"
+    );
+    for p in ["/dir/1", "/dir/2"] {
+        assert_eq!(body(p, ""), format!("{p} #2"));
+        assert_eq!(body(p, ""), format!("{p} #2"));
+    }
+    assert_eq!(body("/a", ""), "/a #2");
+    assert_eq!(body("/denied/x", ""), "/denied/x #1");
+    let (code, out, err) = d.ctl(&["cache", "purge", "nope", "x"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(err.contains("no cache zone named `nope`"), "{err}");
+
+    let s = cache_stats(&d);
+    assert_eq!(zone_counter(&s, "purged"), 5, "{s:#}");
+    let hits = zone_counter(&s, "hits");
+    let text = get(&d, "/metrics", "").body_str();
+    let scraped = scrape(&text);
+    let sample = |family: &str| {
+        scraped
+            .samples
+            .iter()
+            .find(|s| s.metric == family && s.labels.get("zone") == Some("pages"))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                ref other => panic!("{family}: {other:?}"),
+            })
+            .unwrap_or_else(|| panic!("no {family}{{zone=\"pages\"}} in:\n{text}"))
+    };
+    assert_eq!(sample("forkd_cache_hits_total"), hits as f64, "{text}");
+    assert_eq!(sample("forkd_cache_purged_total"), 5.0);
+    assert_eq!(sample("forkd_cache_max_bytes"), (64u64 << 20) as f64);
+    assert_eq!(
+        sample("forkd_cache_entries"),
+        cache_stats(&d)["entries"].as_f64().unwrap()
+    );
 }

@@ -202,7 +202,10 @@ fn wait_loaded(d: &TestDaemon, n: usize) -> String {
 /// A point where the application holds requests until the test opens it; it
 /// records the heads of the requests that arrived (before holding them).
 #[derive(Clone)]
-struct Valve(Arc<(Mutex<(bool, Vec<String>)>, Condvar)>);
+struct Valve(Arc<(Mutex<ValveState>, Condvar)>);
+
+/// Whether the valve is open, and the heads of the requests that reached it.
+type ValveState = (bool, Vec<String>);
 
 impl Valve {
     fn closed() -> Valve {
@@ -242,8 +245,8 @@ impl Valve {
     }
 }
 
-/// A response's first line and fields (the head the test built), for a body from
-/// a counted application: `"<target> #<n>"`.
+/// Counts a request for `target`: its number (from 1) and the body
+/// `"<target> #<n>"`, which tells a client whether its answer was fetched anew.
 fn numbered(counts: &Mutex<HashMap<String, usize>>, target: &str) -> (usize, Vec<u8>) {
     let mut c = counts.lock().unwrap();
     let n = c.entry(target.to_string()).or_insert(0);
@@ -331,6 +334,18 @@ fn a_miss_is_fetched_once_and_then_answered_from_the_zone_byte_for_byte() {
     assert!(hit.body == big, "the big hit differs from the stored body");
     assert_eq!(asked(&up, "/big"), 1);
 
+    // Hits one after another on a kept-alive connection: each framed by its length,
+    // the file-sent one too.
+    let mut c = Conn::connect(d.port).unwrap();
+    c.send(b"GET /big HTTP/1.1\r\nHost: localhost\r\n\r\nGET /page HTTP/1.1\r\nHost: localhost\r\n\r\nGET /big HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    for want in [&big, &page, &big] {
+        let r = c.response().unwrap();
+        assert!(r.body == *want, "a pipelined hit differs");
+    }
+    c.wait_close(Duration::from_secs(10)).unwrap();
+    assert_eq!((asked(&up, "/big"), asked(&up, "/page")), (1, 1));
+
     // Chunked from the application; stored whole, answered with its length.
     let miss = get(&d, "/chunked", "");
     assert_eq!(miss.header("Transfer-Encoding"), Some("chunked"));
@@ -414,6 +429,7 @@ fn responses_are_stored_as_rfc_9111_allows_and_not_otherwise() {
             "/no-cache" => (200, vec![cc("no-cache, max-age=600")]),
             "/s-maxage" => (200, vec![cc("s-maxage=600, max-age=0")]),
             "/aged" => (200, vec![cc("max-age=600"), ("Age", "600")]),
+            "/aged-some" => (200, vec![cc("max-age=600"), ("Age", "100")]),
             "/vary-star" => (200, vec![cc("max-age=600"), ("Vary", "*")]),
             "/vary-many" => (200, vec![cc("max-age=600"), ("Vary", "a, b, c, d, e")]),
             "/valid" | "/plain/valid" | "/nq/k" | "/q" | "/host" | "/req-no-store" => (200, vec![]),
@@ -458,6 +474,7 @@ fn responses_are_stored_as_rfc_9111_allows_and_not_otherwise() {
         ("/s-maxage", "", true),
         // Its age on arrival used its whole lifetime: stale at once.
         ("/aged", "", false),
+        ("/aged-some", "", true),
         ("/vary-star", "", false),
         ("/vary-many", "", false),
         // Nothing said: the route's `valid` table decides.
@@ -489,6 +506,9 @@ fn responses_are_stored_as_rfc_9111_allows_and_not_otherwise() {
     let r = get(&d, "/missing", "");
     assert_eq!((r.status, r.body_str().as_str()), (404, "/missing #1"));
     assert!(r.header("Age").is_some(), "{}", r.head);
+    // The age it had on arrival counts in the `Age` of every hit.
+    let r = get(&d, "/aged-some", "");
+    assert!((100..600).contains(&age(&r)), "{}", r.head);
     let r = get(&d, "/cookie-public", "");
     assert_eq!(r.header("Set-Cookie"), Some("s=1"), "{}", r.head);
 
@@ -667,6 +687,29 @@ fn a_clients_conditional_request_is_answered_304_from_the_entry() {
     assert_eq!(up.received().len(), 1);
     let log = cache_log(&d, "/c", cases.len() + 2);
     assert!(log[1..].iter().all(|s| s == "HIT"), "{log:?}");
+
+    // A miss with a conditional or a range asks the application for the whole
+    // response, which is stored; the entry then answers the conditional.
+    let r = get(
+        &d,
+        "/c2",
+        "If-None-Match: \"c1\"\r\nIf-Modified-Since: Sun, 06 Nov 1994 08:49:37 GMT\r\n",
+    );
+    assert_eq!(r.status, 200, "{}", r.head);
+    let r = get(&d, "/c3", "Range: bytes=0-3\r\nIf-Range: \"c1\"\r\n");
+    assert_eq!(
+        (r.status, r.body.as_slice()),
+        (200, &b"conditional body"[..])
+    );
+    for sent in &up.received()[1..] {
+        for name in ["if-none-match", "if-modified-since", "range", "if-range"] {
+            assert_eq!(sent.header(name), None, "{name} forwarded:\n{}", sent.head);
+        }
+    }
+    let r = get(&d, "/c2", "If-None-Match: \"c1\"\r\n");
+    assert_eq!(r.status, 304, "{}", r.head);
+    assert_eq!(get(&d, "/c3", "").body, b"conditional body");
+    assert_eq!(up.received().len(), 3);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -906,6 +949,11 @@ fn a_stale_entry_is_revalidated_and_a_304_answers_with_the_stored_entry() {
                 f.push(("X-Version", "1"));
                 full(200, &f, b"version one")
             }
+            ("/r-no-store", _) => full(
+                200,
+                &[("Cache-Control", "no-store")],
+                format!("not stored {n}").as_bytes(),
+            ),
             ("/r304", _) => full(
                 304,
                 &[("Cache-Control", "max-age=600"), ("ETag", "\"v1\"")],
@@ -919,7 +967,7 @@ fn a_stale_entry_is_revalidated_and_a_304_answers_with_the_stored_entry() {
         }
     });
     let d = daemon(&up, "");
-    for path in ["/r304", "/r200"] {
+    for path in ["/r304", "/r200", "/r-no-store"] {
         assert_eq!(get(&d, path, "").body, b"version one");
     }
 
@@ -937,18 +985,12 @@ fn a_stale_entry_is_revalidated_and_a_304_answers_with_the_stored_entry() {
         r.head
     );
     assert_eq!(r.header("ETag"), Some("\"v1\""), "{}", r.head);
-    let sent = seen.lock().unwrap().clone();
-    let reval = Response {
-        status: 0,
-        head: sent[2].clone(),
-        headers: sent[2]
-            .split("\r\n")
-            .skip(1)
-            .filter_map(|l| l.split_once(':'))
-            .map(|(n, v)| (n.to_string(), v.trim().to_string()))
-            .collect(),
-        body: Vec::new(),
-    };
+    let reval = up
+        .received()
+        .into_iter()
+        .filter(|r| r.path() == "/r304")
+        .nth(1)
+        .expect("a revalidation");
     assert!(reval.head.starts_with("GET /r304 "), "{}", reval.head);
     assert_eq!(
         reval.header("If-None-Match"),
@@ -977,6 +1019,12 @@ fn a_stale_entry_is_revalidated_and_a_304_answers_with_the_stored_entry() {
     );
     assert_eq!(asked(&up, "/r200"), 2);
     assert_eq!(cache_log(&d, "/r200", 3), ["MISS", "MISS", "HIT"]);
+
+    // The application says the resource may not be stored any more: the old entry
+    // is gone, never served again.
+    assert_eq!(get(&d, "/r-no-store", "").body, b"not stored 2");
+    assert_eq!(get(&d, "/r-no-store", "").body, b"not stored 3");
+    assert_eq!(get(&d, "/r-no-store", "").body, b"not stored 4");
 }
 
 /// A revalidation asks about the entry's version, whatever the client asks about:
@@ -1104,7 +1152,33 @@ fn a_stale_entry_is_served_at_once_while_one_background_refresh_fetches_it() {
     let r = get(&d, "/s", "");
     assert_eq!(r.body, b"version two");
     assert_eq!(up.received().len(), 2);
-    assert_eq!(cache_log(&d, "/s", 13).last().unwrap(), "HIT");
+    let log = cache_log(&d, "/s", 13);
+    assert!(log.iter().any(|s| s == "HIT"), "{log:?}");
+}
+
+/// The response's own `stale-while-revalidate=N` opens the window on a route that
+/// has none.
+#[test]
+fn a_responses_own_stale_while_revalidate_is_honoured() {
+    let n = Arc::new(AtomicUsize::new(0));
+    let n2 = n.clone();
+    let up = upstream(move |_| {
+        if n2.fetch_add(1, SeqCst) == 0 {
+            let cc = ("Cache-Control", "max-age=60, stale-while-revalidate=3600");
+            return full(200, &[cc, ("Age", "60")], b"version one");
+        }
+        full(200, &[("Cache-Control", "max-age=600")], b"version two")
+    });
+    let d = daemon(&up, "");
+    assert_eq!(get(&d, "/own", "").body, b"version one");
+    let r = get(&d, "/own", "");
+    assert_eq!(r.body, b"version one", "{}", r.head);
+    assert!(
+        wait_until(SETTLE, || get(&d, "/own", "").body == b"version two"),
+        "the background refresh was not stored"
+    );
+    assert_eq!(up.received().len(), 2);
+    assert_eq!(cache_log(&d, "/own", 2)[..2], ["MISS", "STALE"]);
 }
 
 /// `stale_if_error`: while the application answers 5xx, times out or is down, a
@@ -1122,6 +1196,10 @@ fn a_stale_entry_answers_while_the_application_fails_or_is_down() {
         ];
         match (r.path(), i) {
             ("/must", 1) => full(200, &must, b"must one"),
+            ("/plain/own", 1) => {
+                let cc = ("Cache-Control", "max-age=60, stale-if-error=3600");
+                full(200, &[cc, ("Age", "60")], b"version one")
+            }
             (_, 1) => full(200, &STALE_ON_ARRIVAL, b"version one"),
             ("/slow", _) => full(200, &[], b"late").delayed(Duration::from_secs(5)),
             _ => full(503, &[], b"application error"),
@@ -1140,7 +1218,7 @@ fn a_stale_entry_answers_while_the_application_fails_or_is_down() {
         &routes,
     )
     .start();
-    for path in ["/e", "/must", "/plain/e", "/slow", "/down"] {
+    for path in ["/e", "/must", "/plain/e", "/plain/own", "/slow", "/down"] {
         assert_eq!(get(&d, path, "").status, 200, "{path}");
     }
     let stale = |path: &str| {
@@ -1155,6 +1233,8 @@ fn a_stale_entry_answers_while_the_application_fails_or_is_down() {
     };
     stale("/e");
     stale("/slow");
+    // The response's own window, on a route without one.
+    stale("/plain/own");
     let r = get(&d, "/must", "");
     assert_eq!(
         (r.status, r.body.as_slice()),

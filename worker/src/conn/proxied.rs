@@ -517,7 +517,7 @@ fn answer_from_cache(
         head_only: p.client.line.line().is_head(),
         not_modified,
     };
-    let sent = crate::cache::hit::write(&mut busy.out, entry, &answer);
+    let sent = crate::cache::hit::write(&mut busy.out, &std::rc::Rc::new(entry), &answer);
     if status == CacheStatus::Stale {
         plan.zone.index().bump(cache_counters::STALE, 1);
     }

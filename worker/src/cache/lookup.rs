@@ -137,6 +137,7 @@ pub fn decide(
     if let Some(e) = ix.find(target).filter(|e| e.view.kind == Kind::Entry) {
         let kept_open = kept.open_entry(rc.zone, e.slot, target, e.seq);
         let opened = match kept_open {
+            Some(o) if !still_whole(zone, target, &o) => Err(()),
             Some(o) => Ok(o),
             None => {
                 open_entry(zone, target, &a.key, vary.as_ref().map(|(ep, _)| *ep)).map(|mut o| {
@@ -271,6 +272,27 @@ fn open_entry(zone: &Zone, hash: KeyHash, key: &[u8], epoch: Option<u64>) -> Res
             Err(())
         }
         Err(_) => Err(()),
+    }
+}
+
+/// Whether a body file kept open is still whole. A body answered from the bytes
+/// read when it was opened is; one sent from the file is checked against the file's
+/// size (one `fstat`), so a file cut short since is a miss, never sent short.
+fn still_whole(zone: &Zone, hash: KeyHash, o: &Opened) -> bool {
+    if o.small_body().is_some() {
+        return true;
+    }
+    let size = o.file.metadata().map_or(0, |m| m.len());
+    match o.meta.check_size(size) {
+        Ok(()) => true,
+        Err(why) => {
+            forkd_shared::warn!(
+                "cache zone `{}`: entry {} is damaged ({why}): removed, fetched again",
+                zone.name,
+                hash.hex()
+            );
+            false
+        }
     }
 }
 

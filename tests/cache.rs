@@ -1732,3 +1732,36 @@ fn purge_by_key_and_prefix_from_the_cli_and_the_purge_route_and_the_zones_figure
         cache_stats(&d)["entries"].as_f64().unwrap()
     );
 }
+
+/// A full index evicts rather than fails: far more keys than `index_entries` are
+/// all answered whole, the index keeps to its size, and the evictions are counted.
+#[test]
+fn a_full_index_evicts_instead_of_failing_requests() {
+    let up = upstream(|r| {
+        full(
+            200,
+            &[("Cache-Control", "max-age=600")],
+            r.path().as_bytes(),
+        )
+    });
+    let zone = r#"max_size: "64MiB", index_entries: 64, inactive: "10m""#;
+    let d = builder(up.addr(), "", zone, &cached_route("/", "")).start();
+    for i in 0..300 {
+        let p = format!("/k/{i}");
+        let r = get(&d, &p, "");
+        assert_eq!((r.status, r.body_str()), (200, p.clone()), "{}", r.head);
+    }
+    let s = cache_stats(&d);
+    assert_eq!(s["index_entries"], 64, "{s:#}");
+    assert!(s["entries"].as_u64().unwrap() <= 64, "{s:#}");
+    assert!(zone_counter(&s, "evictions") >= 300 - 64, "{s:#}");
+    assert_eq!(zone_counter(&s, "bypass"), 0, "{s:#}");
+    // The last key is still there; the first was evicted long ago.
+    assert_eq!(get(&d, "/k/299", "").body, b"/k/299");
+    assert_eq!(asked(&up, "/k/299"), 1);
+    assert_eq!(get(&d, "/k/0", "").body, b"/k/0");
+    assert_eq!(asked(&up, "/k/0"), 2);
+    // Evicted entries' files go with them.
+    assert!(wait_until(SETTLE, || zone_files(&d).0.len() as u64
+        <= cache_stats(&d)["entries"].as_u64().unwrap()));
+}

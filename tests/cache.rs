@@ -1004,10 +1004,25 @@ fn a_stale_entry_is_revalidated_and_a_304_answers_with_the_stored_entry() {
         "{}",
         reval.head
     );
-    // Refreshed: a hit now, the application not asked.
+    // Refreshed: a hit now, the application not asked. The entry took the 304's
+    // fields (RFC 9111 §4.3.4) and its age starts again from the 304's: a downstream
+    // cache sees it fresh for 600 s, not already stale as the first answer said.
     let r = get(&d, "/r304", "");
     assert_eq!(r.body, b"version one");
     assert_eq!(asked(&up, "/r304"), 2);
+    assert_eq!(r.header("Cache-Control"), Some("max-age=600"), "{}", r.head);
+    assert_eq!(
+        r.header("X-Version"),
+        Some("1"),
+        "the other stored fields stay: {}",
+        r.head
+    );
+    let age: u64 = r.header("Age").unwrap().parse().unwrap();
+    assert!(
+        age < 60,
+        "the age counts from the revalidation, not from the first answer's Age: 60: {}",
+        r.head
+    );
     assert_eq!(cache_log(&d, "/r304", 3), ["MISS", "REVALIDATED", "HIT"]);
 
     // A new version replaces the entry.

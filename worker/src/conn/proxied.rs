@@ -494,7 +494,8 @@ fn answer_from_cache(
     let entry = plan.open_stale()?;
     let now = forkd_shared::cache::unix_now();
     let age = match status {
-        CacheStatus::Revalidated => stale.meta.age_at_store,
+        // The file's header was refreshed: its age on arrival is the 304's.
+        CacheStatus::Revalidated => entry.meta.age_at_store,
         _ => stale
             .meta
             .age_at_store

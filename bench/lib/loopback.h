@@ -1,6 +1,6 @@
 /* bench/lib/loopback.h — what the benchmarks' small C servers share: dying with the
  * reason, and a non-blocking listener on 127.0.0.1. Included by
- * bench/proxy/upstream.c, bench/proxy/floor.c and bench/overload/upstream.c (each
+ * bench/proxy/upstream.c, bench/floors/proxy.c and bench/overload/upstream.c (each
  * built alone with `cc -O2`, so everything here is static; the functions a program
  * may not use are inline, so it builds without -Wunused-function warnings). */
 #ifndef FORKD_BENCH_LOOPBACK_H

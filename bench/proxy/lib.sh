@@ -1,6 +1,6 @@
 # bench/proxy/lib.sh — what bench/proxy/run and bench/proxy/stale-race share:
 # settings, cleanup, installing tools, the canned upstream, and starting forkd, nginx
-# and HAProxy as reverse proxies in front of it, and the proxy floor (floor.c, #23).
+# and HAProxy as reverse proxies in front of it, and the proxy floor (bench/floors/proxy.c, #23).
 # Sourced, not run.
 # shellcheck shell=bash
 
@@ -208,10 +208,10 @@ start_haproxy() {
     wait_ready haproxy "$!" 0
 }
 
-# The proxy floor (bench/proxy/floor.c): one process, pinned like the proxies; the pid
+# The proxy floor (bench/floors/proxy.c): one process, pinned like the proxies; the pid
 # we start is the one whose CPU time is measured.
 start_floor() {
-    cc -O2 -Wall -Wextra -o "$TMP/floor" "$HERE/floor.c" || die "bench/proxy/floor.c failed to build"
+    cc -O2 -Wall -Wextra -o "$TMP/floor" "$ROOT/bench/floors/proxy.c" || die "bench/floors/proxy.c failed to build"
     PORT[floor]=$(free_port)
     (trap - INT QUIT; exec taskset -c "$SERVER_CPU" "$TMP/floor" "${PORT[floor]}" "$UPSTREAM_PORT") \
         >"$TMP/floor-stdout.log" 2>&1 &

@@ -28,14 +28,15 @@ enum Segment {
 /// owns (a body file of the proxy cache, closed once sent).
 enum Held {
     Cached(Rc<CachedFile>),
-    Own(File),
+    /// A proxy-cache entry's body file (kept open by the worker for its next hits).
+    Entry(Rc<forkd_shared::cache::files::Opened>),
 }
 
 impl Held {
     fn file(&self) -> &File {
         match self {
             Held::Cached(c) => &c.file,
-            Held::Own(f) => f,
+            Held::Entry(e) => &e.file,
         }
     }
 }
@@ -160,9 +161,14 @@ impl OutQueue {
         self.push_held(Held::Cached(file), offset, len);
     }
 
-    /// Queues `len` bytes of `file` (which the queue then owns) from `offset`.
-    pub fn push_own_file(&mut self, file: File, offset: u64, len: u64) {
-        self.push_held(Held::Own(file), offset, len);
+    /// Queues `len` bytes of a cache entry's body file from `offset`.
+    pub fn push_entry(
+        &mut self,
+        entry: Rc<forkd_shared::cache::files::Opened>,
+        offset: u64,
+        len: u64,
+    ) {
+        self.push_held(Held::Entry(entry), offset, len);
     }
 
     fn push_held(&mut self, file: Held, offset: u64, len: u64) {

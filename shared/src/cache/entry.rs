@@ -256,13 +256,14 @@ impl Meta {
         Ok(())
     }
 
-    /// The fixed part's bytes 24..48 (`body_len`, `stored`, `ttl`), rewritten in place
-    /// when a body is complete or an entry revalidated.
-    pub fn lengths_and_times(&self) -> [u8; 24] {
-        let mut b = [0u8; 24];
+    /// The fixed part's bytes 24..56 (`body_len`, `stored`, `ttl`, `age_at_store`),
+    /// rewritten in place when a body is complete or an entry revalidated.
+    pub fn lengths_and_times(&self) -> [u8; 32] {
+        let mut b = [0u8; 32];
         b[..8].copy_from_slice(&self.body_len.to_le_bytes());
         b[8..16].copy_from_slice(&self.stored.to_le_bytes());
-        b[16..].copy_from_slice(&self.ttl.to_le_bytes());
+        b[16..24].copy_from_slice(&self.ttl.to_le_bytes());
+        b[24..].copy_from_slice(&self.age_at_store.to_le_bytes());
         b
     }
 }
@@ -310,7 +311,8 @@ mod tests {
         let mut n = m.clone();
         n.body_len = 77;
         n.ttl = 1;
-        patched[LENGTHS_AT as usize..LENGTHS_AT as usize + 24]
+        n.age_at_store = 0;
+        patched[LENGTHS_AT as usize..LENGTHS_AT as usize + 32]
             .copy_from_slice(&n.lengths_and_times());
         assert_eq!(Meta::decode(&patched), Ok(n));
     }

@@ -138,6 +138,9 @@ pub struct SlotView {
 pub struct Lookup {
     pub slot: usize,
     pub view: SlotView,
+    /// The slot's sequence when read: it changes with every write to the slot, so a
+    /// body file opened for this view is still the entry's while it is the same.
+    pub seq: u32,
 }
 
 /// A slot taken for a key ([`Index::reserve`]).
@@ -230,8 +233,8 @@ impl<'a> Index<'a> {
     /// The slot holding `hash` (an entry, a vary record or a reservation).
     pub fn find(&self, hash: KeyHash) -> Option<Lookup> {
         self.window(hash).find_map(|i| {
-            let (_, view) = self.read(i)?;
-            (view.kind != Kind::Empty && view.hash == hash).then_some(Lookup { slot: i, view })
+            let (seq, view) = self.read(i)?;
+            (view.kind != Kind::Empty && view.hash == hash).then_some(Lookup { slot: i, view, seq })
         })
     }
 

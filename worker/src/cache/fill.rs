@@ -16,6 +16,7 @@ use forkd_shared::cache::files::{self, Opened, Writer};
 use forkd_shared::cache::index::{counters, LockWord};
 use forkd_shared::cache::upkeep::view_of;
 use forkd_shared::cache::{variant_hash, KeyHash};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 /// A stale entry this fetch revalidates: a 304 refreshes it, a failure may serve it.
@@ -60,6 +61,10 @@ impl std::fmt::Debug for Plan {
             .finish()
     }
 }
+
+/// The largest body a revalidation copies to give its entry the 304's fields (a
+/// larger one keeps its stored fields and gets its new times in place).
+pub const REWRITE_MAX: u64 = 1 << 20;
 
 /// How long a key whose response may not be stored is fetched without the lock
 /// (seconds; Varnish's hit-for-miss lasts 120 s by default).
@@ -190,13 +195,20 @@ impl Plan {
     }
 
     /// A 304 confirmed the stale entry: its freshness starts again, from the 304's
-    /// fields (merged over the stored ones, RFC 9111 §4.3.4) or its last lifetime.
+    /// fields merged over the stored ones (RFC 9111 §4.3.4), and so does its age. The
+    /// stored head takes the 304's fields too (a new file with the same body, for a
+    /// body up to [`REWRITE_MAX`]; a larger one keeps its head and gets its times
+    /// rewritten in place). A 304 that now forbids storing removes the entry (this
+    /// answer is still given from it: the application has just confirmed it).
     pub fn refresh(&self, not_modified_head: &[u8], now: u64) {
         let Some(s) = &self.stale else {
             return;
         };
-        let new = key::fields(not_modified_head);
-        let stored = key::fields(&s.meta.head);
+        let new: Vec<(&[u8], &[u8])> = key::fields(not_modified_head)
+            .into_iter()
+            .filter(|(n, _)| !NOT_STORED.iter().any(|x| x.eq_ignore_ascii_case(n)))
+            .collect();
+        let stored = key::stored_fields(&s.meta.head);
         let mut merged: Vec<(&[u8], &[u8])> = new.clone();
         for (n, v) in stored {
             if !new.iter().any(|(m, _)| m.eq_ignore_ascii_case(n)) {
@@ -204,25 +216,87 @@ impl Plan {
             }
         }
         let request = self.request_fields();
-        let ttl = match policy::storable(&StoreInput {
+        let verdict = policy::storable(&StoreInput {
             method: Method::Get,
             status: s.meta.status,
             response: &merged,
             request: &request,
             valid: &self.valid,
             now,
-        }) {
-            Storable::Yes(f) => f.ttl,
-            Storable::No(_) => s.meta.ttl,
-        };
+        });
         let ix = self.zone.index();
-        if ix.refresh(s.slot, s.hash, now, now.saturating_add(ttl)) {
-            let mut meta = s.meta.clone();
-            meta.stored = now;
-            meta.ttl = ttl;
+        ix.bump(counters::REVALIDATED, 1);
+        let Storable::Yes(fresh) = verdict else {
+            if ix.remove(s.slot, s.hash).is_some() {
+                files::remove(&self.zone.dir, s.hash);
+            }
+            return;
+        };
+        let mut meta = s.meta.clone();
+        meta.stored = now;
+        meta.ttl = fresh.ttl;
+        meta.age_at_store = fresh.age;
+        if meta.body_len <= REWRITE_MAX {
+            let mut head = Vec::with_capacity(s.meta.head.len() + 64);
+            for (n, v) in &merged {
+                head.extend_from_slice(n);
+                head.extend_from_slice(b": ");
+                head.extend_from_slice(v);
+                head.extend_from_slice(b"\r\n");
+            }
+            meta.head = head;
+            meta.flags = if fresh.must_revalidate {
+                meta.flags | FLAG_MUST_REVALIDATE
+            } else {
+                meta.flags & !FLAG_MUST_REVALIDATE
+            };
+            if let Some(e) = fresh.etag {
+                meta.etag = e.to_vec();
+            }
+            if let Some(l) = fresh.last_modified {
+                meta.last_modified = l.to_vec();
+            }
+            if self.rewrite(s, meta.clone()) {
+                return;
+            }
+        }
+        if ix.refresh(s.slot, s.hash, now, now.saturating_add(fresh.ttl)) {
             let _ = files::refresh(&self.zone.dir, s.hash, &meta);
         }
-        ix.bump(counters::REVALIDATED, 1);
+    }
+
+    /// The stale entry's file made anew with `meta`'s header and the same body.
+    fn rewrite(&self, s: &Stale, meta: Meta) -> bool {
+        let Ok(old) = files::open(&self.zone.dir, s.hash, Some(&self.key)) else {
+            return false;
+        };
+        let Ok(mut w) = Writer::create(&self.zone.dir, s.hash, meta.clone()) else {
+            return false;
+        };
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut at = old.body_at;
+        let end = old.body_at + old.meta.body_len;
+        while at < end {
+            let want = ((end - at) as usize).min(buf.len());
+            match std::os::unix::fs::FileExt::read_at(&old.file, &mut buf[..want], at) {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => {
+                    if w.write(&buf[..n]).is_err() {
+                        return false;
+                    }
+                    at += n as u64;
+                }
+            }
+        }
+        let Ok(size) = w.finish() else {
+            return false;
+        };
+        let mut published = meta;
+        published.body_len = old.meta.body_len;
+        self.zone
+            .index()
+            .publish(s.slot, view_of(s.hash, &published, size))
+            .is_ok()
     }
 
     /// Writes the key's vary record (a new epoch, so variants stored under an older
@@ -230,7 +304,7 @@ impl Plan {
     fn write_vary_record(&self, names: &[Box<[u8]>], now: u64) -> Option<u64> {
         let primary = KeyHash::of(&[&self.key]);
         let ix = self.zone.index();
-        let epoch = (now << 20) ^ u64::from(std::process::id()) ^ self.hash.lo();
+        let epoch = new_epoch(primary);
         let meta = Meta {
             status: 0,
             flags: FLAG_VARY_RECORD,
@@ -251,6 +325,23 @@ impl Plan {
         ix.publish(r.slot, view_of(primary, &meta, size)).ok()?;
         Some(epoch)
     }
+}
+
+/// A new vary record's epoch: never the epoch of an earlier record of the key, even
+/// one the same worker made the same second (the record a purge removed: the
+/// variants stored under it must not be found again).
+fn new_epoch(primary: KeyHash) -> u64 {
+    static MADE: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let parts = [
+        nanos.to_le_bytes(),
+        u64::from(std::process::id()).to_le_bytes(),
+        MADE.fetch_add(1, Relaxed).to_le_bytes(),
+        primary.lo().to_le_bytes(),
+    ];
+    KeyHash::of(&parts.each_ref().map(|p| &p[..])).lo()
 }
 
 impl Drop for Plan {
@@ -414,5 +505,17 @@ impl Fill {
             // Its slot went to another key meanwhile: the file is not reachable.
             files::remove(&plan.zone.dir, self.hash);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_vary_record_of_a_key_has_a_new_epoch() {
+        let k = KeyHash::of(&[b"httplocalhost/v"]);
+        let (a, b) = (new_epoch(k), new_epoch(k));
+        assert_ne!(a, b, "two records made at once share an epoch");
     }
 }

@@ -7,6 +7,7 @@
 use crate::http::response::{self, Persistence, Status};
 use crate::out::OutQueue;
 use forkd_shared::cache::files::Opened;
+use std::rc::Rc;
 
 /// What a cached answer sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,7 +42,7 @@ fn bodiless(status: u16) -> bool {
 }
 
 /// Queues the answer from `entry`.
-pub fn write(out: &mut OutQueue, entry: Opened, a: &Answer) -> Sent {
+pub fn write(out: &mut OutQueue, entry: &Rc<Opened>, a: &Answer) -> Sent {
     let meta = &entry.meta;
     let status = if a.not_modified { 304 } else { meta.status };
     let b = out.bytes();
@@ -78,10 +79,7 @@ pub fn write(out: &mut OutQueue, entry: Opened, a: &Answer) -> Sent {
     }
     match entry.small_body() {
         Some(body) => b.extend_from_slice(body),
-        None => {
-            let at = entry.body_at;
-            out.push_own_file(entry.file, at, len);
-        }
+        None => out.push_entry(entry.clone(), entry.body_at, len),
     }
     Sent {
         status,

@@ -58,6 +58,24 @@ pub fn fields(head: &[u8]) -> Vec<(&[u8], &[u8])> {
     }
 }
 
+/// The fields of a stored head (`Name: value\r\n` lines, as `cache::fill` writes
+/// them: no start line, no final empty line).
+pub fn stored_fields(lines: &[u8]) -> Vec<(&[u8], &[u8])> {
+    lines
+        .split(|&b| b == b'\n')
+        .filter_map(|line| {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let colon = line.iter().position(|&b| b == b':')?;
+            let value = &line[colon + 1..];
+            let start = value
+                .iter()
+                .position(|b| !b.is_ascii_whitespace())
+                .unwrap_or(value.len());
+            Some((&line[..colon], &value[start..]))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +111,10 @@ mod tests {
         let r = b"HTTP/1.1 200 OK\r\nETag: \"1\"\r\n\r\n";
         assert_eq!(fields(r), vec![(&b"ETag"[..], &b"\"1\""[..])]);
         assert!(fields(b"garbage").is_empty());
+        let stored = stored_fields(b"ETag: \"1\"\r\nX-A:b\r\n");
+        assert_eq!(
+            stored,
+            vec![(&b"ETag"[..], &b"\"1\""[..]), (&b"X-A"[..], &b"b"[..])]
+        );
     }
 }

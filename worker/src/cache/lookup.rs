@@ -13,13 +13,14 @@
 
 use super::fill::{Plan, Stale};
 use super::policy::{self, Use};
-use super::zones::{VaryNames, Zone};
+use super::zones::{Remembered, Zone};
 use super::CacheStatus;
 use crate::http::request::Method;
 use forkd_shared::cache::files::{self, OpenError, Opened};
 use forkd_shared::cache::index::{counters, Index, Kind, LockWord};
 use forkd_shared::cache::{variant_hash, KeyHash};
 use forkd_shared::config::cache::RouteCache;
+use std::rc::Rc;
 use std::sync::Arc;
 
 /// How often a request waiting for another's fetch of its key looks again (µs).
@@ -58,7 +59,7 @@ pub enum Decision {
     /// Answered from the entry; `refresh`: a stale answer's background refresh,
     /// whose lock this request took.
     Answer {
-        entry: Box<Opened>,
+        entry: Rc<Opened>,
         status: CacheStatus,
         age: u64,
         not_modified: bool,
@@ -75,7 +76,7 @@ pub enum Decision {
 
 pub fn decide(
     zone: &Arc<Zone>,
-    names: &mut VaryNames,
+    kept: &mut Remembered,
     rc: &RouteCache,
     a: Asked,
     now: Now,
@@ -92,12 +93,12 @@ pub fn decide(
     if let Some(f) = ix.find(primary).filter(|f| f.view.kind == Kind::Vary) {
         // The record's epoch is in its slot; its names are read once per epoch.
         let epoch = f.view.expires;
-        let known = names.get(rc.zone, primary, epoch).or_else(|| {
+        let known = kept.names(rc.zone, primary, epoch).or_else(|| {
             match files::open(&zone.dir, primary, Some(&a.key)) {
                 Ok(o) if o.meta.is_vary_record() && o.meta.epoch == epoch => {
                     let read: Arc<[Box<[u8]>]> =
                         o.meta.vary.iter().map(|n| n.clone().into()).collect();
-                    names.put(rc.zone, primary, epoch, read.clone());
+                    kept.put_names(rc.zone, primary, epoch, read.clone());
                     Some(read)
                 }
                 _ => None,
@@ -114,7 +115,8 @@ pub fn decide(
         }
     }
     let lock_ms = rc.lock_timeout.as_millis() as u64;
-    let mine = LockWord::new(std::process::id(), now.ms + lock_ms.max(1));
+    // Made only to take a lock: `getpid` is a system call, and a hit takes none.
+    let mine = || LockWord::new(std::process::id(), now.ms + lock_ms.max(1));
     let may_wait = now.waited_us < rc.lock_timeout.as_micros() as u64;
     let plan = |slot, lock: Option<LockWord>, vary, stale| {
         Box::new(Plan {
@@ -133,7 +135,22 @@ pub fn decide(
         })
     };
     if let Some(e) = ix.find(target).filter(|e| e.view.kind == Kind::Entry) {
-        match open_entry(zone, target, &a.key, vary.as_ref().map(|(ep, _)| *ep)) {
+        let kept_open = kept.open_entry(rc.zone, e.slot, target, e.seq);
+        let opened = match kept_open {
+            Some(o) if !still_whole(zone, target, &o) => Err(()),
+            Some(o) => Ok(o),
+            None => {
+                open_entry(zone, target, &a.key, vary.as_ref().map(|(ep, _)| *ep)).map(|mut o| {
+                    if o.small_body().is_none() {
+                        o.prefix.truncate(o.body_at as usize);
+                    }
+                    let o = Rc::new(o);
+                    kept.keep_open(rc.zone, e.slot, target, e.seq, o.clone());
+                    o
+                })
+            }
+        };
+        match opened {
             Err(()) => forget(&ix, zone, e.slot, target),
             Ok(entry) => {
                 ix.touch(e.slot, now.unix);
@@ -156,7 +173,7 @@ pub fn decide(
                         .map(|e| &e[..]),
                 );
                 let answer = |entry, status, refresh| Decision::Answer {
-                    entry: Box::new(entry),
+                    entry,
                     status,
                     age,
                     not_modified,
@@ -169,8 +186,9 @@ pub fn decide(
                     }
                     Use::StaleWhileRevalidate => {
                         ix.bump(counters::STALE, 1);
+                        let word = mine();
                         let refresh = (a.method == Method::Get
-                            && ix.try_lock(e.slot, mine, now.ms))
+                            && ix.try_lock(e.slot, word, now.ms))
                         .then(|| {
                             let stale = Stale {
                                 meta: entry.meta.clone(),
@@ -178,7 +196,7 @@ pub fn decide(
                                 slot: e.slot,
                                 if_error: false,
                             };
-                            plan(e.slot, Some(mine), vary.clone(), Some(stale))
+                            plan(e.slot, Some(word), vary.clone(), Some(stale))
                         });
                         return answer(entry, CacheStatus::Stale, refresh);
                     }
@@ -189,9 +207,10 @@ pub fn decide(
                             slot: e.slot,
                             if_error: policy::stale_if_error_allows(&reuse, sie, now.unix),
                         };
-                        if a.method == Method::Get && ix.try_lock(e.slot, mine, now.ms) {
+                        let word = mine();
+                        if a.method == Method::Get && ix.try_lock(e.slot, word, now.ms) {
                             ix.bump(counters::MISSES, 1);
-                            return Decision::Fetch(plan(e.slot, Some(mine), vary, Some(stale)));
+                            return Decision::Fetch(plan(e.slot, Some(word), vary, Some(stale)));
                         }
                         if may_wait {
                             return wait(&ix, &now);
@@ -226,9 +245,10 @@ pub fn decide(
         files::remove(&zone.dir, ev.hash);
         ix.bump(counters::EVICTIONS, 1);
     }
-    if ix.try_lock(r.slot, mine, now.ms) {
+    let word = mine();
+    if ix.try_lock(r.slot, word, now.ms) {
         ix.bump(counters::MISSES, 1);
-        return Decision::Fetch(plan(r.slot, Some(mine), vary, None));
+        return Decision::Fetch(plan(r.slot, Some(word), vary, None));
     }
     if may_wait {
         return wait(&ix, &now);
@@ -252,6 +272,27 @@ fn open_entry(zone: &Zone, hash: KeyHash, key: &[u8], epoch: Option<u64>) -> Res
             Err(())
         }
         Err(_) => Err(()),
+    }
+}
+
+/// Whether a body file kept open is still whole. A body answered from the bytes
+/// read when it was opened is; one sent from the file is checked against the file's
+/// size (one `fstat`), so a file cut short since is a miss, never sent short.
+fn still_whole(zone: &Zone, hash: KeyHash, o: &Opened) -> bool {
+    if o.small_body().is_some() {
+        return true;
+    }
+    let size = o.file.metadata().map_or(0, |m| m.len());
+    match o.meta.check_size(size) {
+        Ok(()) => true,
+        Err(why) => {
+            forkd_shared::warn!(
+                "cache zone `{}`: entry {} is damaged ({why}): removed, fetched again",
+                zone.name,
+                hash.hex()
+            );
+            false
+        }
     }
 }
 

@@ -3,10 +3,12 @@
 //! the master made its index anew. A zone whose index cannot be mapped is logged
 //! once and treated as empty: its routes proxy without a cache, never fail.
 
+use forkd_shared::cache::files::Opened;
 use forkd_shared::cache::{current_id, Index, IndexFile, KeyHash};
 use forkd_shared::config::cache::CacheZone;
 use forkd_shared::config::Config;
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::sync::Arc;
 
 /// One zone as this worker uses it.
@@ -28,33 +30,83 @@ impl Zone {
 #[derive(Default)]
 pub struct Zones {
     zones: Vec<Option<Arc<Zone>>>,
-    /// The field names of vary records this worker has read, by zone, key and epoch
-    /// (a record's names never change within its epoch).
-    pub vary_names: VaryNames,
+    /// What this worker remembers of the zones' files: vary records' field names,
+    /// and body files it keeps open for the next hits.
+    pub remembered: Remembered,
 }
 
 /// A vary record's field names.
 pub type Names = Arc<[Box<[u8]>]>;
 
-/// Vary records' field names met lately (see [`Zones::vary_names`]).
+/// What a worker remembers of the zones' files (see [`Zones::remembered`]).
+///
+/// - A vary record's field names, by zone, key and epoch: a record's names never
+///   change within its epoch (a new record has a new epoch, in its slot).
+/// - Body files kept open, by zone and slot, with the slot's sequence when opened:
+///   every write to a slot changes its sequence, so an entry found with the same
+///   sequence is the same file, and a hit costs no `open`, `fstat`, `read` or `close`
+///   (a small body is answered from the bytes read when it was opened). A file
+///   replaced, evicted or purged is dropped at its next lookup, or when the table
+///   is full; until then its descriptor holds its disk space (at most
+///   `OPEN_KEPT` files per worker).
 #[derive(Default)]
-pub struct VaryNames {
+pub struct Remembered {
     names: rustc_hash::FxHashMap<(usize, KeyHash, u64), Names>,
+    open: rustc_hash::FxHashMap<(usize, usize), (KeyHash, u32, Rc<Opened>)>,
 }
 
 /// Records remembered at most (then forgotten all at once; each costs one read).
 const VARY_NAMES_KEPT: usize = 4096;
+/// Body files a worker keeps open at most.
+pub const OPEN_KEPT: usize = 512;
 
-impl VaryNames {
-    pub fn get(&self, zone: usize, key: KeyHash, epoch: u64) -> Option<Names> {
+impl Remembered {
+    pub fn names(&self, zone: usize, key: KeyHash, epoch: u64) -> Option<Names> {
         self.names.get(&(zone, key, epoch)).cloned()
     }
 
-    pub fn put(&mut self, zone: usize, key: KeyHash, epoch: u64, names: Names) {
+    pub fn put_names(&mut self, zone: usize, key: KeyHash, epoch: u64, names: Names) {
         if self.names.len() >= VARY_NAMES_KEPT {
             self.names.clear();
         }
         self.names.insert((zone, key, epoch), names);
+    }
+
+    /// The body file kept open for `hash` in slot `slot`, if the slot is unchanged.
+    pub fn open_entry(
+        &mut self,
+        zone: usize,
+        slot: usize,
+        hash: KeyHash,
+        seq: u32,
+    ) -> Option<Rc<Opened>> {
+        match self.open.get(&(zone, slot)) {
+            Some((h, s, o)) if *h == hash && *s == seq => Some(o.clone()),
+            Some(_) => {
+                self.open.remove(&(zone, slot));
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Keeps `entry` open for the next hits on slot `slot` as of sequence `seq`.
+    pub fn keep_open(
+        &mut self,
+        zone: usize,
+        slot: usize,
+        hash: KeyHash,
+        seq: u32,
+        entry: Rc<Opened>,
+    ) {
+        if self.open.len() >= OPEN_KEPT {
+            // Forget an eighth, whichever the table gives first.
+            let drop: Vec<_> = self.open.keys().take(OPEN_KEPT / 8).copied().collect();
+            for k in drop {
+                self.open.remove(&k);
+            }
+        }
+        self.open.insert((zone, slot), (hash, seq, entry));
     }
 }
 
@@ -69,7 +121,7 @@ impl Zones {
     /// under way hold theirs through an `Rc`).
     pub fn reconfigure(&mut self, config: &Config) {
         let old = std::mem::take(&mut self.zones);
-        self.vary_names = VaryNames::default();
+        self.remembered = Remembered::default();
         for c in &config.caches {
             let kept = old.iter().flatten().find(|z| same(z, c)).cloned();
             self.zones.push(kept.or_else(|| open(c)));
@@ -80,10 +132,10 @@ impl Zones {
         self.zones.get(zone)?.as_ref()
     }
 
-    /// Zone `zone` and the vary names remembered, apart.
-    pub fn with_names(&mut self, zone: usize) -> Option<(&Arc<Zone>, &mut VaryNames)> {
+    /// Zone `zone` and what the worker remembers, apart.
+    pub fn with_remembered(&mut self, zone: usize) -> Option<(&Arc<Zone>, &mut Remembered)> {
         let z = self.zones.get(zone)?.as_ref()?;
-        Some((z, &mut self.vary_names))
+        Some((z, &mut self.remembered))
     }
 
     /// Every zone mapped, for the cache thread and the stats.

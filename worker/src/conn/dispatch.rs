@@ -634,7 +634,7 @@ fn cache_lookup(
     else {
         return None;
     };
-    let (zone, names) = svc.caches.with_names(rc.zone)?;
+    let (zone, remembered) = svc.caches.with_remembered(rc.zone)?;
     let fallback = srv
         .names
         .first()
@@ -661,7 +661,7 @@ fn cache_lookup(
         ms: forkd_shared::shm::monotonic_ms(),
         waited_us: svc.clock.now_us.saturating_sub(x.started),
     };
-    Some(lookup::decide(zone, names, rc, asked, now))
+    Some(lookup::decide(zone, remembered, rc, asked, now))
 }
 
 /// Acts on the cache's decision: an answer from the zone (and a background refresh
@@ -714,7 +714,7 @@ fn cached(
         head_only: req.method == Method::Head,
         not_modified,
     };
-    let sent = hit::write(x.out, *entry, &answer);
+    let sent = hit::write(x.out, &entry, &answer);
     if let Some(zone) = svc.caches.get(to_zone(svc, server, to.route)) {
         zone.index().bump(
             forkd_shared::cache::index::counters::BYTES_SERVED,

@@ -494,7 +494,8 @@ fn answer_from_cache(
     let entry = plan.open_stale()?;
     let now = forkd_shared::cache::unix_now();
     let age = match status {
-        CacheStatus::Revalidated => stale.meta.age_at_store,
+        // The file's header was refreshed: its age on arrival is the 304's.
+        CacheStatus::Revalidated => entry.meta.age_at_store,
         _ => stale
             .meta
             .age_at_store
@@ -517,7 +518,7 @@ fn answer_from_cache(
         head_only: p.client.line.line().is_head(),
         not_modified,
     };
-    let sent = crate::cache::hit::write(&mut busy.out, entry, &answer);
+    let sent = crate::cache::hit::write(&mut busy.out, &std::rc::Rc::new(entry), &answer);
     if status == CacheStatus::Stale {
         plan.zone.index().bump(cache_counters::STALE, 1);
     }

@@ -32,6 +32,27 @@ pub struct Transport<'a> {
 struct Session {
     conn: ServerConnection,
     state: State,
+    /// The last read of the socket was short (or found it empty): nothing more is
+    /// there until the next readiness event.
+    drained: bool,
+}
+
+/// The socket as rustls reads it, noting whether the read was short: a short read of
+/// a stream socket drained it (the same rule as a plain connection's reads).
+struct Drain<'a> {
+    tcp: &'a mut TcpStream,
+    short: bool,
+}
+
+impl Read for Drain<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let r = self.tcp.read(buf);
+        self.short = match &r {
+            Ok(n) => *n < buf.len(),
+            Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+        };
+        r
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +71,7 @@ impl Tls {
         Tls(Some(Box::new(Session {
             conn,
             state: State::Handshaking,
+            drained: false,
         })))
     }
 
@@ -76,11 +98,13 @@ impl Tls {
     }
 
     /// Whether a read that returned `n` of `space` bytes may have left input unread:
-    /// plain, only a full read; with TLS always (rustls may hold decrypted bytes, and
-    /// a record's plaintext is shorter than what was read), until a read finds the
-    /// socket empty.
+    /// a full read may have (rustls may hold more plaintext, the socket more bytes);
+    /// plain, a short read drained the socket; with TLS, a short read of plaintext
+    /// emptied rustls' plaintext, and the socket is drained when rustls' last read of
+    /// it was short. (Saying "maybe" after every TLS read cost each request a second
+    /// `recvfrom` that found the socket empty.)
     pub fn may_have_more(&self, n: usize, space: usize) -> bool {
-        self.0.is_some() || n == space
+        n == space || self.0.as_ref().is_some_and(|s| !s.drained)
     }
 }
 
@@ -139,7 +163,13 @@ impl<'a> Transport<'a> {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
             }
-            match s.conn.read_tls(&mut self.tcp) {
+            let mut socket = Drain {
+                tcp: &mut *self.tcp,
+                short: false,
+            };
+            let read = s.conn.read_tls(&mut socket);
+            s.drained = socket.short;
+            match read {
                 Ok(0) => return Ok(0),
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

@@ -1,11 +1,16 @@
 /*
- * bench/proxy/floor.c: the proxy floor, the least a reverse proxy could do per
+ * bench/floors/proxy.c: the proxy floor, the least a reverse proxy could do per
  * request on this kernel (forkd issue #23). bench/proxy/run measures it beside forkd,
  * nginx and HAProxy, in front of the same canned upstream, pinned to the same CPU.
  *
- *   cc -O2 -Wall -Wextra -o floor floor.c && ./floor PORT UPSTREAM_PORT
+ *   cc -O2 -Wall -Wextra -o floor proxy.c && ./floor PORT UPSTREAM_PORT
  *
- * One thread, epoll (level-triggered), non-blocking sockets. Each client connection
+ * One thread, epoll, non-blocking sockets; the listener has TCP_DEFER_ACCEPT and
+ * TCP_NODELAY, as forkd's (accepted sockets inherit TCP_NODELAY). Every connection is
+ * registered once, edge-triggered for reading and writing (as forkd's, through mio): a
+ * client only once it has to wait (its request was not there when it was accepted, or
+ * it is kept alive after its first response), an upstream connection when it is made.
+ * Each client connection
  * takes one upstream connection from a pool (connecting a new one only when the pool
  * is empty) and holds it until the client closes, so with client keep-alive the pair
  * is connected once and kept, and with `Connection: close` upstream connections are
@@ -14,7 +19,8 @@
  *   keep-alive:  read client, write upstream, read upstream, write client (4 calls)
  *   close:       accept, read client, write upstream, read upstream, write client,
  *                close (6 calls; no connect, no epoll_ctl unless the request was not
- *                there yet when the connection was accepted)
+ *                there yet when the connection was accepted: with TCP_DEFER_ACCEPT it
+ *                is accepted only once its request has come)
  *
  * Bytes are forwarded without parsing, with two exceptions that any proxy must make
  * for `Connection: close` and that keep the comparison with pooling proxies fair: a
@@ -30,8 +36,10 @@
  * and the canned upstream's responses (one write of ~1.1 KiB over loopback) do, so the
  * floor never looks for where a message ends: the bytes of one upstream read are the
  * response. A peer that broke this would show up as wrk errors or non-2xx in the run,
- * which bench/proxy/run reports. Short writes and EAGAIN are handled (the rest is kept
- * and written on EPOLLOUT); a buffer that fills up closes the pair.
+ * which bench/proxy/run reports. Edge-triggered, a read shorter than the buffer's room
+ * has drained the socket (the next bytes to arrive are a new edge); a read that fills
+ * the buffer breaks the assumption and closes the pair. Short writes and EAGAIN are
+ * handled (the rest is kept and written on the next EPOLLOUT edge).
  * Prints "ready" on stdout once listening.
  */
 #define _GNU_SOURCE
@@ -73,7 +81,6 @@ struct end {
     enum kind kind;
     int fd;
     int registered; /* in the epoll set */
-    int want_out;   /* registered for EPOLLOUT too (a write is pending) */
 };
 
 struct upstream;
@@ -105,13 +112,14 @@ static struct client *dead_clients;
 static struct client *spare_clients;
 static struct upstream *dead_upstreams;
 
-static void ctl(struct end *e, int events) {
-    int op = e->registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
-    struct epoll_event ev = {.events = (uint32_t)events, .data.ptr = e};
-    if (epoll_ctl(ep, op, e->fd, &ev) < 0)
+/* Registers e for the rest of its life (a no-op once it is). */
+static void watch(struct end *e) {
+    if (e->registered)
+        return;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLET, .data.ptr = e};
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, e->fd, &ev) < 0)
         die("epoll_ctl");
     e->registered = 1;
-    e->want_out = (events & EPOLLOUT) != 0;
 }
 
 static void close_upstream(struct upstream *u) {
@@ -165,7 +173,7 @@ static struct upstream *take_upstream(void) {
     u->next = NULL;
     u->resp.off = u->resp.len = 0;
     /* Registered once for its whole life: responses, and an idle one's close. */
-    ctl(&u->end, EPOLLIN);
+    watch(&u->end);
     return u;
 }
 
@@ -195,15 +203,12 @@ static int flush(struct end *e, struct buf *b) {
                 continue;
             if (errno != EAGAIN)
                 return -1;
-            if (!e->want_out)
-                ctl(e, EPOLLIN | EPOLLOUT);
+            watch(e);
             return 0;
         }
         b->off += (size_t)n;
     }
     b->off = b->len = 0;
-    if (e->want_out)
-        ctl(e, EPOLLIN);
     return 1;
 }
 
@@ -212,8 +217,8 @@ static void response_written(struct client *c) {
     c->in_flight = 0;
     if (c->closing)
         close_client(c);
-    else if (!c->end.registered)
-        ctl(&c->end, EPOLLIN);
+    else
+        watch(&c->end); /* kept alive: its next request is an edge */
 }
 
 static void forward_request(struct client *c) {
@@ -231,13 +236,13 @@ static void client_readable(struct client *c) {
         return;
     }
     int fresh = b->len == 0 && !c->in_flight;
-    ssize_t n = read(c->end.fd, b->data + b->len, sizeof(b->data) - b->len);
+    size_t room = sizeof(b->data) - b->len;
+    ssize_t n = read(c->end.fd, b->data + b->len, room);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-        if (!c->end.registered)
-            ctl(&c->end, EPOLLIN);
+        watch(&c->end);
         return;
     }
-    if (n <= 0) {
+    if (n <= 0 || (size_t)n == room) {
         close_client(c);
         return;
     }
@@ -274,7 +279,7 @@ static void upstream_readable(struct upstream *u) {
     ssize_t n = read(u->end.fd, b->data + at, sizeof(b->data) - at);
     if (n < 0 && (errno == EAGAIN || errno == EINTR))
         return;
-    if (n <= 0) {
+    if (n <= 0 || (size_t)n == sizeof(b->data) - at) {
         close_client(c); /* in flight or not, the upstream is gone: closed with it */
         return;
     }
@@ -343,11 +348,15 @@ int main(int argc, char **argv) {
     int one = 1;
     if (setsockopt(ls, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) < 0)
         die("setsockopt TCP_NODELAY");
+    if (setsockopt(ls, IPPROTO_TCP, TCP_DEFER_ACCEPT, &one, sizeof(one)) < 0)
+        die("setsockopt TCP_DEFER_ACCEPT");
     ep = epoll_create1(0);
     if (ep < 0)
         die("epoll_create1");
-    struct end listener = {.kind = LISTENER, .fd = ls};
-    ctl(&listener, EPOLLIN);
+    struct end listener = {.kind = LISTENER, .fd = ls, .registered = 1};
+    struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &listener};
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, ls, &lev) < 0)
+        die("epoll_ctl listener");
     printf("ready\n");
     fflush(stdout);
 
@@ -368,7 +377,8 @@ int main(int argc, char **argv) {
                 break;
             case CLIENT: {
                 struct client *c = (struct client *)e;
-                if (ev & EPOLLOUT) {
+                /* An EPOLLOUT edge matters only while a response waits to be written. */
+                if ((ev & EPOLLOUT) && c->up && c->up->resp.len) {
                     int r = flush(&c->end, &c->up->resp);
                     if (r < 0) {
                         close_client(c);
@@ -385,7 +395,7 @@ int main(int argc, char **argv) {
             }
             case UPSTREAM: {
                 struct upstream *u = (struct upstream *)e;
-                if ((ev & EPOLLOUT) && u->cl) {
+                if ((ev & EPOLLOUT) && u->cl && u->cl->req.len) {
                     if (flush(&u->end, &u->cl->req) < 0) {
                         u->cl->in_flight = 1;
                         close_client(u->cl);

@@ -48,6 +48,8 @@ pub struct Asked<'a> {
 pub struct Now {
     /// Unix seconds.
     pub unix: u64,
+    /// Unix milliseconds (when the request began waiting is told in ms).
+    pub unix_ms: u64,
     /// The monotonic clock (ms), for fetch locks.
     pub ms: u64,
     /// Microseconds the request has waited already (since its first byte).
@@ -179,7 +181,20 @@ pub fn decide(
                     not_modified,
                     refresh,
                 };
-                match policy::usable(&reuse, &dirs, now.unix) {
+                // A request that waited for the key's fetch takes what that fetch
+                // stored (or confirmed) since it began, however short the entry's
+                // freshness (a `max-age=1` confirmed in a second's last milliseconds is
+                // stale by the clock's whole seconds a moment later): the waiters of
+                // one fetch are answered by it, as Varnish's are.
+                let began = now.unix_ms.saturating_sub(now.waited_us / 1000) / 1000;
+                let coalesced = now.waited_us >= WAIT_POLL_US
+                    && e.view.stored >= began
+                    && ix.lock_free(e.slot, now.ms);
+                let usable = match policy::usable(&reuse, &dirs, now.unix) {
+                    _ if coalesced => Use::Fresh,
+                    u => u,
+                };
+                match usable {
                     Use::Fresh => {
                         ix.bump(counters::HITS, 1);
                         return answer(entry, CacheStatus::Hit, None);

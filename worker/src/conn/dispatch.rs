@@ -656,8 +656,12 @@ fn cache_lookup(
         fields: &fields,
         key,
     };
+    let unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     let now = lookup::Now {
         unix: svc.clock.unix_secs,
+        unix_ms,
         ms: forkd_shared::shm::monotonic_ms(),
         waited_us: svc.clock.now_us.saturating_sub(x.started),
     };

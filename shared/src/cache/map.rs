@@ -50,6 +50,12 @@ pub struct IndexFile {
     pub path: PathBuf,
 }
 
+/// The error of system call `op` on `path`, for `map_err`.
+fn failed(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> MapError {
+    let path = path.to_path_buf();
+    move |source| MapError::Io { op, path, source }
+}
+
 /// The index file of the zone at `dir`.
 pub fn index_path(dir: &Path) -> PathBuf {
     dir.join("index")
@@ -65,14 +71,7 @@ impl IndexFile {
     pub fn create(dir: &Path, entries: u32, owner: Option<(u32, u32)>) -> Result<(), MapError> {
         let path = index_path(dir);
         let tmp = dir.join(format!("index.new.{}", std::process::id()));
-        let io = |op, p: &Path| {
-            let p = p.to_path_buf();
-            move |source| MapError::Io {
-                op,
-                path: p,
-                source,
-            }
-        };
+        let io = |op, p: &Path| failed(op, p);
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -108,14 +107,7 @@ impl IndexFile {
     /// number with `None`).
     pub fn open(dir: &Path, entries: Option<u32>) -> Result<IndexFile, MapError> {
         let path = index_path(dir);
-        let io = |op| {
-            let p = path.clone();
-            move |source| MapError::Io {
-                op,
-                path: p,
-                source,
-            }
-        };
+        let io = |op| failed(op, &path);
         let file = OpenOptions::new()
             .read(true)
             .write(true)

@@ -1780,3 +1780,70 @@ fn a_full_index_evicts_instead_of_failing_requests() {
     assert!(wait_until(SETTLE, || zone_files(&d).0.len() as u64
         <= cache_stats(&d)["entries"].as_u64().unwrap()));
 }
+
+/// A cached route under load through five reloads (each changing the zone's
+/// `inactive` and the route's `lock_timeout`) and a binary upgrade: no request fails,
+/// every answer is whole, and the entries outlive the reloads (the application is
+/// asked once per key until the upgrade; the new master's index is filled again).
+#[test]
+fn reloads_and_an_upgrade_under_load_fail_no_request_and_keep_the_entries() {
+    use support::load::{big_body, small_body, Kind, Load, BIG_PATH, SMALL_PATH};
+    let up = upstream(|r| match r.path() {
+        SMALL_PATH => full(200, &[("Cache-Control", "max-age=3600")], small_body()),
+        BIG_PATH => full(200, &[("Cache-Control", "max-age=3600")], big_body()),
+        _ => full(404, &[("Cache-Control", "no-store")], b"none\n"),
+    });
+    let zone = |inactive: u32| {
+        format!(r#"max_size: "64MiB", index_entries: 1024, inactive: "{inactive}m""#)
+    };
+    let mut d = builder(up.addr(), "", &zone(10), &cached_route("/", ""))
+        .workers(2)
+        .own_binary()
+        .start();
+    let asked = |path: &str| up.received().iter().filter(|r| r.path() == path).count();
+    let load = Load::start_mix(
+        d.port,
+        &[
+            Kind::KeepAlive,
+            Kind::KeepAlive,
+            Kind::KeepAlive,
+            Kind::PerConnection { http10: false },
+        ],
+    );
+    load.wait_for(300);
+    for round in 1..=5u32 {
+        d.builder.top = format!(
+            r#"upstreams: {{ "app": (servers: ["{}"]) }},
+    caches: {{ "pages": (path: "cache/pages", {}) }},"#,
+            up.addr(),
+            zone(10 + round)
+        );
+        d.builder.routes = format!(
+            r#"(prefix: "/healthz", handler: Liveness),
+            {}"#,
+            cached_route("/", &format!("lock_timeout: \"{}s\"", 4 + round))
+        );
+        let (code, out, err) = d.reload();
+        assert_eq!(code, 0, "round {round}: -s reload failed: {out}{err}");
+        load.wait_for(200);
+    }
+    assert_eq!(
+        (asked(SMALL_PATH), asked(BIG_PATH)),
+        (1, 1),
+        "through the reloads every answer came from the zone"
+    );
+    let old = d.master().expect("a master");
+    let (code, out, err) = d.ctl(&["-s", "upgrade"]);
+    assert_eq!(code, 0, "upgrade: {out} {err}");
+    let new = d.master().expect("a master after the upgrade");
+    assert_ne!(new, old);
+    d.adopt_master(new);
+    assert!(wait_until(SETTLE, || {
+        d.reap_first();
+        !alive(old)
+    }));
+    load.wait_for(300);
+    let report = load.stop();
+    report.assert_clean("reloads and an upgrade of a cached route", 1000);
+    d.stop_master();
+}

@@ -230,12 +230,27 @@ impl<'a> Index<'a> {
         true
     }
 
-    /// The slot holding `hash` (an entry, a vary record or a reservation).
+    /// The slot holding `hash` (an entry, a vary record or a reservation). A slot of
+    /// the window being written is waited for (briefly: a write is a few stores), so
+    /// a key is not missed while its slot is refreshed or published.
     pub fn find(&self, hash: KeyHash) -> Option<Lookup> {
-        self.window(hash).find_map(|i| {
-            let (seq, view) = self.read(i)?;
-            (view.kind != Kind::Empty && view.hash == hash).then_some(Lookup { slot: i, view, seq })
-        })
+        for _ in 0..WRITE_TRIES / 2 {
+            let mut written = false;
+            for i in self.window(hash) {
+                let Some((seq, view)) = self.read(i) else {
+                    written = true;
+                    continue;
+                };
+                if view.kind != Kind::Empty && view.hash == hash {
+                    return Some(Lookup { slot: i, view, seq });
+                }
+            }
+            if !written {
+                return None;
+            }
+            std::hint::spin_loop();
+        }
+        None
     }
 
     /// A slot for `hash`: the one that holds it, else an empty one of its window,
@@ -243,7 +258,7 @@ impl<'a> Index<'a> {
     /// reservation for `hash` unless it already held the key. `None`: every slot of
     /// the window is being written or fetched.
     pub fn reserve(&self, hash: KeyHash, now: u64, now_ms: u64) -> Option<Reserved> {
-        for _ in 0..WRITE_TRIES {
+        for attempt in 0..WRITE_TRIES {
             if let Some(found) = self.find(hash) {
                 return Some(Reserved {
                     slot: found.slot,
@@ -251,8 +266,15 @@ impl<'a> Index<'a> {
                 });
             }
             let mut best: Option<(usize, u32, SlotView)> = None;
+            let mut written = false;
             for i in self.window(hash) {
                 let Some((seq, view)) = self.read(i) else {
+                    // Being written: perhaps with this very key, by another worker
+                    // that missed it at the same moment. Choosing another slot would
+                    // give the key two slots and two fetches; look again once the
+                    // write is done. (A writer killed mid-write leaves its slot odd
+                    // for good: after half the tries it is passed over.)
+                    written = true;
                     continue;
                 };
                 let locked = !self.lock_free(i, now_ms);
@@ -267,6 +289,10 @@ impl<'a> Index<'a> {
                 if best.is_none_or(|(_, _, b)| view.accessed < b.accessed) {
                     best = Some((i, seq, view));
                 }
+            }
+            if written && attempt < WRITE_TRIES / 2 {
+                std::hint::spin_loop();
+                continue;
             }
             let (i, seq, old) = best?;
             let new = SlotView {
@@ -620,6 +646,31 @@ pub(crate) mod tests {
         assert!(w.expired((1u64 << 32) + 10));
         assert!(w.expired((1u64 << 32) + 11));
         assert_eq!(w.pid(), 7);
+    }
+
+    #[test]
+    fn concurrent_reservations_of_one_key_share_one_slot() {
+        for round in 0..300u32 {
+            let o = Owned::new(64);
+            let ix = o.index();
+            let h = KeyHash::of(&[&round.to_le_bytes()]);
+            let go = std::sync::Barrier::new(4);
+            let slots: Vec<usize> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..4)
+                    .map(|_| {
+                        s.spawn(|| {
+                            go.wait();
+                            ix.reserve(h, 1, 0).unwrap().slot
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|t| t.join().unwrap()).collect()
+            });
+            assert!(
+                slots.iter().all(|&x| x == slots[0]),
+                "round {round}: one key in slots {slots:?}"
+            );
+        }
     }
 
     #[test]

@@ -344,21 +344,10 @@ int main(int argc, char **argv) {
     upstream_addr = (struct sockaddr_in){.sin_family = AF_INET,
                                          .sin_port = htons((uint16_t)atoi(argv[2])),
                                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int ls = loopback_listener(argv[1]);
-    int one = 1;
-    if (setsockopt(ls, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) < 0)
-        die("setsockopt TCP_NODELAY");
-    if (setsockopt(ls, IPPROTO_TCP, TCP_DEFER_ACCEPT, &one, sizeof(one)) < 0)
-        die("setsockopt TCP_DEFER_ACCEPT");
-    ep = epoll_create1(0);
-    if (ep < 0)
-        die("epoll_create1");
-    struct end listener = {.kind = LISTENER, .fd = ls, .registered = 1};
-    struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &listener};
-    if (epoll_ctl(ep, EPOLL_CTL_ADD, ls, &lev) < 0)
-        die("epoll_ctl listener");
-    printf("ready\n");
-    fflush(stdout);
+    int ls = floor_listener(argv[1]);
+    static struct end listener;
+    listener = (struct end){.kind = LISTENER, .fd = ls, .registered = 1};
+    ep = epoll_with_listener(ls, &listener);
 
     struct epoll_event events[MAX_EVENTS];
     for (;;) {

@@ -246,22 +246,10 @@ int main(int argc, char **argv) {
     }
     load(argv[2], &keepalive);
     load(argv[3], &closing);
-    int ls = loopback_listener(argv[1]);
-    int one = 1;
-    if (setsockopt(ls, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) < 0)
-        die("setsockopt TCP_NODELAY");
-    if (setsockopt(ls, IPPROTO_TCP, TCP_DEFER_ACCEPT, &one, sizeof(one)) < 0)
-        die("setsockopt TCP_DEFER_ACCEPT");
-    ep = epoll_create1(0);
-    if (ep < 0)
-        die("epoll_create1");
+    int ls = floor_listener(argv[1]);
     static struct conn listener; /* its fd is the listener's: tells events apart */
     listener.fd = ls;
-    struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &listener};
-    if (epoll_ctl(ep, EPOLL_CTL_ADD, ls, &lev) < 0)
-        die("epoll_ctl listener");
-    printf("ready\n");
-    fflush(stdout);
+    ep = epoll_with_listener(ls, &listener);
 
     struct epoll_event events[MAX_EVENTS];
     for (;;) {

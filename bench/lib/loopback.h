@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -34,6 +35,32 @@ static inline int loopback_listener(const char *port) {
     if (listen(ls, 4096) < 0)
         die("listen");
     return ls;
+}
+
+/* A loopback listener as forkd's (a floor's): TCP_NODELAY (accepted sockets inherit it)
+ * and TCP_DEFER_ACCEPT (a connection is accepted once its request is there). */
+static inline int floor_listener(const char *port) {
+    int ls = loopback_listener(port);
+    int one = 1;
+    if (setsockopt(ls, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) < 0)
+        die("setsockopt TCP_NODELAY");
+    if (setsockopt(ls, IPPROTO_TCP, TCP_DEFER_ACCEPT, &one, sizeof(one)) < 0)
+        die("setsockopt TCP_DEFER_ACCEPT");
+    return ls;
+}
+
+/* An epoll instance with listener LS registered for reading (its events carry PTR),
+ * then "ready" on stdout, which the benchmark scripts wait for. */
+static inline int epoll_with_listener(int ls, void *ptr) {
+    int ep = epoll_create1(0);
+    if (ep < 0)
+        die("epoll_create1");
+    struct epoll_event lev = {.events = EPOLLIN, .data.ptr = ptr};
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, ls, &lev) < 0)
+        die("epoll_ctl listener");
+    printf("ready\n");
+    fflush(stdout);
+    return ep;
 }
 
 /* The next connection waiting on listener LS, non-blocking and with TCP_NODELAY; -1

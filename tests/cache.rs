@@ -1307,16 +1307,7 @@ fn entries_survive_a_restart_and_an_upgrade() {
         "the application was asked after the restart"
     );
 
-    let old = d.master().expect("a master");
-    let (code, out, err) = d.ctl(&["-s", "upgrade"]);
-    assert_eq!(code, 0, "upgrade: {out} {err}");
-    let new = d.master().expect("a master after the upgrade");
-    assert_ne!(new, old);
-    d.adopt_master(new);
-    assert!(wait_until(SETTLE, || {
-        d.reap_first();
-        !alive(old)
-    }));
+    let new = d.upgrade();
     d.wait_serving(new);
     let line = wait_loaded(&d, 3);
     assert!(line.contains(": 1 entries ("), "{line}");
@@ -1832,16 +1823,7 @@ fn reloads_and_an_upgrade_under_load_fail_no_request_and_keep_the_entries() {
         (1, 1),
         "through the reloads every answer came from the zone"
     );
-    let old = d.master().expect("a master");
-    let (code, out, err) = d.ctl(&["-s", "upgrade"]);
-    assert_eq!(code, 0, "upgrade: {out} {err}");
-    let new = d.master().expect("a master after the upgrade");
-    assert_ne!(new, old);
-    d.adopt_master(new);
-    assert!(wait_until(SETTLE, || {
-        d.reap_first();
-        !alive(old)
-    }));
+    d.upgrade();
     load.wait_for(300);
     let report = load.stop();
     report.assert_clean("reloads and an upgrade of a cached route", 1000);

@@ -353,6 +353,25 @@ impl TestDaemon {
         }
     }
 
+    /// `-s upgrade`, which must succeed: the new master is adopted (stopped by the
+    /// cleanup) and the old one has gone. Returns the new master's pid.
+    pub fn upgrade(&mut self) -> i32 {
+        let old = self.master().expect("a master");
+        let (code, out, err) = self.ctl(&["-s", "upgrade"]);
+        assert_eq!(code, 0, "upgrade: {out} {err}");
+        let new = self.master().expect("a master after the upgrade");
+        assert_ne!(new, old);
+        self.adopt_master(new);
+        assert!(
+            wait_until(SETTLE, || {
+                self.reap_first();
+                !alive(old)
+            }),
+            "the old master {old} did not exit after the upgrade"
+        );
+        new
+    }
+
     /// `BIN -c CONFIG` (or the copy), stderr appended to `<tmp>/stderr.txt`, no protocol
     /// variables.
     pub fn command(&self) -> Command {

@@ -113,19 +113,30 @@ const NOT_STORED: [&[u8]; 8] = [
     b"trailer",
 ];
 
-/// The head fields to store, from the head forkd wrote for the client.
-fn stored_head(client_head: &[u8]) -> Vec<u8> {
-    let mut head = Vec::with_capacity(client_head.len());
-    for (name, value) in key::fields(client_head) {
-        if NOT_STORED.iter().any(|n| n.eq_ignore_ascii_case(name)) {
-            continue;
-        }
+/// Whether a field of a response is kept in a stored head.
+fn stored(name: &[u8]) -> bool {
+    !NOT_STORED.iter().any(|n| n.eq_ignore_ascii_case(name))
+}
+
+/// `fields` as a stored head: `Name: value\r\n` lines.
+fn field_lines(fields: &[(&[u8], &[u8])]) -> Vec<u8> {
+    let mut head = Vec::with_capacity(fields.iter().map(|(n, v)| n.len() + v.len() + 4).sum());
+    for (name, value) in fields {
         head.extend_from_slice(name);
         head.extend_from_slice(b": ");
         head.extend_from_slice(value);
         head.extend_from_slice(b"\r\n");
     }
     head
+}
+
+/// The head fields to store, from the head forkd wrote for the client.
+fn stored_head(client_head: &[u8]) -> Vec<u8> {
+    let fields: Vec<_> = key::fields(client_head)
+        .into_iter()
+        .filter(|(n, _)| stored(n))
+        .collect();
+    field_lines(&fields)
 }
 
 impl Plan {
@@ -206,7 +217,7 @@ impl Plan {
         };
         let new: Vec<(&[u8], &[u8])> = key::fields(not_modified_head)
             .into_iter()
-            .filter(|(n, _)| !NOT_STORED.iter().any(|x| x.eq_ignore_ascii_case(n)))
+            .filter(|(n, _)| stored(n))
             .collect();
         let stored = key::stored_fields(&s.meta.head);
         let mut merged: Vec<(&[u8], &[u8])> = new.clone();
@@ -237,14 +248,7 @@ impl Plan {
         meta.ttl = fresh.ttl;
         meta.age_at_store = fresh.age;
         if meta.body_len <= REWRITE_MAX {
-            let mut head = Vec::with_capacity(s.meta.head.len() + 64);
-            for (n, v) in &merged {
-                head.extend_from_slice(n);
-                head.extend_from_slice(b": ");
-                head.extend_from_slice(v);
-                head.extend_from_slice(b"\r\n");
-            }
-            meta.head = head;
+            meta.head = field_lines(&merged);
             meta.flags = if fresh.must_revalidate {
                 meta.flags | FLAG_MUST_REVALIDATE
             } else {

@@ -4,9 +4,12 @@
 //! file). A client's conditional request that the entry satisfies gets a 304 with
 //! the fields RFC 9110 §15.4.5 keeps.
 
+use super::zones::Zone;
 use crate::http::response::{self, Persistence, Status};
 use crate::out::OutQueue;
+use forkd_shared::cache::entry::Meta;
 use forkd_shared::cache::files::Opened;
+use forkd_shared::cache::index::counters;
 use std::rc::Rc;
 
 /// What a cached answer sent.
@@ -26,6 +29,17 @@ pub struct Answer<'a> {
     pub not_modified: bool,
 }
 
+/// Whether the client's conditional request (`request`'s fields) holds for the
+/// stored entry `meta`: then it is answered 304.
+pub fn not_modified(request: &[(&[u8], &[u8])], meta: &Meta) -> bool {
+    let given = |v: &[u8]| !v.is_empty();
+    super::policy::not_modified(
+        request,
+        Some(&meta.etag[..]).filter(|v| given(v)),
+        Some(&meta.last_modified[..]).filter(|v| given(v)),
+    )
+}
+
 /// Fields a 304 keeps of the stored response (RFC 9110 §15.4.5), besides `Date`.
 const KEPT_BY_304: [&[u8]; 6] = [
     b"cache-control",
@@ -41,8 +55,15 @@ fn bodiless(status: u16) -> bool {
     status == 204 || status == 304 || (100..200).contains(&status)
 }
 
-/// Queues the answer from `entry`.
-pub fn write(out: &mut OutQueue, entry: &Rc<Opened>, a: &Answer) -> Sent {
+/// Queues the answer from `entry` of `zone` (its body bytes counted in the zone's
+/// `bytes_served`).
+pub fn write(out: &mut OutQueue, zone: &Zone, entry: &Rc<Opened>, a: &Answer) -> Sent {
+    let sent = queue(out, entry, a);
+    zone.index().bump(counters::BYTES_SERVED, sent.body_bytes);
+    sent
+}
+
+fn queue(out: &mut OutQueue, entry: &Rc<Opened>, a: &Answer) -> Sent {
     let meta = &entry.meta;
     let status = if a.not_modified { 304 } else { meta.status };
     let b = out.bytes();

@@ -61,6 +61,7 @@ pub enum Decision {
     /// Answered from the entry; `refresh`: a stale answer's background refresh,
     /// whose lock this request took.
     Answer {
+        zone: Arc<Zone>,
         entry: Rc<Opened>,
         status: CacheStatus,
         age: u64,
@@ -92,7 +93,8 @@ pub fn decide(
     let primary = KeyHash::of(&[&a.key]);
     let mut target = primary;
     let mut vary = None;
-    if let Some(f) = ix.find(primary).filter(|f| f.view.kind == Kind::Vary) {
+    let first = ix.find(primary);
+    if let Some(f) = first.filter(|f| f.view.kind == Kind::Vary) {
         // The record's epoch is in its slot; its names are read once per epoch.
         let epoch = f.view.expires;
         let known = kept.names(rc.zone, primary, epoch).or_else(|| {
@@ -136,7 +138,13 @@ pub fn decide(
             stale,
         })
     };
-    if let Some(e) = ix.find(target).filter(|e| e.view.kind == Kind::Entry) {
+    // Without a vary record the key's own slot, found above, is the entry's.
+    let found = if target == primary {
+        first
+    } else {
+        ix.find(target)
+    };
+    if let Some(e) = found.filter(|e| e.view.kind == Kind::Entry) {
         let kept_open = kept.open_entry(rc.zone, e.slot, target, e.seq);
         let opened = match kept_open {
             Some(o) if !still_whole(zone, target, &o) => Err(()),
@@ -165,16 +173,9 @@ pub fn decide(
                 };
                 let age = reuse.age(now.unix);
                 let sie = entry.meta.sie.max(rc.stale_if_error.as_secs());
-                let not_modified = policy::not_modified(
-                    a.fields,
-                    Some(&entry.meta.etag)
-                        .filter(|e| !e.is_empty())
-                        .map(|e| &e[..]),
-                    Some(&entry.meta.last_modified)
-                        .filter(|e| !e.is_empty())
-                        .map(|e| &e[..]),
-                );
+                let not_modified = super::hit::not_modified(a.fields, &entry.meta);
                 let answer = |entry, status, refresh| Decision::Answer {
+                    zone: zone.clone(),
                     entry,
                     status,
                     age,

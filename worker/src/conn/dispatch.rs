@@ -38,6 +38,7 @@ use crate::spool::{self, Spool};
 use crate::timers::Micros;
 use crate::upstream_health;
 use crate::upstreams::{ClientRequest, Proxied};
+use forkd_shared::config::cache::KeyTemplate;
 use forkd_shared::config::names::name_matches;
 use forkd_shared::config::overload::Priority;
 use forkd_shared::config::shaping::SentHost;
@@ -526,19 +527,9 @@ fn proxy(
         Framing::None if allow_upgrade => upgrade::requested(head),
         _ => None,
     };
-    let fallback = srv
-        .names
-        .first()
-        .map_or(&b"localhost"[..], |n| n.as_bytes());
-    let fwd = Forwarding {
-        client_ip: x.peer,
-        scheme: if x.tls { Scheme::Https } else { Scheme::Http },
-        fallback_host: fallback,
-        // `Connection: upgrade` instead: a switched connection is never pooled.
-        close: upstream.keepalive == 0 && protocol.is_none(),
-        shaping,
-        prefix: &route.prefix,
-    };
+    // `Connection: upgrade` instead of `close`: a switched connection is never pooled.
+    let close = upstream.keepalive == 0 && protocol.is_none();
+    let fwd = forwarding(srv, route, shaping, x.peer, x.tls, close);
     let mut out = Vec::with_capacity(head.len() + 192);
     let written =
         match upstream_request::write(head, framing, &fwd, &mut svc.upstreams.ids, &mut out) {
@@ -606,6 +597,52 @@ fn proxy(
     Next::Proxy(proxied)
 }
 
+/// The `Host` a request that named none is sent upstream with, and keyed by: the
+/// server's first name.
+fn fallback_host(server: &Server) -> &[u8] {
+    server
+        .names
+        .first()
+        .map_or(&b"localhost"[..], |n| n.as_bytes())
+}
+
+/// `req`'s cache key by `template` (a cached route's, or a `Purge` route's).
+fn cache_key(
+    template: &KeyTemplate,
+    server: &Server,
+    tls: bool,
+    req: &Request,
+    path: &[u8],
+) -> Vec<u8> {
+    let input = KeyInput {
+        tls,
+        host: req.host,
+        fallback_host: fallback_host(server),
+        path,
+        query: req.query,
+    };
+    cache::key::expand(template, &input)
+}
+
+/// What `upstream_request::write` needs of the route and the client.
+fn forwarding<'a>(
+    server: &'a Server,
+    route: &'a forkd_shared::config::Route,
+    shaping: &'a forkd_shared::config::shaping::Shaping,
+    client_ip: IpAddr,
+    tls: bool,
+    close: bool,
+) -> Forwarding<'a> {
+    Forwarding {
+        client_ip,
+        scheme: if tls { Scheme::Https } else { Scheme::Http },
+        fallback_host: fallback_host(server),
+        close,
+        shaping,
+        prefix: &route.prefix,
+    }
+}
+
 /// Appends header field lines to a request head that ends in its empty line.
 fn add_fields(head: &mut Vec<u8>, fields: &[u8]) {
     if fields.is_empty() || !head.ends_with(b"\r\n\r\n") {
@@ -635,20 +672,7 @@ fn cache_lookup(
         return None;
     };
     let (zone, remembered) = svc.caches.with_remembered(rc.zone)?;
-    let fallback = srv
-        .names
-        .first()
-        .map_or(&b"localhost"[..], |n| n.as_bytes());
-    let key = cache::key::expand(
-        &rc.key,
-        &KeyInput {
-            tls: x.tls,
-            host: req.host,
-            fallback_host: fallback,
-            path: path.ok()?,
-            query: req.query,
-        },
-    );
+    let key = cache_key(&rc.key, srv, x.tls, req, path.ok()?);
     let fields = cache::key::fields(head);
     let asked = Asked {
         method: req.method,
@@ -679,7 +703,7 @@ fn cached(
     to: ProxyTo,
     decision: Decision,
 ) -> Next {
-    let (entry, status, age, not_modified, refresh) = match decision {
+    let (zone, entry, status, age, not_modified, refresh) = match decision {
         Decision::Fetch(plan) => {
             return proxy(
                 x,
@@ -697,12 +721,13 @@ fn cached(
         }
         Decision::Wait => return Next::CacheWait,
         Decision::Answer {
+            zone,
             entry,
             status,
             age,
             not_modified,
             refresh,
-        } => (entry, status, age, not_modified, refresh),
+        } => (zone, entry, status, age, not_modified, refresh),
     };
     if let Some(plan) = refresh {
         refresh_in_background(svc, req, head, server, &to, plan, x.peer, x.tls);
@@ -718,13 +743,7 @@ fn cached(
         head_only: req.method == Method::Head,
         not_modified,
     };
-    let sent = hit::write(x.out, &entry, &answer);
-    if let Some(zone) = svc.caches.get(to_zone(svc, server, to.route)) {
-        zone.index().bump(
-            forkd_shared::cache::index::counters::BYTES_SERVED,
-            sent.body_bytes,
-        );
-    }
+    let sent = hit::write(x.out, &zone, &entry, &answer);
     let outcome = Outcome {
         status: Status(sent.status),
         body_bytes: sent.body_bytes,
@@ -760,16 +779,6 @@ fn cache_metrics(svc: &Services) -> String {
     forkd_shared::cache::report::prometheus(&reports)
 }
 
-/// The zone of a cached route (for its counters).
-fn to_zone(svc: &Services, server: usize, route: usize) -> usize {
-    match &svc.config.servers[server].routes[route].handler {
-        Handler::Proxy {
-            cache: Some(rc), ..
-        } => rc.zone,
-        _ => usize::MAX,
-    }
-}
-
 /// Hands a stale entry's refresh to the cache thread: the request the route would
 /// send upstream (its shaping applied), with the entry's validators.
 #[allow(clippy::too_many_arguments)]
@@ -792,18 +801,7 @@ fn refresh_in_background(
         return;
     };
     let upstream = &svc.config.upstreams[to.upstream];
-    let fallback = srv
-        .names
-        .first()
-        .map_or(&b"localhost"[..], |n| n.as_bytes());
-    let fwd = Forwarding {
-        client_ip: peer,
-        scheme: if tls { Scheme::Https } else { Scheme::Http },
-        fallback_host: fallback,
-        close: true,
-        shaping,
-        prefix: &route.prefix,
-    };
+    let fwd = forwarding(srv, route, shaping, peer, tls, true);
     let mut out = Vec::with_capacity(head.len() + 256);
     let written =
         upstream_request::write(head, Framing::None, &fwd, &mut svc.upstreams.ids, &mut out);
@@ -954,20 +952,7 @@ fn respond(
             }
             Handler::Purge { zone, key } => {
                 let zone = svc.caches.get(*zone);
-                let fallback = server
-                    .names
-                    .first()
-                    .map_or(&b"localhost"[..], |n| n.as_bytes());
-                let key = cache::key::expand(
-                    key,
-                    &KeyInput {
-                        tls: x.tls,
-                        host: req.host,
-                        fallback_host: fallback,
-                        path,
-                        query: req.query,
-                    },
-                );
+                let key = cache_key(key, server, x.tls, req, path);
                 cache::purge::serve(req.method_name, zone.map(|z| &**z), &key, &mut reply)
             }
             Handler::Static {
@@ -1239,7 +1224,7 @@ pub fn log_entry(
 
 /// Output buffers stay with their `Busy` (which is pooled), so this allocates only for
 /// a fresh one.
-fn ensure_out(out: &mut OutQueue) {
+pub(crate) fn ensure_out(out: &mut OutQueue) {
     if !out.has_buffer() {
         out.attach(Vec::with_capacity(OUT_CAPACITY));
     }

@@ -502,15 +502,8 @@ fn answer_from_cache(
             .saturating_add(now.saturating_sub(stale.meta.stored)),
     };
     let fields = crate::cache::key::fields(&plan.request_head);
-    let non_empty = |v: &[u8]| !v.is_empty();
-    let not_modified = crate::cache::policy::not_modified(
-        &fields,
-        Some(&entry.meta.etag[..]).filter(|v| non_empty(v)),
-        Some(&entry.meta.last_modified[..]).filter(|v| non_empty(v)),
-    );
-    if !busy.out.has_buffer() {
-        busy.out.attach(Vec::with_capacity(16 * 1024));
-    }
+    let not_modified = crate::cache::hit::not_modified(&fields, &entry.meta);
+    dispatch::ensure_out(&mut busy.out);
     let answer = crate::cache::hit::Answer {
         date: svc.clock.http_date(),
         age,
@@ -518,7 +511,8 @@ fn answer_from_cache(
         head_only: p.client.line.line().is_head(),
         not_modified,
     };
-    let sent = crate::cache::hit::write(&mut busy.out, &std::rc::Rc::new(entry), &answer);
+    let sent =
+        crate::cache::hit::write(&mut busy.out, &plan.zone, &std::rc::Rc::new(entry), &answer);
     if status == CacheStatus::Stale {
         plan.zone.index().bump(cache_counters::STALE, 1);
     }

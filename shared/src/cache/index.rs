@@ -6,24 +6,34 @@
 //!   recently used one of them that nobody is fetching (its body file is then removed
 //!   by whoever took the slot: [`Reserved::evicted`]).
 //! - **Reading a slot.** Each slot is a seqlock: a writer moves its sequence from even
-//!   to odd with a compare-and-swap, stores the fields, and makes it even again; a
-//!   reader that saw the same even sequence before and after the fields has a
-//!   consistent view. A hit costs a few loads, no store but `accessed`.
+//!   to odd with a compare-and-swap (putting its pid beside it), stores the fields,
+//!   and makes it even again; a reader that saw the same even sequence before and
+//!   after the fields has a consistent view. A hit costs a few loads, no store but
+//!   `accessed`. A slot being written is waited for, not passed over: its writer may
+//!   be a thread the kernel preempted between two stores.
+//! - **Taking a slot for a key.** Only [`Index::reserve`] puts a key in a slot, and
+//!   reservations of a zone take turns (a word in the header holding the pid of the
+//!   one reserving, for the few loads and one write it takes). Two workers missing
+//!   one key at the same moment therefore always share one slot, and one fetch:
+//!   without the turns, a slot's `accessed` or fetch lock changing between their
+//!   two looks at the window could make them choose two slots.
 //! - **The fetch lock.** `lock` is apart from the seqlock: the pid of the worker
 //!   fetching the key and when its lock ends (low 32 bits of the monotonic clock in
 //!   ms). Concurrent misses for a key on any worker find it held and wait; a lock
 //!   past its end, or held by a process that is gone, is taken over.
 //!
-//! A writer killed between the two stores of a sequence leaves its slot odd: no
-//! reader or writer uses it again until the index is made anew (every start of the
-//! daemon). One slot of the table lost, never a wrong answer.
+//! A writer killed between the two stores of a sequence leaves its slot odd with its
+//! pid: whoever next waits for the slot sees the pid gone and empties the slot (what
+//! it held is forgotten; its body file, if any, is indexed again at the next start).
+//! A reserver killed in its turn is passed the same way.
 
 use super::KeyHash;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64};
+use std::time::{Duration, Instant};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FKDCIDX1");
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Slots a key may live in.
 pub const PROBE: usize = 8;
 /// Bytes before the first slot.
@@ -69,7 +79,8 @@ pub struct Header {
     pub created: AtomicU64,
     /// 1 once the loader has put the body files on disk into it.
     pub loaded: AtomicU32,
-    _pad: AtomicU32,
+    /// The pid of the one reserving a slot now, 0 if nobody ([`Index::reserve`]).
+    reserving: AtomicU32,
     /// The manager's lease: pid << 32 | low 32 bits of its last heartbeat (monotonic s).
     pub lease: AtomicU64,
     /// Body bytes of the entries in the index.
@@ -106,8 +117,12 @@ impl Kind {
 
 #[repr(C, align(64))]
 pub struct Slot {
-    seq: AtomicU32,
+    /// The sequence (low 32 bits, odd while written) and, while odd, the writer's
+    /// pid (high 32 bits).
+    word: AtomicU64,
     kind: AtomicU32,
+    /// Unix seconds of its last use (outside the seqlock: a hint for eviction).
+    accessed: AtomicU32,
     hi: AtomicU64,
     lo: AtomicU64,
     /// Unix seconds the response was stored or last revalidated.
@@ -116,10 +131,48 @@ pub struct Slot {
     expires: AtomicU64,
     /// Its body file's size.
     size: AtomicU64,
-    /// Unix seconds of its last use (outside the seqlock: a hint for eviction).
-    accessed: AtomicU64,
     /// The fetch lock (outside the seqlock).
     lock: AtomicU64,
+}
+
+const EMPTY: SlotView = SlotView {
+    kind: Kind::Empty,
+    hash: KeyHash(0),
+    stored: 0,
+    expires: 0,
+    size: 0,
+    accessed: 0,
+};
+
+/// Unix seconds in 32 bits (enough until 2106), as a slot keeps its last use.
+fn seconds32(unix: u64) -> u32 {
+    unix.min(u64::from(u32::MAX)) as u32
+}
+
+/// A zone's turn to reserve, held by this process (its pid in the header's word)
+/// until dropped.
+struct Turn<'a>(&'a AtomicU32);
+
+impl<'a> Turn<'a> {
+    fn take(word: &'a AtomicU32) -> Turn<'a> {
+        let me = std::process::id();
+        let mut wait = HolderWait::new();
+        loop {
+            let held = word.load(Relaxed);
+            let gone = held != 0 && matches!(wait.wait(u64::from(held), held), Holder::Gone);
+            // From 0, or from the pid of a holder that is gone (so that two takers
+            // cannot both win).
+            if (held == 0 || gone) && word.compare_exchange(held, me, Acquire, Relaxed).is_ok() {
+                return Turn(word);
+            }
+        }
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.0.store(0, Release);
+    }
 }
 
 /// A consistent read of a slot.
@@ -181,8 +234,68 @@ pub struct Index<'a> {
     pub slots: &'a [Slot],
 }
 
-/// How many times a writer retries a slot another writer holds.
+/// How many times a writer retries a slot another writer changed under it.
 const WRITE_TRIES: usize = 64;
+/// How long a slot being written, or a turn to reserve, is waited for while its
+/// holder's pid exists. A write is a few stores, a turn a few loads and a write; a
+/// holder preempted between them is back within the scheduler's latency. Past this,
+/// the pid is taken for a dead holder's, reused by another process.
+const HOLDER_WAIT: Duration = Duration::from_millis(500);
+
+/// Waits for a holder (of a slot's write or a zone's turn to reserve) that is
+/// `pid`: spins briefly, then yields the CPU (the holder may be a preempted thread
+/// of this very process), asking now and then whether `pid` still exists.
+struct HolderWait {
+    /// What is waited for (a slot's odd word, a turn's pid): a new one starts anew.
+    on: u64,
+    tries: u32,
+    since: Option<Instant>,
+}
+
+enum Holder {
+    /// Look again.
+    Running,
+    /// The holder is gone (or held on past [`HOLDER_WAIT`]): take over.
+    Gone,
+}
+
+impl HolderWait {
+    fn new() -> HolderWait {
+        HolderWait {
+            on: 0,
+            tries: 0,
+            since: None,
+        }
+    }
+
+    /// One wait for the holder `pid` of `on`.
+    fn wait(&mut self, on: u64, pid: u32) -> Holder {
+        if on != self.on {
+            *self = HolderWait {
+                on,
+                ..HolderWait::new()
+            };
+        }
+        self.tries += 1;
+        if self.tries < 64 {
+            std::hint::spin_loop();
+            return Holder::Running;
+        }
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if self.tries.is_multiple_of(64) && !pid_running(pid as i32)
+            || since.elapsed() > HOLDER_WAIT
+        {
+            return Holder::Gone;
+        }
+        std::thread::yield_now();
+        Holder::Running
+    }
+}
+
+/// The seqlock word of a slot being written by `pid` at odd sequence `seq`.
+fn writing(pid: u32, seq: u32) -> u64 {
+    u64::from(pid) << 32 | u64::from(seq)
+}
 
 impl<'a> Index<'a> {
     fn window(&self, hash: KeyHash) -> impl Iterator<Item = usize> + '_ {
@@ -194,8 +307,8 @@ impl<'a> Index<'a> {
     /// A consistent view of slot `i`, or `None` while it is being written.
     pub fn read(&self, i: usize) -> Option<(u32, SlotView)> {
         let s = &self.slots[i];
-        let seq = s.seq.load(Acquire);
-        if seq & 1 == 1 {
+        let word = s.word.load(Acquire);
+        if word & 1 == 1 {
             return None;
         }
         let view = SlotView {
@@ -204,29 +317,67 @@ impl<'a> Index<'a> {
             stored: s.stored.load(Relaxed),
             expires: s.expires.load(Relaxed),
             size: s.size.load(Relaxed),
-            accessed: s.accessed.load(Relaxed),
+            accessed: u64::from(s.accessed.load(Relaxed)),
         };
         fence(Acquire);
-        (s.seq.load(Relaxed) == seq).then_some((seq, view))
+        (s.word.load(Relaxed) == word).then_some((word as u32, view))
     }
 
-    /// Writes slot `i` if its sequence is still `seq` (what [`Index::read`] gave).
-    fn write(&self, i: usize, seq: u32, view: &SlotView) -> bool {
+    /// Slot `i` once nobody is writing it: a writer that exists is waited for; one
+    /// that is gone (killed between its stores) has the slot emptied.
+    pub fn settled(&self, i: usize) -> (u32, SlotView) {
+        let mut wait = HolderWait::new();
+        loop {
+            if let Some(read) = self.read(i) {
+                return read;
+            }
+            let word = self.slots[i].word.load(Relaxed);
+            if word & 1 == 0 {
+                continue; // written between two loads of the read: read again
+            }
+            if let Holder::Gone = wait.wait(word, (word >> 32) as u32) {
+                self.empty_abandoned(i, word);
+            }
+        }
+    }
+
+    /// Empties slot `i`, left odd (`word`) by a writer that is gone.
+    fn empty_abandoned(&self, i: usize, word: u64) {
         let s = &self.slots[i];
-        if s.seq
-            .compare_exchange(seq, seq.wrapping_add(1), Acquire, Relaxed)
+        let seq = (word as u32).wrapping_add(2);
+        let me = std::process::id();
+        if s.word
+            .compare_exchange(word, writing(me, seq), Acquire, Relaxed)
             .is_err()
         {
-            return false;
+            return; // someone else did, or the writer finished after all
         }
+        self.store_fields(s, &EMPTY);
+        s.word.store(u64::from(seq.wrapping_add(1)), Release);
+    }
+
+    fn store_fields(&self, s: &Slot, view: &SlotView) {
         s.kind.store(view.kind as u32, Relaxed);
         s.hi.store(view.hash.hi(), Relaxed);
         s.lo.store(view.hash.lo(), Relaxed);
         s.stored.store(view.stored, Relaxed);
         s.expires.store(view.expires, Relaxed);
         s.size.store(view.size, Relaxed);
-        s.accessed.store(view.accessed, Relaxed);
-        s.seq.store(seq.wrapping_add(2), Release);
+        s.accessed.store(seconds32(view.accessed), Relaxed);
+    }
+
+    /// Writes slot `i` if its sequence is still `seq` (what [`Index::read`] gave).
+    fn write(&self, i: usize, seq: u32, view: &SlotView) -> bool {
+        let s = &self.slots[i];
+        let odd = writing(std::process::id(), seq.wrapping_add(1));
+        if s.word
+            .compare_exchange(u64::from(seq), odd, Acquire, Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        self.store_fields(s, view);
+        s.word.store(u64::from(seq.wrapping_add(2)), Release);
         true
     }
 
@@ -234,67 +385,37 @@ impl<'a> Index<'a> {
     /// the window being written is waited for (briefly: a write is a few stores), so
     /// a key is not missed while its slot is refreshed or published.
     pub fn find(&self, hash: KeyHash) -> Option<Lookup> {
-        for _ in 0..WRITE_TRIES / 2 {
-            let mut written = false;
-            for i in self.window(hash) {
-                let Some((seq, view)) = self.read(i) else {
-                    written = true;
-                    continue;
-                };
-                if view.kind != Kind::Empty && view.hash == hash {
-                    return Some(Lookup { slot: i, view, seq });
-                }
-            }
-            if !written {
-                return None;
-            }
-            std::hint::spin_loop();
-        }
-        None
+        self.window(hash).find_map(|i| {
+            let (seq, view) = self.settled(i);
+            (view.kind != Kind::Empty && view.hash == hash).then_some(Lookup { slot: i, view, seq })
+        })
     }
 
-    /// A slot for `hash`: the one that holds it, else an empty one of its window,
-    /// else the least recently used one nobody fetches (evicted). The slot holds a
-    /// reservation for `hash` unless it already held the key. `None`: every slot of
-    /// the window is being written or fetched.
+    /// A slot for `hash`: the one that holds it, else the first empty one of its
+    /// window (or a reservation nobody fetches), else the least recently used one
+    /// nobody fetches (evicted). The slot holds a reservation for `hash` unless it
+    /// already held the key. `None`: every slot of the window is being fetched.
     pub fn reserve(&self, hash: KeyHash, now: u64, now_ms: u64) -> Option<Reserved> {
-        for attempt in 0..WRITE_TRIES {
-            if let Some(found) = self.find(hash) {
-                return Some(Reserved {
-                    slot: found.slot,
-                    evicted: None,
-                });
-            }
-            let mut best: Option<(usize, u32, SlotView)> = None;
-            let mut written = false;
+        let _turn = Turn::take(&self.header.reserving);
+        for _ in 0..WRITE_TRIES {
+            let mut free: Option<(usize, u32, SlotView)> = None;
+            let mut oldest: Option<(usize, u32, SlotView)> = None;
             for i in self.window(hash) {
-                let Some((seq, view)) = self.read(i) else {
-                    // Being written: perhaps with this very key, by another worker
-                    // that missed it at the same moment. Choosing another slot would
-                    // give the key two slots and two fetches; look again once the
-                    // write is done. (A writer killed mid-write leaves its slot odd
-                    // for good: after half the tries it is passed over.)
-                    written = true;
-                    continue;
-                };
+                let (seq, view) = self.settled(i);
+                if view.kind != Kind::Empty && view.hash == hash {
+                    return Some(Reserved {
+                        slot: i,
+                        evicted: None,
+                    });
+                }
                 let locked = !self.lock_free(i, now_ms);
-                let free = view.kind == Kind::Empty || view.kind == Kind::Reserved && !locked;
-                if free {
-                    best = Some((i, seq, view));
-                    break;
-                }
-                if locked {
-                    continue;
-                }
-                if best.is_none_or(|(_, _, b)| view.accessed < b.accessed) {
-                    best = Some((i, seq, view));
+                if view.kind == Kind::Empty || view.kind == Kind::Reserved && !locked {
+                    free = free.or(Some((i, seq, view)));
+                } else if !locked && oldest.is_none_or(|(_, _, o)| view.accessed < o.accessed) {
+                    oldest = Some((i, seq, view));
                 }
             }
-            if written && attempt < WRITE_TRIES / 2 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let (i, seq, old) = best?;
+            let (i, seq, old) = free.or(oldest)?;
             let new = SlotView {
                 kind: Kind::Reserved,
                 hash,
@@ -303,6 +424,8 @@ impl<'a> Index<'a> {
                 size: 0,
                 accessed: now,
             };
+            // Fails only if a writer (publishing, refreshing, removing another key)
+            // changed the slot since it was read: look at the window again.
             if self.write(i, seq, &new) {
                 let evicted = matches!(old.kind, Kind::Entry | Kind::Vary).then_some(old);
                 if let Some(e) = evicted {
@@ -320,10 +443,7 @@ impl<'a> Index<'a> {
     /// replaced one (its body file was replaced on disk by the same name).
     pub fn publish(&self, i: usize, view: SlotView) -> Result<Option<SlotView>, Busy> {
         for _ in 0..WRITE_TRIES {
-            let Some((seq, old)) = self.read(i) else {
-                std::hint::spin_loop();
-                continue;
-            };
+            let (seq, old) = self.settled(i);
             if old.hash != view.hash {
                 return Err(Busy);
             }
@@ -345,9 +465,7 @@ impl<'a> Index<'a> {
     /// Sets slot `i`'s freshness (a revalidation said the entry is unchanged).
     pub fn refresh(&self, i: usize, hash: KeyHash, stored: u64, expires: u64) -> bool {
         for _ in 0..WRITE_TRIES {
-            let Some((seq, mut view)) = self.read(i) else {
-                continue;
-            };
+            let (seq, mut view) = self.settled(i);
             if view.hash != hash || view.kind != Kind::Entry {
                 return false;
             }
@@ -366,7 +484,7 @@ impl<'a> Index<'a> {
     /// held, if any (its body file is the caller's to remove).
     pub fn mark_pass(&self, i: usize, hash: KeyHash, until: u64) -> Option<SlotView> {
         for _ in 0..WRITE_TRIES {
-            let (seq, old) = self.read(i)?;
+            let (seq, old) = self.settled(i);
             if old.hash != hash {
                 return None;
             }
@@ -394,19 +512,11 @@ impl<'a> Index<'a> {
     /// caller's to remove.
     pub fn remove(&self, i: usize, hash: KeyHash) -> Option<SlotView> {
         for _ in 0..WRITE_TRIES {
-            let (seq, view) = self.read(i)?;
+            let (seq, view) = self.settled(i);
             if view.hash != hash || view.kind == Kind::Empty {
                 return None;
             }
-            let empty = SlotView {
-                kind: Kind::Empty,
-                hash: KeyHash(0),
-                stored: 0,
-                expires: 0,
-                size: 0,
-                accessed: 0,
-            };
-            if self.write(i, seq, &empty) {
+            if self.write(i, seq, &EMPTY) {
                 if matches!(view.kind, Kind::Entry | Kind::Vary) {
                     self.forget_bytes(view.size);
                     self.header.count.fetch_sub(1, Relaxed);
@@ -427,6 +537,7 @@ impl<'a> Index<'a> {
     /// Notes a use of slot `i` (for least-recently-used eviction).
     pub fn touch(&self, i: usize, now: u64) {
         let a = &self.slots[i].accessed;
+        let now = seconds32(now);
         if a.load(Relaxed) < now {
             a.store(now, Relaxed);
         }
@@ -506,7 +617,7 @@ pub(crate) mod tests {
                 entries: AtomicU32::new(n as u32),
                 created: AtomicU64::new(0),
                 loaded: AtomicU32::new(0),
-                _pad: AtomicU32::new(0),
+                reserving: AtomicU32::new(0),
                 lease: AtomicU64::new(0),
                 bytes: AtomicU64::new(0),
                 count: AtomicU64::new(0),
@@ -515,14 +626,14 @@ pub(crate) mod tests {
             });
             let slots = (0..n)
                 .map(|_| Slot {
-                    seq: AtomicU32::new(0),
+                    word: AtomicU64::new(0),
                     kind: AtomicU32::new(0),
+                    accessed: AtomicU32::new(0),
                     hi: AtomicU64::new(0),
                     lo: AtomicU64::new(0),
                     stored: AtomicU64::new(0),
                     expires: AtomicU64::new(0),
                     size: AtomicU64::new(0),
-                    accessed: AtomicU64::new(0),
                     lock: AtomicU64::new(0),
                 })
                 .collect();
@@ -671,6 +782,110 @@ pub(crate) mod tests {
                 "round {round}: one key in slots {slots:?}"
             );
         }
+    }
+
+    #[test]
+    fn concurrent_evicting_reservations_of_one_key_share_one_slot_while_uses_reorder_the_window() {
+        for round in 0..200u32 {
+            // Eight slots: every key's window is the whole table, all of it full.
+            let o = Owned::new(PROBE);
+            let ix = o.index();
+            for k in 0..PROBE as u32 {
+                let other = KeyHash::of(&[b"other", &k.to_le_bytes(), &round.to_le_bytes()]);
+                let r = ix.reserve(other, 1, 0).unwrap();
+                ix.publish(r.slot, entry(other, 1, u64::from(k) + 1))
+                    .unwrap();
+            }
+            let h = KeyHash::of(&[b"k", &round.to_le_bytes()]);
+            let go = std::sync::Barrier::new(5);
+            let done = std::sync::atomic::AtomicBool::new(false);
+            let slots: Vec<usize> = std::thread::scope(|s| {
+                // Hits on the other entries change which is least recently used
+                // while the misses look at the window.
+                s.spawn(|| {
+                    go.wait();
+                    let mut now = 100;
+                    while !done.load(Relaxed) {
+                        now += 1;
+                        ix.touch(now as usize % PROBE, now);
+                    }
+                });
+                let hs: Vec<_> = (0..4)
+                    .map(|_| {
+                        s.spawn(|| {
+                            go.wait();
+                            ix.reserve(h, 1_000_000, 0).unwrap().slot
+                        })
+                    })
+                    .collect();
+                let slots = hs.into_iter().map(|t| t.join().unwrap()).collect();
+                done.store(true, Relaxed);
+                slots
+            });
+            assert!(
+                slots.iter().all(|&x| x == slots[0]),
+                "round {round}: one key in slots {slots:?}"
+            );
+        }
+    }
+
+    /// A pid that existed and is gone (a child run and reaped).
+    fn dead_pid() -> u32 {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        pid
+    }
+
+    #[test]
+    fn a_slot_left_half_written_by_a_killed_writer_is_emptied_and_used_again() {
+        let o = Owned::new(64);
+        let ix = o.index();
+        let h = KeyHash::of(&[b"k"]);
+        let slot = ix.reserve(h, 1, 0).unwrap().slot;
+        ix.publish(slot, entry(h, 10, 1)).unwrap();
+        // A writer killed between its two stores: the word odd, its pid beside it.
+        let seq = ix.read(slot).unwrap().0;
+        o.slots[slot]
+            .word
+            .store(writing(dead_pid(), seq + 1), Relaxed);
+        assert_eq!(ix.read(slot), None);
+        assert_eq!(ix.find(h), None, "the half-written entry is not served");
+        assert_eq!(ix.read(slot).map(|(_, v)| v.kind), Some(Kind::Empty));
+        assert_eq!(ix.reserve(h, 2, 0).unwrap().slot, slot);
+    }
+
+    #[test]
+    fn a_turn_to_reserve_held_by_a_process_that_is_gone_is_taken_over() {
+        let o = Owned::new(64);
+        let ix = o.index();
+        o.header.reserving.store(dead_pid(), Relaxed);
+        let h = KeyHash::of(&[b"k"]);
+        assert!(ix.reserve(h, 1, 0).is_some());
+        assert_eq!(
+            o.header.reserving.load(Relaxed),
+            0,
+            "the turn is given back"
+        );
+    }
+
+    #[test]
+    fn a_slot_being_written_by_a_live_writer_is_waited_for_not_passed_over() {
+        let o = Owned::new(64);
+        let ix = o.index();
+        let h = KeyHash::of(&[b"k"]);
+        let slot = ix.reserve(h, 1, 0).unwrap().slot;
+        let seq = ix.read(slot).unwrap().0;
+        // This process "writes" the slot (its pid runs) and finishes a moment later.
+        o.slots[slot]
+            .word
+            .store(writing(std::process::id(), seq + 1), Relaxed);
+        std::thread::scope(|s| {
+            let finder = s.spawn(|| ix.reserve(h, 2, 0).unwrap().slot);
+            std::thread::sleep(Duration::from_millis(50));
+            o.slots[slot].word.store(u64::from(seq + 2), Release);
+            assert_eq!(finder.join().unwrap(), slot, "one key, one slot");
+        });
     }
 
     #[test]

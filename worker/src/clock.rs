@@ -10,10 +10,23 @@ pub struct Clock {
     /// measured in it (see `timers.rs`).
     pub now_us: u64,
     origin: Instant,
+    /// `CLOCK_MONOTONIC` in microseconds at `origin` (the clock `Instant` reads).
+    origin_mono_us: u64,
     /// Wall-clock seconds since the epoch of this loop turn.
     pub unix_secs: u64,
+    /// `now_us` when the wall clock's second next changes: turns before it do not
+    /// read the wall clock (a step of the wall clock is seen at that moment).
+    wall_check_us: u64,
     http_date: [u8; 29],
     log_time: [u8; 26],
+}
+
+/// `CLOCK_MONOTONIC` in microseconds: one read, no `Instant` arithmetic (a loop turn
+/// and each precise time of an exchange read it).
+fn monotonic_us() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        t.tv_sec() as u64 * 1_000_000 + t.tv_nsec() as u64 / 1_000
+    })
 }
 
 impl Clock {
@@ -23,7 +36,9 @@ impl Clock {
             now: origin,
             now_us: 0,
             origin,
+            origin_mono_us: monotonic_us(),
             unix_secs: u64::MAX,
+            wall_check_us: 0,
             http_date: [b' '; 29],
             log_time: [b' '; 26],
         };
@@ -34,10 +49,16 @@ impl Clock {
     /// Reads the clocks; reformats the dates when the second changed.
     /// Returns true when a new second started.
     pub fn tick(&mut self) -> bool {
-        self.now = Instant::now();
-        self.now_us = self.micros(self.now);
-        let wall = SystemTime::now();
-        let secs = wall.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        self.now_us = self.precise_us();
+        self.now = self.instant(self.now_us);
+        if self.now_us < self.wall_check_us {
+            return false;
+        }
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        self.wall_check_us = self.now_us + 1_000_000 - u64::from(wall.subsec_micros());
+        let secs = wall.as_secs();
         if secs == self.unix_secs {
             return false;
         }
@@ -56,7 +77,7 @@ impl Clock {
 
     /// Microseconds since the worker started, read now (not at the loop turn).
     pub fn precise_us(&self) -> u64 {
-        self.micros(Instant::now())
+        monotonic_us().saturating_sub(self.origin_mono_us)
     }
 
     /// The `Instant` of a time in microseconds since the worker started.
@@ -110,6 +131,22 @@ mod tests {
         assert_eq!(
             format_log_time(20_786 * 86400 + 3661),
             "29/Nov/2026:01:01:01 +0000"
+        );
+    }
+
+    #[test]
+    fn turns_follow_the_monotonic_clock_and_the_wall_clock_second() {
+        let mut c = Clock::new();
+        let before = c.now_us;
+        let unix = c.unix_secs;
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        assert!(c.tick(), "a new second started");
+        assert!(c.now_us >= before + 1_100_000);
+        assert!(c.unix_secs > unix);
+        assert_eq!(
+            c.micros(c.now),
+            c.now_us,
+            "the instant and the microseconds agree"
         );
     }
 

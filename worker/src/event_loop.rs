@@ -446,47 +446,49 @@ impl EventLoop {
     }
 
     /// Until the next deadline, but at least once a second (access-log flush, date).
+    /// In the clock's microseconds (one read of the clock, no `Instant` arithmetic
+    /// on a busy turn).
     fn poll_timeout(&self) -> Duration {
-        let now = Instant::now();
-        let mut until = now + Duration::from_secs(1);
-        if let Some(due) = self.svc.timers.next_due() {
-            until = until.min(self.svc.clock.instant(due));
-        }
-        if let Some(due) = self.svc.upstreams.next_expiry() {
-            until = until.min(self.svc.clock.instant(due));
-        }
-        if let Some(due) = self.svc.overload.next_due() {
-            until = until.min(self.svc.clock.instant(due));
-        }
-        match self.run {
-            Run::Stopping { drain_at } => until = until.min(drain_at),
-            Run::Draining { deadline, .. } if !self.listeners.is_empty() => {
-                // Check the accept queues often while emptying them.
-                until = until.min(deadline).min(now + Duration::from_millis(10));
-            }
-            Run::Draining { deadline, .. } => until = until.min(deadline),
-            Run::Serving => {}
-        }
-        if let Some(at) = self.accept_retry_at {
-            until = until.min(at);
-        }
-        if self.at_limit.at_limit() {
-            // Look at the accept queues again soon: clients may be waiting there.
-            until = until.min(now + Duration::from_micros(rotation::CHECK_EVERY_US));
-        }
         if self.accepting && self.listeners.iter().any(|l| l.more) {
             return Duration::ZERO; // connections are waiting in the accept queue
         }
         if !self.ready.is_empty() {
             return Duration::ZERO; // connections have work left from the last turn
         }
+        let clock = &self.svc.clock;
+        let now = clock.precise_us();
+        let mut until = now + 1_000_000;
+        let dues = [
+            self.svc.timers.next_due(),
+            self.svc.upstreams.next_expiry(),
+            self.svc.overload.next_due(),
+        ];
+        for due in dues.into_iter().flatten() {
+            until = until.min(due);
+        }
+        match self.run {
+            Run::Stopping { drain_at } => until = until.min(clock.micros(drain_at)),
+            Run::Draining { deadline, .. } if !self.listeners.is_empty() => {
+                // Check the accept queues often while emptying them.
+                until = until.min(clock.micros(deadline)).min(now + 10_000);
+            }
+            Run::Draining { deadline, .. } => until = until.min(clock.micros(deadline)),
+            Run::Serving => {}
+        }
+        if let Some(at) = self.accept_retry_at {
+            until = until.min(clock.micros(at));
+        }
+        if self.at_limit.at_limit() {
+            // Look at the accept queues again soon: clients may be waiting there.
+            until = until.min(now + rotation::CHECK_EVERY_US);
+        }
         if !self.deferred_before.is_empty() {
             // Connections wait unregistered for their upstream's answer: register
             // them soon if it does not come (a client hanging up is noticed then).
-            until = until.min(now + DEFERRED_FOR);
+            until = until.min(now + DEFERRED_FOR.as_micros() as u64);
         }
         // Round up to the next millisecond so a deadline is never polled for as 0 ms early.
-        until.saturating_duration_since(now) + Duration::from_micros(500)
+        Duration::from_micros(until.saturating_sub(now) + 500)
     }
 
     /// Reads pending signals. Returns true for a fast stop.

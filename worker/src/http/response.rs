@@ -168,6 +168,19 @@ pub fn finish_with(out: &mut Vec<u8>, site_headers: &[u8], persistence: Persiste
 
 /// Appends `n` in decimal.
 pub fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    // Statuses, octets of addresses and small lengths: a byte at a time costs less
+    // than the copy of a slice of unknown length.
+    if n < 1000 {
+        out.reserve(3);
+        if n >= 100 {
+            out.push(b'0' + (n / 100) as u8);
+        }
+        if n >= 10 {
+            out.push(b'0' + (n / 10 % 10) as u8);
+        }
+        out.push(b'0' + (n % 10) as u8);
+        return;
+    }
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     loop {
@@ -284,7 +297,7 @@ mod tests {
 
     #[test]
     fn decimal_formatting() {
-        for n in [0u64, 7, 10, 1024, u64::MAX] {
+        for n in [0u64, 7, 10, 99, 100, 255, 999, 1000, 1024, u64::MAX] {
             let mut v = Vec::new();
             push_decimal(&mut v, n);
             assert_eq!(v, n.to_string().as_bytes());

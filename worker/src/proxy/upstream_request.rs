@@ -321,12 +321,22 @@ fn split_absolute(target: &[u8]) -> (Option<&[u8]>, &[u8]) {
 fn push_ip(out: &mut Vec<u8>, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
+            // Into a stack buffer first: one copy into `out`.
+            let mut text = [0u8; 15];
+            let mut n = 0;
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    out.push(b'.');
+                    text[n] = b'.';
+                    n += 1;
                 }
-                push_decimal(out, u64::from(octet));
+                for (place, digit) in [(100, octet / 100), (10, octet / 10 % 10), (1, octet % 10)] {
+                    if octet >= place || place == 1 {
+                        text[n] = b'0' + digit;
+                        n += 1;
+                    }
+                }
             }
+            out.extend_from_slice(&text[..n]);
         }
         // Writing an IpAddr into a Vec cannot fail.
         IpAddr::V6(_) => {
@@ -629,6 +639,8 @@ mod tests {
             "0.0.0.0",
             "255.255.255.255",
             "10.20.3.4",
+            "100.101.110.9",
+            "99.50.205.199",
             "::1",
             "2001:db8::7",
         ] {

@@ -14,6 +14,7 @@ use crate::limits::rotation::{self, AtLimit};
 use crate::services::{max_header_bytes, routing, Services};
 use crate::setup::InitError;
 use crate::stats::Stats;
+use crate::timers::Micros;
 use crate::timers::Timers;
 use crate::upstreams::{upstream_key, Owner, Upstreams};
 use forkd_shared::config::{Config, ProxyHeader};
@@ -42,9 +43,9 @@ const LISTENER_BASE: usize = usize::MAX - 1;
 /// exclusive waiters LIFO, and re-adding moves this worker to the back of the queue,
 /// which spreads connections over the workers.
 const REARM_EVERY: u32 = 16;
-/// The longest a poll waits while connections wait unregistered for their
-/// upstream's answer (see `EventLoop::register_deferred`).
-const DEFERRED_FOR: Duration = Duration::from_millis(1);
+/// How long a connection waiting only for its upstream's answer stays unregistered
+/// (see `EventLoop::register_deferred`), and the longest a poll waits while any do.
+const DEFERRED_FOR: Duration = Duration::from_millis(10);
 /// After EMFILE/ENFILE, wait this long before accepting again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -96,10 +97,9 @@ pub struct EventLoop {
     ready: Vec<usize>,
     /// The list being worked through this turn (kept to reuse its allocation).
     ready_now: Vec<usize>,
-    /// Connections whose registration waits (`Conn::waits_on_upstream_only`): listed
-    /// this turn, and those listed the turn before, registered at the end of this one.
-    deferred: Vec<usize>,
-    deferred_before: Vec<usize>,
+    /// Connections whose registration waits (`Conn::waits_on_upstream_only`), with
+    /// when they began to: registered once they have waited `DEFERRED_FOR`.
+    deferred: Vec<(usize, Micros)>,
     /// The configuration generation this worker serves.
     generation: u64,
     /// A generation this worker must not adopt (it needs new workers; ours retire).
@@ -193,7 +193,6 @@ impl EventLoop {
             ready: Vec::new(),
             ready_now: Vec::new(),
             deferred: Vec::new(),
-            deferred_before: Vec::new(),
             generation: 0,
             declined: 0,
             master: init.master.as_raw(),
@@ -482,7 +481,7 @@ impl EventLoop {
             // Look at the accept queues again soon: clients may be waiting there.
             until = until.min(now + rotation::CHECK_EVERY_US);
         }
-        if !self.deferred_before.is_empty() {
+        if !self.deferred.is_empty() {
             // Connections wait unregistered for their upstream's answer: register
             // them soon if it does not come (a client hanging up is noticed then).
             until = until.min(now + DEFERRED_FOR.as_micros() as u64);
@@ -737,7 +736,11 @@ impl EventLoop {
             };
             slot.accepts_since_rearm += 1;
             self.svc.stats.accepted();
-            let rearm = self.exclusive && slot.accepts_since_rearm >= REARM_EVERY;
+            // One worker has nobody to share the queue with fairly (a retiring one
+            // stops accepting): it never pays for the two `epoll_ctl`s.
+            let rearm = self.exclusive
+                && self.svc.config.workers.get() > 1
+                && slot.accepts_since_rearm >= REARM_EVERY;
             if rearm {
                 slot.accepts_since_rearm = 0;
             }
@@ -917,7 +920,7 @@ impl EventLoop {
             if conn.waits_on_upstream_only() {
                 if conn.registration == Registration::None {
                     conn.registration = Registration::Deferred;
-                    self.deferred.push(key);
+                    self.deferred.push((key, self.svc.clock.now_us));
                 }
                 return;
             }
@@ -968,27 +971,34 @@ impl EventLoop {
     }
 
     /// A proxied connection waiting only for its upstream is not registered when it
-    /// starts waiting: if the answer comes in the next turn (it usually does), a
+    /// starts waiting: if the answer comes within `DEFERRED_FOR` (it usually does), a
     /// `Connection: close` client is answered and closed with no `epoll_ctl` at all,
-    /// and no removal from the epoll set at `close`. Those listed the turn before and
-    /// still waiting are registered now, so a client that hangs up while the upstream
-    /// is slow is still noticed (and the poll waits at most `DEFERRED_FOR` while any
-    /// are listed).
+    /// and no removal from the epoll set at `close` (the floor's way). Those still
+    /// waiting after it are registered now, so a client that hangs up while the
+    /// upstream is slow is still noticed (and the poll waits at most `DEFERRED_FOR`
+    /// while any are listed). By time, not by turns: with many clients a turn can
+    /// come microseconds after the last, long before an upstream answers.
     fn register_deferred(&mut self) {
-        let mut due = std::mem::take(&mut self.deferred_before);
-        for &key in &due {
+        let now = self.svc.clock.now_us;
+        let due_before = now.saturating_sub(DEFERRED_FOR.as_micros() as u64);
+        let mut listed = std::mem::take(&mut self.deferred);
+        listed.retain(|&(key, since)| {
             // A key closed and reused since is a new connection: it is registered
-            // (or deferred) on its own, and one registered a turn early is harmless.
+            // (or deferred) on its own, and one registered early is harmless.
             let pending = self
                 .conns
                 .get(key)
                 .is_some_and(|c| c.registration == Registration::Deferred);
-            if pending {
-                self.register(key);
+            if !pending {
+                return false;
             }
-        }
-        due.clear();
-        self.deferred_before = std::mem::replace(&mut self.deferred, due);
+            if since > due_before {
+                return true;
+            }
+            self.register(key);
+            false
+        });
+        self.deferred = listed;
     }
 
     fn close(&mut self, key: usize) {

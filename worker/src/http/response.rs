@@ -167,31 +167,21 @@ pub fn finish_with(out: &mut Vec<u8>, site_headers: &[u8], persistence: Persiste
 }
 
 /// Appends `n` in decimal.
-pub fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
-    // Statuses, octets of addresses and small lengths: a byte at a time costs less
-    // than the copy of a slice of unknown length.
-    if n < 1000 {
-        out.reserve(3);
-        if n >= 100 {
-            out.push(b'0' + (n / 100) as u8);
-        }
-        if n >= 10 {
-            out.push(b'0' + (n / 10 % 10) as u8);
-        }
-        out.push(b'0' + (n % 10) as u8);
-        return;
+pub fn push_decimal(out: &mut Vec<u8>, n: u64) {
+    // Written in place, from the last digit: no buffer of its own to copy from.
+    let mut len = 1;
+    let mut rest = n / 10;
+    while rest > 0 {
+        len += 1;
+        rest /= 10;
     }
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+    let start = out.len();
+    out.resize(start + len, b'0');
+    let mut rest = n;
+    for digit in out[start..].iter_mut().rev() {
+        *digit = b'0' + (rest % 10) as u8;
+        rest /= 10;
     }
-    out.extend_from_slice(&digits[i..]);
 }
 
 /// The body of an error page: small, HTML, naming the status.

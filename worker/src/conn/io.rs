@@ -300,7 +300,7 @@ impl Conn {
                 !b.out.is_empty()
                     || b.proxy
                         .as_ref()
-                        .is_some_and(|p| !p.session.client_output().is_empty() || p.spooled())
+                        .is_some_and(|p| p.session.has_client_output() || p.spooled())
                     || b.tunnel.as_ref().is_some_and(|t| t.wants_client_write())
                     || b.h2
                         .as_ref()

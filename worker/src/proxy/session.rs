@@ -16,10 +16,12 @@ use super::connect::{connect_failure, UpstreamSocket};
 use super::exchange::{Action, Event, Exchange};
 use super::response_head::{Redirects, ResponseContext};
 use super::retry::Failure;
+use super::splice::{self, Pipe};
 use super::stream::{RequestStream, ResponseStream, StreamError};
 use super::upstream_request::Framing;
 use std::cell::RefCell;
 use std::io::{self, IoSlice, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
 
 /// Upstream bytes read at once.
 const READ_CHUNK: usize = 16 * 1024;
@@ -106,6 +108,25 @@ pub struct Session {
     head_reported: bool,
     body_reported: bool,
     progressed: bool,
+    /// Whether the response body goes to the client through a pipe (`splice`).
+    splicing: Splicing,
+    /// Body bytes spliced from the upstream so far.
+    spliced: u64,
+}
+
+/// Whether a response body is spliced ([`Session::allow_splice`]).
+#[derive(Debug)]
+enum Splicing {
+    /// Copied through the response stream (the default).
+    Off,
+    /// The connection code allows it: it begins once the response stream has splice
+    /// room (a body relayed as is, its head and what came with it written).
+    Allowed,
+    /// Under way, through this pipe.
+    Piped(Pipe),
+    /// Not possible here (no pipe, or `splice` refused the descriptors at first
+    /// use): copied.
+    Refused,
 }
 
 impl Session {
@@ -140,6 +161,8 @@ impl Session {
             head_reported: false,
             body_reported: false,
             progressed: false,
+            splicing: Splicing::Off,
+            spliced: 0,
         }
     }
 
@@ -306,6 +329,40 @@ impl Session {
         self.hung_up |= hung_up;
     }
 
+    /// The response body may go to the client by `splice` (the client is a plain
+    /// socket, the response is not buffered): it does when the stream allows (a body
+    /// relayed as is), and [`Session::spliced_held`] bytes then wait in a pipe for
+    /// [`Session::splice_to_client`], after [`Session::client_output`].
+    pub fn allow_splice(&mut self) {
+        if matches!(self.splicing, Splicing::Off) {
+            self.splicing = Splicing::Allowed;
+        }
+    }
+
+    /// Response bytes spliced from the upstream that wait in the pipe for the client.
+    pub fn spliced_held(&self) -> usize {
+        match &self.splicing {
+            Splicing::Piped(pipe) => pipe.held(),
+            _ => 0,
+        }
+    }
+
+    /// Whether anything waits for the client: [`Session::client_output`] or bytes in
+    /// the pipe.
+    pub fn has_client_output(&self) -> bool {
+        !self.response.pending().is_empty() || self.spliced_held() > 0
+    }
+
+    /// Splices at most `max` bytes of the pipe to the client socket `to`; call it
+    /// once [`Session::client_output`] is empty. `WouldBlock`: the client takes no
+    /// more now. Call `pump` afterwards.
+    pub fn splice_to_client(&mut self, to: BorrowedFd<'_>, max: usize) -> io::Result<usize> {
+        match &mut self.splicing {
+            Splicing::Piped(pipe) => pipe.drain(to, max),
+            _ => Ok(0),
+        }
+    }
+
     /// Bytes for the client (the first part of [`Session::client_output_parts`]).
     pub fn client_output(&self) -> &[u8] {
         self.response.pending()
@@ -444,6 +501,16 @@ impl Session {
             if !self.response.wants_input() || !self.readable {
                 return None;
             }
+            if let Some(step) = self.read_spliced() {
+                match step {
+                    Direct::Read => continue,
+                    Direct::Stop => return None,
+                    Direct::Step(step) => return Some(step),
+                }
+            }
+            if matches!(self.splicing, Splicing::Piped(_)) {
+                return None; // nothing goes through memory after spliced bytes
+            }
             if let Some(step) = self.read_direct() {
                 match step {
                     Direct::Read => continue,
@@ -480,6 +547,58 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// A splice of body bytes from the upstream socket into the pipe, at most the
+    /// body's rest (bytes past it stay in the socket). None when the body is not
+    /// spliced: copy it. The socket counts as empty only when a splice into an empty
+    /// pipe would block (with bytes held, the pipe may be what is full); a short
+    /// splice stops the reads until the pipe was drained.
+    fn read_spliced(&mut self) -> Option<Direct> {
+        if !matches!(self.splicing, Splicing::Allowed | Splicing::Piped(_)) {
+            return None;
+        }
+        let room = self.response.splice_room()?;
+        if matches!(self.splicing, Splicing::Allowed) {
+            self.splicing = match Pipe::take() {
+                Ok(pipe) => Splicing::Piped(pipe),
+                Err(_) => Splicing::Refused,
+            };
+        }
+        let Splicing::Piped(pipe) = &mut self.splicing else {
+            return None;
+        };
+        let socket = self.socket.as_ref()?;
+        let want = room.min(pipe.room());
+        Some(match pipe.fill(socket.as_fd(), room) {
+            Ok(0) => Direct::Step(self.upstream_closed()),
+            Ok(n) => {
+                self.progressed = true;
+                self.spliced += n as u64;
+                self.response.commit_spliced(n);
+                match self.apply(Event::ResponseBytes) {
+                    Some(step) => Direct::Step(step),
+                    None if n < want => Direct::Stop,
+                    None => Direct::Read,
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if pipe.held() == 0 {
+                    self.readable = self.hung_up;
+                }
+                Direct::Stop
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Direct::Read,
+            Err(e) if splice::unsupported(&e) && self.spliced == 0 => {
+                if let Splicing::Piped(pipe) =
+                    std::mem::replace(&mut self.splicing, Splicing::Refused)
+                {
+                    pipe.give_back();
+                }
+                return None;
+            }
+            Err(_) => Direct::Step(self.fail(Failure::Reset)),
+        })
     }
 
     /// A read of body bytes straight into the response stream's relay, sparing the
@@ -660,8 +779,11 @@ impl Session {
 }
 
 impl Drop for Session {
-    /// The read buffer goes back to the spares.
+    /// The read buffer and an empty pipe go back to the spares.
     fn drop(&mut self) {
+        if let Splicing::Piped(pipe) = std::mem::replace(&mut self.splicing, Splicing::Off) {
+            pipe.give_back();
+        }
         let inbox = std::mem::take(&mut self.inbox);
         if inbox.len() == READ_CHUNK {
             SPARE.with(|s| {

@@ -583,6 +583,32 @@ impl ResponseStream {
         }
     }
 
+    /// How many upstream bytes may be spliced past the stream to the client now (see
+    /// [`Relay::splice_room`]): in the body of a response relayed as is, once its head
+    /// was written and the bytes that came with the head went through, not intercepted
+    /// by the cache. Then [`ResponseStream::commit_spliced`].
+    pub fn splice_room(&self) -> Option<usize> {
+        match &self.phase {
+            Phase::Body {
+                relay, leftover, ..
+            } if leftover.is_empty()
+                && !self.upstream_closed
+                && self.heads.is_empty()
+                && self.intercepted.is_none() =>
+            {
+                relay.splice_room()
+            }
+            _ => None,
+        }
+    }
+
+    /// `n` upstream bytes were spliced (within [`ResponseStream::splice_room`]).
+    pub fn commit_spliced(&mut self, n: usize) {
+        if let Phase::Body { relay, .. } = &mut self.phase {
+            relay.commit_spliced(n);
+        }
+    }
+
     /// Whether the upstream should be read.
     pub fn wants_input(&self) -> bool {
         match &self.phase {

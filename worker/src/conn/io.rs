@@ -614,7 +614,7 @@ impl Conn {
                     }
                     match progress {
                         Progress::Again => continue,
-                        Progress::ReadClient => match self.fill(svc) {
+                        Progress::ReadClient => match self.fill_body(svc) {
                             Ok(true) => continue,
                             Ok(false) => return Verdict::Keep,
                             Err(_) => {

@@ -280,6 +280,25 @@ impl Session {
         })
     }
 
+    /// Where client body bytes can be read straight into the request stream, sparing
+    /// the copy out of the connection's input buffer (a streamed `Content-Length` body,
+    /// at most its rest, as much as the stream has room for: 64 KiB reads, as a
+    /// response body's). None: read into the input buffer and
+    /// [`Session::feed_client_body`]. Then [`Session::commit_client_body`].
+    pub fn client_body_room(&mut self) -> Option<&mut [u8]> {
+        if !self.request.wants_input() {
+            return None;
+        }
+        self.request.direct_room()
+    }
+
+    /// `n` bytes were read into [`Session::client_body_room`]. Call `pump` afterwards.
+    pub fn commit_client_body(&mut self, n: usize) -> Result<(), Step> {
+        self.request
+            .commit_direct(n)
+            .map_err(|_| Step::Respond(400))
+    }
+
     /// The client's chunked body may carry at most `limit` bytes (`max_body_bytes`).
     pub fn limit_client_body(&mut self, limit: u64) {
         self.request.limit_body(limit);

@@ -122,6 +122,22 @@ impl RequestStream {
         self.relay.wants_input()
     }
 
+    /// Where the client's next body bytes can be read straight into the relay (see
+    /// [`Relay::direct_room`]): a `Content-Length` body that streams (no spool), at
+    /// most its rest, so the client's next request stays on its connection. Then
+    /// [`RequestStream::commit_direct`].
+    pub fn direct_room(&mut self) -> Option<&mut [u8]> {
+        match self.spool {
+            None => self.relay.direct_room(),
+            Some(_) => None,
+        }
+    }
+
+    /// `n` client bytes were read into [`RequestStream::direct_room`].
+    pub fn commit_direct(&mut self, n: usize) -> Result<(), BodyError> {
+        self.relay.commit_direct(n)
+    }
+
     /// The client's body was taken whole (some may still wait to be written).
     pub fn body_read(&self) -> bool {
         self.relay.is_finished()

@@ -298,7 +298,7 @@ fn a_client_leaving_mid_spliced_body_leaves_no_descriptor_behind() {
 }
 
 #[test]
-fn an_unbuffered_upload_arrives_whole_and_the_request_after_it_is_answered() {
+fn an_unbuffered_upload_is_spliced_whole_and_the_request_after_it_is_answered() {
     const UP: usize = 8 << 20;
     let up = upstream(|r| match r.path() {
         "/up" => Reply::ok(b"stored"),
@@ -309,6 +309,8 @@ fn an_unbuffered_upload_arrives_whole_and_the_request_after_it_is_answered() {
         "",
         ", request_buffering: false, buffering: false",
     );
+    let pid = worker(&d);
+    let before = pipes(pid);
     let mut request =
         format!("PUT /up HTTP/1.1\r\nHost: h\r\nContent-Length: {UP}\r\n\r\n").into_bytes();
     request.extend((0..UP as u64).map(pattern_byte));
@@ -331,5 +333,56 @@ fn an_unbuffered_upload_arrives_whole_and_the_request_after_it_is_answered() {
         "every byte, in order"
     );
     assert_eq!(got[1].path(), "/next");
+    assert!(
+        wait_until(WAIT, || pipes(pid) == before + 2),
+        "the body went through a pipe: {:?}",
+        fd_links(pid)
+    );
     d.assert_log_clean();
+}
+
+#[test]
+fn a_client_leaving_mid_spliced_upload_leaves_no_descriptor_behind() {
+    const UP: usize = 8 << 20;
+    let up = upstream(|_| Reply::ok(b"stored"));
+    let d = daemon(
+        up.addr(),
+        "keepalive: 0",
+        ", request_buffering: false, buffering: false",
+    );
+    let pid = worker(&d);
+    let put = |d: &TestDaemon, len: usize, whole: bool| {
+        let mut s = client(d);
+        let head = format!("PUT /up HTTP/1.1\r\nHost: h\r\nContent-Length: {UP}\r\n\r\n");
+        s.write_all(head.as_bytes()).unwrap();
+        let body: Vec<u8> = (0..len as u64).map(pattern_byte).collect();
+        s.write_all(&body).unwrap();
+        if whole {
+            let r = read_response(&mut s, false).expect("the response");
+            assert_eq!((r.status, r.body_str().as_str()), (200, "stored"));
+        }
+    };
+    let before = fd_links(pid).len();
+    put(&d, UP, true);
+    assert!(
+        wait_until(WAIT, || fd_links(pid).len() == before + 2),
+        "the pipe is kept, nothing else: {:?}",
+        fd_links(pid)
+    );
+    let kept = fd_links(pid).len();
+    put(&d, 1 << 20, false); // then gone, 7 MiB short
+    assert!(
+        d.wait_for_access_log("\"PUT /up HTTP/1.1\" 499", WAIT),
+        "{}",
+        d.access_log()
+    );
+    put(&d, UP, true);
+    assert!(
+        wait_until(WAIT, || fd_links(pid).len() == kept),
+        "descriptors left behind: {:?}",
+        fd_links(pid)
+    );
+    let got = up.received();
+    assert_eq!(got.len(), 2, "the cut upload never counted as a request");
+    assert_eq!(got[1].body_hash, pattern_hash(UP as u64));
 }

@@ -112,6 +112,10 @@ pub struct Session {
     splicing: Splicing,
     /// Body bytes spliced from the upstream so far.
     spliced: u64,
+    /// Whether the request body comes from the client through a pipe (`splice`).
+    upload: Splicing,
+    /// Request body bytes spliced from the client so far.
+    uploaded: u64,
 }
 
 /// Whether a response body is spliced ([`Session::allow_splice`]).
@@ -163,6 +167,8 @@ impl Session {
             progressed: false,
             splicing: Splicing::Off,
             spliced: 0,
+            upload: Splicing::Off,
+            uploaded: 0,
         }
     }
 
@@ -286,7 +292,7 @@ impl Session {
     /// response body's). None: read into the input buffer and
     /// [`Session::feed_client_body`]. Then [`Session::commit_client_body`].
     pub fn client_body_room(&mut self) -> Option<&mut [u8]> {
-        if !self.request.wants_input() {
+        if !self.request.wants_input() || self.upload_piped() {
             return None;
         }
         self.request.direct_room()
@@ -331,9 +337,86 @@ impl Session {
         self.socket = None;
     }
 
-    /// Whether the client should be read for body bytes.
+    /// Whether the client should be read for body bytes (with the body spliced, while
+    /// the pipe has room).
     pub fn wants_client_body(&self) -> bool {
-        self.request.wants_input()
+        match &self.upload {
+            Splicing::Piped(pipe) => self.request.wants_input() && pipe.room() > 0,
+            _ => self.request.wants_input(),
+        }
+    }
+
+    /// The request body may come from the client by `splice` (a plain socket): it
+    /// does when the request stream allows (a streamed `Content-Length` body, nothing
+    /// of it in the relay), through a pipe written upstream after the head and the
+    /// relayed bytes.
+    pub fn allow_upload_splice(&mut self) {
+        if matches!(self.upload, Splicing::Off) {
+            self.upload = Splicing::Allowed;
+        }
+    }
+
+    /// Whether the request body goes through the pipe: then it is never read into
+    /// memory ([`Session::client_body_room`], [`Session::feed_client_body`]) again.
+    pub fn upload_piped(&self) -> bool {
+        matches!(self.upload, Splicing::Piped(_))
+    }
+
+    /// How many client body bytes may be spliced now, if the body is spliced (a
+    /// pipe is made the first time). Then [`Session::splice_from_client`].
+    pub fn client_splice_room(&mut self) -> Option<usize> {
+        if !matches!(self.upload, Splicing::Allowed | Splicing::Piped(_)) {
+            return None;
+        }
+        if !self.request.wants_input() {
+            return None;
+        }
+        let room = self.request.splice_room()?;
+        if matches!(self.upload, Splicing::Allowed) {
+            self.upload = match Pipe::take() {
+                Ok(pipe) => Splicing::Piped(pipe),
+                Err(_) => Splicing::Refused,
+            };
+        }
+        match &self.upload {
+            Splicing::Piped(pipe) => Some(room.min(pipe.room())).filter(|n| *n > 0),
+            _ => None,
+        }
+    }
+
+    /// Splices at most `max` body bytes ([`Session::client_splice_room`]) from the
+    /// client socket `from` into the pipe. `Ok(0)`: the client closed. A splice
+    /// refused at first use (`EINVAL`) turns splicing off: the body is read instead
+    /// (`WouldBlock` then, and [`Session::upload_piped`] is false). Call `pump`
+    /// afterwards.
+    pub fn splice_from_client(&mut self, from: BorrowedFd<'_>, max: usize) -> io::Result<usize> {
+        let Splicing::Piped(pipe) = &mut self.upload else {
+            return Err(io::ErrorKind::WouldBlock.into());
+        };
+        match pipe.fill(from, max) {
+            Ok(n) => {
+                self.uploaded += n as u64;
+                self.request.commit_spliced(n);
+                Ok(n)
+            }
+            Err(e) if splice::unsupported(&e) && self.uploaded == 0 => {
+                if let Splicing::Piped(pipe) =
+                    std::mem::replace(&mut self.upload, Splicing::Refused)
+                {
+                    pipe.give_back();
+                }
+                Err(io::ErrorKind::WouldBlock.into())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Request body bytes in the pipe, not yet written upstream.
+    pub fn upload_held(&self) -> usize {
+        match &self.upload {
+            Splicing::Piped(pipe) => pipe.held(),
+            _ => 0,
+        }
     }
 
     /// The final response head, once it arrived.
@@ -444,6 +527,29 @@ impl Session {
         }
         loop {
             let [head, body] = self.request.pending_parts();
+            if head.is_empty() && body.is_empty() && self.upload_held() > 0 {
+                // Spliced body bytes: after the head and whatever the relay had.
+                let (Some(socket), Splicing::Piped(pipe)) =
+                    (self.socket.as_ref(), &mut self.upload)
+                else {
+                    break;
+                };
+                match pipe.drain(socket.as_fd(), usize::MAX) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        self.request.spliced_out(n);
+                        self.progressed = true;
+                        self.exchange.body_not_replayable();
+                        if let Some(step) = self.apply(Event::Wrote { n }) {
+                            return Some(step);
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => return Some(self.fail(Failure::Reset)),
+                }
+                continue;
+            }
             if head.is_empty() && body.is_empty() {
                 if !self.request.file_pending() {
                     break;
@@ -800,8 +906,10 @@ impl Session {
 impl Drop for Session {
     /// The read buffer and an empty pipe go back to the spares.
     fn drop(&mut self) {
-        if let Splicing::Piped(pipe) = std::mem::replace(&mut self.splicing, Splicing::Off) {
-            pipe.give_back();
+        for splicing in [&mut self.splicing, &mut self.upload] {
+            if let Splicing::Piped(pipe) = std::mem::replace(splicing, Splicing::Off) {
+                pipe.give_back();
+            }
         }
         let inbox = std::mem::take(&mut self.inbox);
         if inbox.len() == READ_CHUNK {

@@ -2,6 +2,7 @@
 //! output, through the connection's `Transport` (plain or TLS).
 
 use super::*;
+use std::os::fd::AsFd;
 
 impl Conn {
     /// Reads what the socket has into the input buffer. `Ok(true)`: got bytes;
@@ -70,6 +71,41 @@ impl Conn {
         let Some(p) = busy.proxy.as_deref_mut() else {
             return self.fill(svc);
         };
+        if !self.tls.is_tls() {
+            p.session.allow_upload_splice();
+        }
+        if let Some(max) = p.session.client_splice_room() {
+            let spliced = loop {
+                match p.session.splice_from_client(self.stream.as_fd(), max) {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    other => break other,
+                }
+            };
+            match spliced {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    busy.rate.bytes += n as u64;
+                    self.progress = svc.clock.now_us;
+                    svc.stats.bytes_in(n as u64);
+                    // The socket counts as empty only when a splice into an empty
+                    // pipe would block (with bytes held, the pipe may be full).
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if p.session.upload_piped() {
+                        if p.session.upload_held() == 0 {
+                            self.readable = hung_up;
+                        }
+                        return Ok(false);
+                    }
+                    // Splicing was refused: read the body instead.
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if p.session.upload_piped() {
+            return Ok(false); // the pipe is full: the upstream takes it first
+        }
         let Some(room) = p.session.client_body_room() else {
             return self.fill(svc);
         };

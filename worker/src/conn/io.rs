@@ -300,7 +300,7 @@ impl Conn {
                 !b.out.is_empty()
                     || b.proxy
                         .as_ref()
-                        .is_some_and(|p| !p.session.client_output().is_empty() || p.spooled())
+                        .is_some_and(|p| p.session.has_client_output() || p.spooled())
                     || b.tunnel.as_ref().is_some_and(|t| t.wants_client_write())
                     || b.h2
                         .as_ref()
@@ -614,7 +614,7 @@ impl Conn {
                     }
                     match progress {
                         Progress::Again => continue,
-                        Progress::ReadClient => match self.fill(svc) {
+                        Progress::ReadClient => match self.fill_body(svc) {
                             Ok(true) => continue,
                             Ok(false) => return Verdict::Keep,
                             Err(_) => {

@@ -232,8 +232,9 @@ fn step(
 /// client keeps up (head and body in one `writev`, as without buffering); once it
 /// falls behind and buffering is on, what the upstream sent goes to the exchange's
 /// spool (memory, then a temporary file) so the session reads the upstream on, and
-/// the client is fed from the spool (`sendfile` from the file). `None`: nothing is
-/// left to write.
+/// the client is fed from the spool (`sendfile` from the file). Without buffering, to
+/// a plain socket, a body relayed as is is spliced (upstream socket → pipe → client,
+/// [`splice_client`]). `None`: nothing is left to write.
 fn write_client(
     p: &mut Proxied,
     c: &mut Client,
@@ -241,6 +242,11 @@ fn write_client(
     budget: &mut u64,
     rate: &mut RateWindow,
 ) -> Option<Progress> {
+    // Decided once the head is here (its `X-Accel-Buffering` may turn buffering on).
+    if !p.buffering && p.spool.is_none() && p.head_at.is_some() && c.stream.sendfile_fd().is_some()
+    {
+        p.session.allow_splice();
+    }
     let mut blocked = false;
     if let Some(spool) = p.spool.as_mut().filter(|s| !s.is_empty()) {
         if *budget == 0 {
@@ -259,6 +265,9 @@ fn write_client(
     let spooled = p.spooled();
     let [head, body] = p.session.client_output_parts();
     if head.is_empty() && body.is_empty() {
+        if !spooled && !blocked && p.session.spliced_held() > 0 {
+            return Some(splice_client(p, c, svc, budget, rate));
+        }
         return match (spooled, blocked) {
             (false, _) => None,
             (true, true) => Some(Progress::Wait),
@@ -313,6 +322,34 @@ fn write_client(
     } else {
         Progress::Budget
     })
+}
+
+/// Writes what the session spliced into its pipe to the client socket (`splice`),
+/// within the budget; counted as any write.
+fn splice_client(
+    p: &mut Proxied,
+    c: &mut Client,
+    svc: &Services,
+    budget: &mut u64,
+    rate: &mut RateWindow,
+) -> Progress {
+    if *budget == 0 {
+        return Progress::Budget;
+    }
+    let Some(fd) = c.stream.sendfile_fd() else {
+        return Progress::Close; // allowed only for a plain socket
+    };
+    let max = usize::try_from(*budget).unwrap_or(usize::MAX);
+    match p.session.splice_to_client(fd, max) {
+        Ok(0) => Progress::Close,
+        Ok(n) => {
+            wrote(p, c, svc, budget, rate, n);
+            Progress::Again
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Progress::Wait,
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Progress::Again,
+        Err(_) => Progress::Close,
+    }
 }
 
 /// Response bytes the client took buffered for it in memory before a temporary file.

@@ -16,7 +16,7 @@ use crate::upstreams::{Proxied, Transfer};
 /// in the exchange's spool are not the session's, and the upstream is read on), and
 /// waiting for its body (wanted, none buffered).
 fn client_waits(p: &Proxied, busy: &Busy) -> (bool, bool) {
-    let writing = !busy.out.is_empty() || !p.session.client_output().is_empty();
+    let writing = !busy.out.is_empty() || p.session.has_client_output();
     let waiting_body = p.session.wants_client_body() && !busy.has_input();
     (writing, waiting_body)
 }

@@ -318,6 +318,40 @@ impl Relay {
         Ok(())
     }
 
+    /// How many bytes of the body may be spliced past this relay (upstream socket →
+    /// pipe → client, never through memory): a body relayed as is, neither stored nor
+    /// discarded, with nothing pending here (spliced bytes follow those already
+    /// written). At most the body's rest for a length (so nothing past the body is
+    /// ever taken from the socket), unbounded for a close-delimited body. None: copy.
+    /// Then [`Relay::commit_spliced`].
+    pub fn splice_room(&self) -> Option<usize> {
+        if self.encoder != Encoder::Identity || self.tee.is_some() || self.discard {
+            return None;
+        }
+        if !self.pending().is_empty() {
+            return None;
+        }
+        match self.decoder.state {
+            Decoding::Length(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+            Decoding::UntilClose => Some(usize::MAX),
+            Decoding::Chunked(_) | Decoding::Done => None,
+        }
+    }
+
+    /// `n` body bytes were spliced past the relay (at most [`Relay::splice_room`]):
+    /// counted as relayed, the body's rest shortened by them.
+    pub fn commit_spliced(&mut self, n: usize) {
+        if let Decoding::Length(left) = &mut self.decoder.state {
+            debug_assert!(n as u64 <= *left, "spliced within the body");
+            *left -= (n as u64).min(*left);
+            if *left == 0 {
+                self.decoder.state = Decoding::Done;
+            }
+        }
+        self.data_bytes += n as u64;
+        self.finish_if_done();
+    }
+
     /// `n` bytes of [`Relay::pending`] were written.
     pub fn advance(&mut self, n: usize) {
         self.sent += n;
@@ -379,6 +413,51 @@ mod tests {
             at += n;
         }
         (out, at)
+    }
+
+    #[test]
+    fn splice_room_is_the_body_s_rest_and_only_after_what_was_copied() {
+        let mut relay = Relay::new(Decoder::length(10), Encoder::Identity, 4);
+        assert_eq!(relay.splice_room(), Some(10));
+        // Bytes copied in first: none spliced before they are written.
+        assert_eq!(relay.feed(b"abc").unwrap(), 3);
+        assert_eq!(relay.splice_room(), None);
+        relay.advance(3);
+        assert_eq!(relay.splice_room(), Some(7), "never past the body");
+        relay.commit_spliced(5);
+        assert_eq!(relay.splice_room(), Some(2));
+        assert!(!relay.is_finished());
+        relay.commit_spliced(2);
+        assert!(relay.is_complete(), "the length was honoured");
+        assert_eq!(relay.splice_room(), None);
+        assert_eq!(relay.data_bytes, 10);
+        assert_eq!(relay.feed(b"NEXT").unwrap(), 0, "bytes past the body stay");
+
+        let mut close = Relay::new(Decoder::until_close(), Encoder::Identity, 4);
+        assert_eq!(close.splice_room(), Some(usize::MAX));
+        close.commit_spliced(1 << 20);
+        assert!(
+            !close.is_finished(),
+            "a close-delimited body ends at the close"
+        );
+        close.eof().unwrap();
+        assert!(close.is_complete());
+        assert_eq!(close.data_bytes, 1 << 20);
+    }
+
+    #[test]
+    fn a_re_framed_stored_or_discarded_body_is_never_spliced() {
+        let chunked = Relay::new(Decoder::chunked(), Encoder::Identity, 64);
+        assert_eq!(chunked.splice_room(), None);
+        let to_chunked = Relay::new(Decoder::until_close(), Encoder::Chunked, 64);
+        assert_eq!(to_chunked.splice_room(), None);
+        let mut discarded = Relay::new(Decoder::length(5), Encoder::Identity, 64);
+        discarded.discard = true;
+        assert_eq!(discarded.splice_room(), None);
+        assert_eq!(
+            Relay::new(Decoder::length(0), Encoder::Identity, 64).splice_room(),
+            None
+        );
     }
 
     #[test]

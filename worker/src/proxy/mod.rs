@@ -22,6 +22,8 @@
 //! - [`exchange`]: the state machine of one proxied exchange.
 //! - [`session`]: an exchange with its upstream socket: moves the bytes, feeds the
 //!   state machine, tells the connection code what to do next ([`session::Step`]).
+//! - [`splice`]: the pipe a body relayed as is goes through, upstream socket → pipe
+//!   → client socket, with `splice(2)`.
 //! - [`request_id`]: `X-Request-Id` values unique per worker.
 //! - [`upgrade`]: `Upgrade` requests (WebSocket): the fields forwarded both ways
 //!   around a 101; the tunnel itself is `conn/tunnel.rs`.
@@ -35,6 +37,7 @@ pub mod request_id;
 pub mod response_head;
 pub mod retry;
 pub mod session;
+pub mod splice;
 pub mod stream;
 pub mod upgrade;
 pub mod upstream_request;

@@ -16,10 +16,12 @@ use super::connect::{connect_failure, UpstreamSocket};
 use super::exchange::{Action, Event, Exchange};
 use super::response_head::{Redirects, ResponseContext};
 use super::retry::Failure;
+use super::splice::{self, Pipe};
 use super::stream::{RequestStream, ResponseStream, StreamError};
 use super::upstream_request::Framing;
 use std::cell::RefCell;
 use std::io::{self, IoSlice, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
 
 /// Upstream bytes read at once.
 const READ_CHUNK: usize = 16 * 1024;
@@ -106,6 +108,29 @@ pub struct Session {
     head_reported: bool,
     body_reported: bool,
     progressed: bool,
+    /// Whether the response body goes to the client through a pipe (`splice`).
+    splicing: Splicing,
+    /// Body bytes spliced from the upstream so far.
+    spliced: u64,
+    /// Whether the request body comes from the client through a pipe (`splice`).
+    upload: Splicing,
+    /// Request body bytes spliced from the client so far.
+    uploaded: u64,
+}
+
+/// Whether a response body is spliced ([`Session::allow_splice`]).
+#[derive(Debug)]
+enum Splicing {
+    /// Copied through the response stream (the default).
+    Off,
+    /// The connection code allows it: it begins once the response stream has splice
+    /// room (a body relayed as is, its head and what came with it written).
+    Allowed,
+    /// Under way, through this pipe.
+    Piped(Pipe),
+    /// Not possible here (no pipe, or `splice` refused the descriptors at first
+    /// use): copied.
+    Refused,
 }
 
 impl Session {
@@ -140,6 +165,10 @@ impl Session {
             head_reported: false,
             body_reported: false,
             progressed: false,
+            splicing: Splicing::Off,
+            spliced: 0,
+            upload: Splicing::Off,
+            uploaded: 0,
         }
     }
 
@@ -257,6 +286,25 @@ impl Session {
         })
     }
 
+    /// Where client body bytes can be read straight into the request stream, sparing
+    /// the copy out of the connection's input buffer (a streamed `Content-Length` body,
+    /// at most its rest, as much as the stream has room for: 64 KiB reads, as a
+    /// response body's). None: read into the input buffer and
+    /// [`Session::feed_client_body`]. Then [`Session::commit_client_body`].
+    pub fn client_body_room(&mut self) -> Option<&mut [u8]> {
+        if !self.request.wants_input() || self.upload_piped() {
+            return None;
+        }
+        self.request.direct_room()
+    }
+
+    /// `n` bytes were read into [`Session::client_body_room`]. Call `pump` afterwards.
+    pub fn commit_client_body(&mut self, n: usize) -> Result<(), Step> {
+        self.request
+            .commit_direct(n)
+            .map_err(|_| Step::Respond(400))
+    }
+
     /// The client's chunked body may carry at most `limit` bytes (`max_body_bytes`).
     pub fn limit_client_body(&mut self, limit: u64) {
         self.request.limit_body(limit);
@@ -289,9 +337,86 @@ impl Session {
         self.socket = None;
     }
 
-    /// Whether the client should be read for body bytes.
+    /// Whether the client should be read for body bytes (with the body spliced, while
+    /// the pipe has room).
     pub fn wants_client_body(&self) -> bool {
-        self.request.wants_input()
+        match &self.upload {
+            Splicing::Piped(pipe) => self.request.wants_input() && pipe.room() > 0,
+            _ => self.request.wants_input(),
+        }
+    }
+
+    /// The request body may come from the client by `splice` (a plain socket): it
+    /// does when the request stream allows (a streamed `Content-Length` body, nothing
+    /// of it in the relay), through a pipe written upstream after the head and the
+    /// relayed bytes.
+    pub fn allow_upload_splice(&mut self) {
+        if matches!(self.upload, Splicing::Off) {
+            self.upload = Splicing::Allowed;
+        }
+    }
+
+    /// Whether the request body goes through the pipe: then it is never read into
+    /// memory ([`Session::client_body_room`], [`Session::feed_client_body`]) again.
+    pub fn upload_piped(&self) -> bool {
+        matches!(self.upload, Splicing::Piped(_))
+    }
+
+    /// How many client body bytes may be spliced now, if the body is spliced (a
+    /// pipe is made the first time). Then [`Session::splice_from_client`].
+    pub fn client_splice_room(&mut self) -> Option<usize> {
+        if !matches!(self.upload, Splicing::Allowed | Splicing::Piped(_)) {
+            return None;
+        }
+        if !self.request.wants_input() {
+            return None;
+        }
+        let room = self.request.splice_room()?;
+        if matches!(self.upload, Splicing::Allowed) {
+            self.upload = match Pipe::take() {
+                Ok(pipe) => Splicing::Piped(pipe),
+                Err(_) => Splicing::Refused,
+            };
+        }
+        match &self.upload {
+            Splicing::Piped(pipe) => Some(room.min(pipe.room())).filter(|n| *n > 0),
+            _ => None,
+        }
+    }
+
+    /// Splices at most `max` body bytes ([`Session::client_splice_room`]) from the
+    /// client socket `from` into the pipe. `Ok(0)`: the client closed. A splice
+    /// refused at first use (`EINVAL`) turns splicing off: the body is read instead
+    /// (`WouldBlock` then, and [`Session::upload_piped`] is false). Call `pump`
+    /// afterwards.
+    pub fn splice_from_client(&mut self, from: BorrowedFd<'_>, max: usize) -> io::Result<usize> {
+        let Splicing::Piped(pipe) = &mut self.upload else {
+            return Err(io::ErrorKind::WouldBlock.into());
+        };
+        match pipe.fill(from, max) {
+            Ok(n) => {
+                self.uploaded += n as u64;
+                self.request.commit_spliced(n);
+                Ok(n)
+            }
+            Err(e) if splice::unsupported(&e) && self.uploaded == 0 => {
+                if let Splicing::Piped(pipe) =
+                    std::mem::replace(&mut self.upload, Splicing::Refused)
+                {
+                    pipe.give_back();
+                }
+                Err(io::ErrorKind::WouldBlock.into())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Request body bytes in the pipe, not yet written upstream.
+    pub fn upload_held(&self) -> usize {
+        match &self.upload {
+            Splicing::Piped(pipe) => pipe.held(),
+            _ => 0,
+        }
     }
 
     /// The final response head, once it arrived.
@@ -304,6 +429,40 @@ impl Session {
     pub fn upstream_readable(&mut self, hung_up: bool) {
         self.readable = true;
         self.hung_up |= hung_up;
+    }
+
+    /// The response body may go to the client by `splice` (the client is a plain
+    /// socket, the response is not buffered): it does when the stream allows (a body
+    /// relayed as is), and [`Session::spliced_held`] bytes then wait in a pipe for
+    /// [`Session::splice_to_client`], after [`Session::client_output`].
+    pub fn allow_splice(&mut self) {
+        if matches!(self.splicing, Splicing::Off) {
+            self.splicing = Splicing::Allowed;
+        }
+    }
+
+    /// Response bytes spliced from the upstream that wait in the pipe for the client.
+    pub fn spliced_held(&self) -> usize {
+        match &self.splicing {
+            Splicing::Piped(pipe) => pipe.held(),
+            _ => 0,
+        }
+    }
+
+    /// Whether anything waits for the client: [`Session::client_output`] or bytes in
+    /// the pipe.
+    pub fn has_client_output(&self) -> bool {
+        !self.response.pending().is_empty() || self.spliced_held() > 0
+    }
+
+    /// Splices at most `max` bytes of the pipe to the client socket `to`; call it
+    /// once [`Session::client_output`] is empty. `WouldBlock`: the client takes no
+    /// more now. Call `pump` afterwards.
+    pub fn splice_to_client(&mut self, to: BorrowedFd<'_>, max: usize) -> io::Result<usize> {
+        match &mut self.splicing {
+            Splicing::Piped(pipe) => pipe.drain(to, max),
+            _ => Ok(0),
+        }
     }
 
     /// Bytes for the client (the first part of [`Session::client_output_parts`]).
@@ -368,6 +527,29 @@ impl Session {
         }
         loop {
             let [head, body] = self.request.pending_parts();
+            if head.is_empty() && body.is_empty() && self.upload_held() > 0 {
+                // Spliced body bytes: after the head and whatever the relay had.
+                let (Some(socket), Splicing::Piped(pipe)) =
+                    (self.socket.as_ref(), &mut self.upload)
+                else {
+                    break;
+                };
+                match pipe.drain(socket.as_fd(), usize::MAX) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        self.request.spliced_out(n);
+                        self.progressed = true;
+                        self.exchange.body_not_replayable();
+                        if let Some(step) = self.apply(Event::Wrote { n }) {
+                            return Some(step);
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => return Some(self.fail(Failure::Reset)),
+                }
+                continue;
+            }
             if head.is_empty() && body.is_empty() {
                 if !self.request.file_pending() {
                     break;
@@ -444,6 +626,16 @@ impl Session {
             if !self.response.wants_input() || !self.readable {
                 return None;
             }
+            if let Some(step) = self.read_spliced() {
+                match step {
+                    Direct::Read => continue,
+                    Direct::Stop => return None,
+                    Direct::Step(step) => return Some(step),
+                }
+            }
+            if matches!(self.splicing, Splicing::Piped(_)) {
+                return None; // nothing goes through memory after spliced bytes
+            }
             if let Some(step) = self.read_direct() {
                 match step {
                     Direct::Read => continue,
@@ -480,6 +672,58 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// A splice of body bytes from the upstream socket into the pipe, at most the
+    /// body's rest (bytes past it stay in the socket). None when the body is not
+    /// spliced: copy it. The socket counts as empty only when a splice into an empty
+    /// pipe would block (with bytes held, the pipe may be what is full); a short
+    /// splice stops the reads until the pipe was drained.
+    fn read_spliced(&mut self) -> Option<Direct> {
+        if !matches!(self.splicing, Splicing::Allowed | Splicing::Piped(_)) {
+            return None;
+        }
+        let room = self.response.splice_room()?;
+        if matches!(self.splicing, Splicing::Allowed) {
+            self.splicing = match Pipe::take() {
+                Ok(pipe) => Splicing::Piped(pipe),
+                Err(_) => Splicing::Refused,
+            };
+        }
+        let Splicing::Piped(pipe) = &mut self.splicing else {
+            return None;
+        };
+        let socket = self.socket.as_ref()?;
+        let want = room.min(pipe.room());
+        Some(match pipe.fill(socket.as_fd(), room) {
+            Ok(0) => Direct::Step(self.upstream_closed()),
+            Ok(n) => {
+                self.progressed = true;
+                self.spliced += n as u64;
+                self.response.commit_spliced(n);
+                match self.apply(Event::ResponseBytes) {
+                    Some(step) => Direct::Step(step),
+                    None if n < want => Direct::Stop,
+                    None => Direct::Read,
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if pipe.held() == 0 {
+                    self.readable = self.hung_up;
+                }
+                Direct::Stop
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Direct::Read,
+            Err(e) if splice::unsupported(&e) && self.spliced == 0 => {
+                if let Splicing::Piped(pipe) =
+                    std::mem::replace(&mut self.splicing, Splicing::Refused)
+                {
+                    pipe.give_back();
+                }
+                return None;
+            }
+            Err(_) => Direct::Step(self.fail(Failure::Reset)),
+        })
     }
 
     /// A read of body bytes straight into the response stream's relay, sparing the
@@ -660,8 +904,13 @@ impl Session {
 }
 
 impl Drop for Session {
-    /// The read buffer goes back to the spares.
+    /// The read buffer and an empty pipe go back to the spares.
     fn drop(&mut self) {
+        for splicing in [&mut self.splicing, &mut self.upload] {
+            if let Splicing::Piped(pipe) = std::mem::replace(splicing, Splicing::Off) {
+                pipe.give_back();
+            }
+        }
         let inbox = std::mem::take(&mut self.inbox);
         if inbox.len() == READ_CHUNK {
             SPARE.with(|s| {

@@ -39,6 +39,9 @@ pub struct RequestStream {
     /// temporary file) before anything goes upstream, and kept for a resend. `None`:
     /// the body streams through the relay.
     spool: Option<Spool>,
+    /// Body bytes spliced from the client into the session's pipe and not yet written
+    /// upstream ([`RequestStream::commit_spliced`], [`RequestStream::spliced_out`]).
+    in_pipe: u64,
 }
 
 impl RequestStream {
@@ -53,6 +56,7 @@ impl RequestStream {
             capacity,
             body_sent: 0,
             spool: None,
+            in_pipe: 0,
         }
     }
 
@@ -120,6 +124,46 @@ impl RequestStream {
     /// Whether the client should be read for body bytes.
     pub fn wants_input(&self) -> bool {
         self.relay.wants_input()
+    }
+
+    /// Where the client's next body bytes can be read straight into the relay (see
+    /// [`Relay::direct_room`]): a `Content-Length` body that streams (no spool), at
+    /// most its rest, so the client's next request stays on its connection. Then
+    /// [`RequestStream::commit_direct`].
+    pub fn direct_room(&mut self) -> Option<&mut [u8]> {
+        match self.spool {
+            None => self.relay.direct_room(),
+            Some(_) => None,
+        }
+    }
+
+    /// How many client body bytes may be spliced past the relay (client socket → pipe
+    /// → upstream socket): a streamed `Content-Length` body with nothing of it in the
+    /// relay (see [`Relay::splice_room`]), at most its rest. Then
+    /// [`RequestStream::commit_spliced`].
+    pub fn splice_room(&self) -> Option<usize> {
+        match self.spool {
+            None if self.framing != Framing::Chunked => self.relay.splice_room(),
+            _ => None,
+        }
+    }
+
+    /// `n` body bytes were spliced from the client into the pipe.
+    pub fn commit_spliced(&mut self, n: usize) {
+        self.relay.commit_spliced(n);
+        self.in_pipe += n as u64;
+    }
+
+    /// `n` spliced body bytes were written upstream (after the head).
+    pub fn spliced_out(&mut self, n: usize) {
+        debug_assert!(n as u64 <= self.in_pipe);
+        self.in_pipe -= (n as u64).min(self.in_pipe);
+        self.body_sent += n as u64;
+    }
+
+    /// `n` client bytes were read into [`RequestStream::direct_room`].
+    pub fn commit_direct(&mut self, n: usize) -> Result<(), BodyError> {
+        self.relay.commit_direct(n)
     }
 
     /// The client's body was taken whole (some may still wait to be written).
@@ -202,6 +246,7 @@ impl RequestStream {
         self.head_written()
             && self.spool.as_ref().is_none_or(Spool::is_empty)
             && self.relay.is_complete()
+            && self.in_pipe == 0
     }
 
     /// Whether the request can be sent again from the start: no body byte has been
@@ -580,6 +625,32 @@ impl ResponseStream {
         match &mut self.phase {
             Phase::Body { relay, .. } => relay.commit_direct(n).map_err(StreamError::Body),
             Phase::Head { .. } => Ok(()),
+        }
+    }
+
+    /// How many upstream bytes may be spliced past the stream to the client now (see
+    /// [`Relay::splice_room`]): in the body of a response relayed as is, once its head
+    /// was written and the bytes that came with the head went through, not intercepted
+    /// by the cache. Then [`ResponseStream::commit_spliced`].
+    pub fn splice_room(&self) -> Option<usize> {
+        match &self.phase {
+            Phase::Body {
+                relay, leftover, ..
+            } if leftover.is_empty()
+                && !self.upstream_closed
+                && self.heads.is_empty()
+                && self.intercepted.is_none() =>
+            {
+                relay.splice_room()
+            }
+            _ => None,
+        }
+    }
+
+    /// `n` upstream bytes were spliced (within [`ResponseStream::splice_room`]).
+    pub fn commit_spliced(&mut self, n: usize) {
+        if let Phase::Body { relay, .. } = &mut self.phase {
+            relay.commit_spliced(n);
         }
     }
 
@@ -996,5 +1067,36 @@ mod tests {
         let mut chunked = RequestStream::new(Vec::new(), Framing::Chunked, 64);
         chunked.feed(b"2;e\r\nhi\r\n0\r\n\r\n").unwrap();
         assert_eq!(chunked.pending(), b"2\r\nhi\r\n0\r\n\r\n");
+    }
+
+    #[test]
+    fn a_spliced_request_body_is_complete_only_once_the_pipe_was_written() {
+        let head = b"PUT /x HTTP/1.1\r\nContent-Length: 10\r\n\r\n".to_vec();
+        let mut r = RequestStream::new(head.clone(), Framing::Length(10), 64);
+        // Bytes that came with the head go through the relay first.
+        assert_eq!(r.feed(b"abc").unwrap(), 3);
+        assert_eq!(r.splice_room(), None, "nothing spliced past relayed bytes");
+        r.advance(head.len() + 3);
+        assert_eq!(r.splice_room(), Some(7), "at most the body's rest");
+        r.commit_spliced(7);
+        assert!(r.body_read() && !r.wants_input());
+        assert_eq!(r.splice_room(), None);
+        assert!(!r.is_complete(), "the pipe still holds them");
+        r.spliced_out(4);
+        assert!(!r.is_complete());
+        r.spliced_out(3);
+        assert!(r.is_complete());
+        // Spliced bytes not yet written keep the request replayable.
+        let mut r = RequestStream::new(head.clone(), Framing::Length(10), 64);
+        r.advance(head.len());
+        r.commit_spliced(10);
+        assert!(r.replayable(), "none left: they can go on a new connection");
+        r.spliced_out(1);
+        assert!(!r.replayable());
+        // A chunked or buffered body is never spliced.
+        let chunked = RequestStream::new(Vec::new(), Framing::Chunked, 64);
+        assert_eq!(chunked.splice_room(), None);
+        let none = RequestStream::new(Vec::new(), Framing::None, 64);
+        assert_eq!(none.splice_room(), None);
     }
 }

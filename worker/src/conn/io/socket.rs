@@ -2,6 +2,7 @@
 //! output, through the connection's `Transport` (plain or TLS).
 
 use super::*;
+use std::os::fd::AsFd;
 
 impl Conn {
     /// Reads what the socket has into the input buffer. `Ok(true)`: got bytes;
@@ -52,6 +53,87 @@ impl Conn {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// Reads a proxied request's body: straight into the session's request stream
+    /// when it has room for it there (`Session::client_body_room`: 64 KiB reads of a
+    /// streamed `Content-Length` body, never past its end), else as [`Conn::fill`].
+    /// The same results and the same counting as `fill`.
+    pub(super) fn fill_body(&mut self, svc: &mut Services) -> io::Result<bool> {
+        if !self.readable {
+            return Ok(false);
+        }
+        let Some(busy) = self.busy.as_deref_mut().filter(|b| !b.has_input()) else {
+            return self.fill(svc);
+        };
+        let hung_up = busy.hung_up;
+        let Some(p) = busy.proxy.as_deref_mut() else {
+            return self.fill(svc);
+        };
+        if !self.tls.is_tls() {
+            p.session.allow_upload_splice();
+        }
+        if let Some(max) = p.session.client_splice_room() {
+            let spliced = loop {
+                match p.session.splice_from_client(self.stream.as_fd(), max) {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    other => break other,
+                }
+            };
+            match spliced {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    busy.rate.bytes += n as u64;
+                    self.progress = svc.clock.now_us;
+                    svc.stats.bytes_in(n as u64);
+                    // The socket counts as empty only when a splice into an empty
+                    // pipe would block (with bytes held, the pipe may be full).
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if p.session.upload_piped() {
+                        if p.session.upload_held() == 0 {
+                            self.readable = hung_up;
+                        }
+                        return Ok(false);
+                    }
+                    // Splicing was refused: read the body instead.
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if p.session.upload_piped() {
+            return Ok(false); // the pipe is full: the upstream takes it first
+        }
+        let Some(room) = p.session.client_body_room() else {
+            return self.fill(svc);
+        };
+        let space = room.len();
+        let read = loop {
+            match Transport::new(&mut self.stream, &mut self.tls).read_counted(room, &svc.stats) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                other => break other,
+            }
+        };
+        match read {
+            Ok(0) => Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                if p.session.commit_client_body(n).is_err() {
+                    return Err(io::ErrorKind::InvalidData.into());
+                }
+                busy.rate.bytes += n as u64;
+                self.progress = svc.clock.now_us;
+                svc.stats.bytes_in(n as u64);
+                // A short read drained the socket (as in `fill`).
+                self.readable = hung_up || self.tls.may_have_more(n, space);
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.readable = false;
+                Ok(false)
+            }
+            Err(e) => Err(e),
         }
     }
 

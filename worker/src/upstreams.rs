@@ -264,7 +264,7 @@ pub enum Transfer {
 /// The plain accessors are what a stats or access-log hook needs.
 #[derive(Debug)]
 pub struct Proxied {
-    pub session: Session,
+    pub session: Box<Session>,
     /// Index into `Config::upstreams`.
     pub upstream: usize,
     /// The server of the current (or last) attempt, and its pool.
@@ -368,7 +368,7 @@ impl Proxied {
         let len = request_id.len().min(32);
         id[..len].copy_from_slice(&request_id[..len]);
         Proxied {
-            session,
+            session: Box::new(session),
             upstream,
             server: None,
             token: None,

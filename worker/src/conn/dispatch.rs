@@ -543,7 +543,11 @@ fn proxy(
     if let Some(stale) = cache.as_ref().and_then(|p| p.stale.as_ref()) {
         add_fields(&mut out, &fill::revalidation_fields(&stale.meta));
     }
-    let request_id = out[written.request_id.clone()].to_vec();
+    // Kept on the stack until the exchange holds it (`Proxied` keeps 32 bytes).
+    let mut id = [0u8; 32];
+    let sent_id = &out[written.request_id.clone()];
+    let id_len = sent_id.len().min(id.len());
+    id[..id_len].copy_from_slice(&sent_id[..id_len]);
     let redirects = redirects(&fwd, written.client_host, upstream, route);
     let context = ResponseContext {
         head_request: req.method == Method::Head,
@@ -587,7 +591,7 @@ fn proxy(
         svc.clock.now_us,
         keep,
         client,
-        &request_id,
+        &id[..id_len],
     ));
     proxied.priority = priority;
     // A switched protocol is a tunnel, never held back.

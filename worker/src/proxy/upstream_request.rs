@@ -329,12 +329,16 @@ fn push_ip(out: &mut Vec<u8>, ip: IpAddr) {
                     text[n] = b'.';
                     n += 1;
                 }
-                for (place, digit) in [(100, octet / 100), (10, octet / 10 % 10), (1, octet % 10)] {
-                    if octet >= place || place == 1 {
-                        text[n] = b'0' + digit;
-                        n += 1;
-                    }
+                if octet >= 100 {
+                    text[n] = b'0' + octet / 100;
+                    n += 1;
                 }
+                if octet >= 10 {
+                    text[n] = b'0' + octet / 10 % 10;
+                    n += 1;
+                }
+                text[n] = b'0' + octet % 10;
+                n += 1;
             }
             out.extend_from_slice(&text[..n]);
         }

@@ -59,6 +59,15 @@ fn client(d: &TestDaemon) -> TcpStream {
     s
 }
 
+/// A keep-alive client connection that asked for `/big`, and the response.
+fn get_big(d: &TestDaemon) -> (TcpStream, Response) {
+    let mut s = client(d);
+    s.write_all(b"GET /big HTTP/1.1\r\nHost: h\r\n\r\n")
+        .unwrap();
+    let r = read_response(&mut s, false).expect("the big response");
+    (s, r)
+}
+
 /// The hash of `body`, to compare with [`pattern_hash`].
 fn hash(body: &[u8]) -> u64 {
     fnv(FNV_START, body)
@@ -76,10 +85,7 @@ fn a_large_unbuffered_response_is_spliced_whole_and_the_connection_goes_on() {
     let d = daemon(up.addr(), "", ", buffering: false");
     let pid = worker(&d);
     let before = pipes(pid);
-    let mut s = client(&d);
-    s.write_all(b"GET /big HTTP/1.1\r\nHost: h\r\n\r\n")
-        .unwrap();
-    let r = read_response(&mut s, false).expect("the big response");
+    let (mut s, r) = get_big(&d);
     assert_eq!(r.status, 200, "{}", r.head);
     assert_eq!(r.header("Content-Length"), Some("8388608"), "{}", r.head);
     assert_eq!(r.body.len() as u64, BIG);
@@ -184,10 +190,7 @@ fn bytes_past_a_spliced_body_never_reach_the_client_and_its_connection_is_not_po
     let d = daemon(up.addr(), "", ", buffering: false");
     let pid = worker(&d);
     let before = pipes(pid);
-    let mut s = client(&d);
-    s.write_all(b"GET /big HTTP/1.1\r\nHost: h\r\n\r\n")
-        .unwrap();
-    let r = read_response(&mut s, false).expect("the big response");
+    let (mut s, r) = get_big(&d);
     assert_eq!(r.status, 200, "{}", r.head);
     assert_eq!(hash(&r.body), pattern_hash(LEN as u64));
     s.write_all(b"GET /next HTTP/1.1\r\nHost: h\r\n\r\n")

@@ -28,6 +28,7 @@ use mio::{Events, Interest, Poll, Token};
 use nix::sys::signal::Signal;
 use nix::sys::signalfd::SignalFd;
 use slab::Slab;
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering::Relaxed;
@@ -98,8 +99,9 @@ pub struct EventLoop {
     /// The list being worked through this turn (kept to reuse its allocation).
     ready_now: Vec<usize>,
     /// Connections whose registration waits (`Conn::waits_on_upstream_only`), with
-    /// when they began to: registered once they have waited `DEFERRED_FOR`.
-    deferred: Vec<(usize, Micros)>,
+    /// when they began to, oldest first: registered once they have waited
+    /// `DEFERRED_FOR`.
+    deferred: VecDeque<(usize, Micros)>,
     /// The configuration generation this worker serves.
     generation: u64,
     /// A generation this worker must not adopt (it needs new workers; ours retire).
@@ -192,7 +194,7 @@ impl EventLoop {
             expired: Vec::new(),
             ready: Vec::new(),
             ready_now: Vec::new(),
-            deferred: Vec::new(),
+            deferred: VecDeque::new(),
             generation: 0,
             declined: 0,
             master: init.master.as_raw(),
@@ -481,10 +483,11 @@ impl EventLoop {
             // Look at the accept queues again soon: clients may be waiting there.
             until = until.min(now + rotation::CHECK_EVERY_US);
         }
-        if !self.deferred.is_empty() {
+        if let Some(&(_, since)) = self.deferred.front() {
             // Connections wait unregistered for their upstream's answer: register
-            // them soon if it does not come (a client hanging up is noticed then).
-            until = until.min(now + DEFERRED_FOR.as_micros() as u64);
+            // them when the oldest has waited long enough (a client hanging up is
+            // noticed then).
+            until = until.min(since + DEFERRED_FOR.as_micros() as u64);
         }
         // Round up to the next millisecond so a deadline is never polled for as 0 ms early.
         Duration::from_micros(until.saturating_sub(now) + 500)
@@ -920,7 +923,7 @@ impl EventLoop {
             if conn.waits_on_upstream_only() {
                 if conn.registration == Registration::None {
                     conn.registration = Registration::Deferred;
-                    self.deferred.push((key, self.svc.clock.now_us));
+                    self.deferred.push_back((key, self.svc.clock.now_us));
                 }
                 return;
             }
@@ -979,26 +982,27 @@ impl EventLoop {
     /// while any are listed). By time, not by turns: with many clients a turn can
     /// come microseconds after the last, long before an upstream answers.
     fn register_deferred(&mut self) {
-        let now = self.svc.clock.now_us;
-        let due_before = now.saturating_sub(DEFERRED_FOR.as_micros() as u64);
-        let mut listed = std::mem::take(&mut self.deferred);
-        listed.retain(|&(key, since)| {
+        let due_before = self
+            .svc
+            .clock
+            .now_us
+            .saturating_sub(DEFERRED_FOR.as_micros() as u64);
+        // Listed in the order they began to wait: only the front can be due.
+        while let Some(&(key, since)) = self.deferred.front() {
+            if since > due_before {
+                break;
+            }
+            self.deferred.pop_front();
             // A key closed and reused since is a new connection: it is registered
             // (or deferred) on its own, and one registered early is harmless.
             let pending = self
                 .conns
                 .get(key)
                 .is_some_and(|c| c.registration == Registration::Deferred);
-            if !pending {
-                return false;
+            if pending {
+                self.register(key);
             }
-            if since > due_before {
-                return true;
-            }
-            self.register(key);
-            false
-        });
-        self.deferred = listed;
+        }
     }
 
     fn close(&mut self, key: usize) {

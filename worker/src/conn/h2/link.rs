@@ -1,31 +1,22 @@
-//! [`Link`]: the bytes of an HTTP/2 connection as the `h2` crate reads and writes
-//! them (tokio's `AsyncRead`/`AsyncWrite`, polled from our loop: `Pending` means
-//! "wait for the socket's next readiness event", which drives the connection again).
+//! [`Link`]: the bytes of an HTTP/2 connection, plain or TLS, as the session reads
+//! and writes them, with the frame meters on both directions (`meter.rs`).
 //!
 //! It owns a duplicate of the connection's socket (the `Conn` keeps the original,
 //! registered with the poll) and the TLS session moved out of the `Conn`; what was
 //! read before the switch to HTTP/2 (the preface and anything after it) is handed
-//! over first. Both directions pass through the frame meters (`meter.rs`).
+//! over first.
 
 use super::meter::{Flood, Inbound, Outbound};
 use crate::tls::{Tls, Transport};
 use mio::net::TcpStream;
-use std::cell::RefCell;
-use std::io::{self, IoSlice, Write};
-use std::pin::Pin;
-use std::rc::Rc;
-use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use std::io::{self, Write};
 
 pub struct Link {
     tcp: TcpStream,
     tls: Tls,
-    /// Read before the switch, not yet given to `h2`.
+    /// Read before the switch, not yet given to the session.
     early: Vec<u8>,
-    early_at: usize,
-    /// Shared with the session, which cannot reach the link inside `h2`'s
-    /// connection (one thread: an `Rc`).
-    pub metered: Rc<RefCell<Metered>>,
+    pub metered: Metered,
 }
 
 /// What the link saw, for the session: meters, flood, bytes, blocking.
@@ -48,15 +39,14 @@ impl Link {
             tcp,
             tls,
             early,
-            early_at: 0,
-            metered: Rc::new(RefCell::new(Metered {
+            metered: Metered {
                 inbound,
                 outbound: Outbound::default(),
                 flood: None,
                 bytes_in: 0,
                 bytes_out: 0,
                 write_blocked: false,
-            })),
+            },
         }
     }
 
@@ -64,131 +54,72 @@ impl Link {
         Transport::new(&mut self.tcp, &mut self.tls)
     }
 
-    fn metered_read(&mut self, into: &mut [u8]) -> io::Result<usize> {
-        if self.early_at < self.early.len() {
-            let n = (self.early.len() - self.early_at).min(into.len());
-            into[..n].copy_from_slice(&self.early[self.early_at..self.early_at + n]);
-            self.early_at += n;
-            if self.early_at == self.early.len() {
+    /// Reads plaintext into `into`, metered: `Ok(0)` is the client's end of the
+    /// stream; a flood found by the meter stops the reading (`WouldBlock` from then
+    /// on, `metered.flood` says why).
+    pub fn read(&mut self, into: &mut [u8]) -> io::Result<usize> {
+        if self.metered.flood.is_some() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let n = if self.early.is_empty() {
+            loop {
+                match self.transport().read_plain(into) {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    other => break other?,
+                }
+            }
+        } else {
+            let n = self.early.len().min(into.len());
+            into[..n].copy_from_slice(&self.early[..n]);
+            self.early.drain(..n);
+            if self.early.is_empty() {
                 self.early = Vec::new();
-                self.early_at = 0;
             }
-            return Ok(n);
+            n
+        };
+        let m = &mut self.metered;
+        m.bytes_in += n as u64;
+        if let Some(flood) = m.inbound.read(&into[..n]) {
+            m.flood = Some(flood);
         }
+        Ok(n)
+    }
+
+    /// Writes `bytes` (frames, whole or a part), metered; `Ok(n)` taken, a full
+    /// socket `WouldBlock` (and `metered.write_blocked`).
+    pub fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
         loop {
-            match self.transport().read_plain(into) {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                other => return other,
-            }
-        }
-    }
-
-    fn wrote(&mut self, bufs: &[IoSlice<'_>], mut n: usize) {
-        let mut m = self.metered.borrow_mut();
-        m.bytes_out += n as u64;
-        m.write_blocked = false;
-        for b in bufs {
-            if n == 0 {
-                break;
-            }
-            let k = b.len().min(n);
-            m.outbound.wrote(&b[..k]);
-            n -= k;
-        }
-    }
-
-    fn blocked(&mut self) {
-        self.metered.borrow_mut().write_blocked = true;
-    }
-}
-
-impl AsyncRead for Link {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let link = self.get_mut();
-        if link.metered.borrow().flood.is_some() {
-            return Poll::Pending; // the connection is closing: read nothing more
-        }
-        let into = buf.initialize_unfilled();
-        match link.metered_read(into) {
-            Ok(0) => Poll::Ready(Ok(())),
-            Ok(n) => {
-                let mut m = link.metered.borrow_mut();
-                m.bytes_in += n as u64;
-                if let Some(flood) = m.inbound.read(&into[..n]) {
-                    m.flood = Some(flood);
-                    return Poll::Pending;
-                }
-                buf.advance(n);
-                Poll::Ready(Ok(()))
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Poll::Pending,
-            Err(e) => Poll::Ready(Err(e)),
-        }
-    }
-}
-
-impl AsyncWrite for Link {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.poll_write_vectored(cx, &[IoSlice::new(buf)])
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let link = self.get_mut();
-        loop {
-            match link.transport().write_vectored(bufs) {
+            match self.transport().write(bytes) {
                 Ok(n) => {
-                    link.wrote(bufs, n);
-                    return Poll::Ready(Ok(n));
+                    let m = &mut self.metered;
+                    m.bytes_out += n as u64;
+                    m.write_blocked = false;
+                    m.outbound.wrote(&bytes[..n]);
+                    return Ok(n);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    link.blocked();
-                    return Poll::Pending;
+                Err(e) => {
+                    if e.kind() == io::ErrorKind::WouldBlock {
+                        self.metered.write_blocked = true;
+                    }
+                    return Err(e);
                 }
-                Err(e) => return Poll::Ready(Err(e)),
             }
         }
     }
 
-    fn is_write_vectored(&self) -> bool {
-        true
+    /// Sends what TLS still holds: true when nothing is left.
+    pub fn push(&mut self) -> io::Result<bool> {
+        let done = self.transport().push()?;
+        self.metered.write_blocked = !done;
+        Ok(done)
     }
 
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let link = self.get_mut();
-        match link.transport().push() {
-            Ok(true) => {
-                link.metered.borrow_mut().write_blocked = false;
-                Poll::Ready(Ok(()))
-            }
-            Ok(false) => {
-                link.blocked();
-                Poll::Pending
-            }
-            Err(e) => Poll::Ready(Err(e)),
-        }
-    }
-
-    /// `h2` is done with the connection (GOAWAY sent, streams over): what is queued
-    /// goes out, then the write side closes (`close_notify` first under TLS). The
+    /// Everything sent: the write side closes (`close_notify` first under TLS). The
     /// connection then lingers (`conn/io.rs`): the client's frames still in flight
     /// are read and dropped, not answered with a reset that destroys what it has
     /// not read yet.
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        std::task::ready!(self.as_mut().poll_flush(cx))?;
-        let _ = self.get_mut().transport().shutdown_write();
-        Poll::Ready(Ok(()))
+    pub fn shutdown_write(&mut self) {
+        let _ = self.transport().shutdown_write();
     }
 }

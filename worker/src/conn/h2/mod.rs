@@ -1,10 +1,15 @@
 //! HTTP/2 to clients (RFC 9113): a connection owns the framing, each stream is one
 //! exchange answered by the same dispatch, handlers and proxy as HTTP/1.1.
 //!
-//! - `link`: the connection's bytes as the `h2` crate reads and writes them, with
-//!   the frame meters on both directions;
+//! - `frame`: frames read and written (RFC 9113 §4, §6), sans-io;
+//! - `hpack`: header blocks decoded (on `loona-hpack`) and encoded (our own, no
+//!   dynamic table);
+//! - `connection`: the connection's protocol state, sans-io: preface, SETTINGS,
+//!   flow control both ways, stream states, header blocks, PING, GOAWAY, errors;
+//! - `link`: the connection's bytes (plain or TLS), with the frame meters on both
+//!   directions;
 //! - `meter`: sans-io frame-header reading: the flood rules, what forkd sent;
-//! - `session`: the `h2` connection and its streams, driven from the event loop;
+//! - `session`: the connection and its streams, driven from the event loop;
 //! - `stream`: one stream's exchange;
 //! - `request` / `response`: an HTTP/2 request as an HTTP/1.1 head, and the
 //!   HTTP/1.1 response written for it read back as HEADERS, DATA and trailers.
@@ -12,8 +17,11 @@
 //! `conn/io.rs` switches a connection here when TLS chose `h2` by ALPN, or when a
 //! plain `http2: PriorKnowledge` address reads the preface.
 
+mod connection;
+mod frame;
 #[cfg(test)]
 mod fuzz;
+mod hpack;
 mod link;
 mod meter;
 mod request;

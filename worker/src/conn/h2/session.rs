@@ -1,39 +1,39 @@
-//! One HTTP/2 connection: the `h2` crate's server connection over our [`Link`],
+//! One HTTP/2 connection: its protocol state (`connection.rs`) over our [`Link`],
 //! and its streams (`stream.rs`), driven from the event loop.
 //!
-//! No task and no runtime: `drive` polls the connection (reading and writing frames
-//! until the socket blocks) and every stream, again and again until nothing moves.
-//! The waker is a no-op: what wakes an HTTP/2 connection is its socket's readiness
-//! (or an upstream socket's, or a deadline), and every such event drives it whole.
+//! `drive` reads what the socket has (through the inbound flood meter), takes the
+//! connection's events (new requests, body bytes, resets, window changes) to the
+//! streams, pumps every stream (dispatch, the proxy, framing its response within
+//! the windows), and writes every frame made in that round in one write, again
+//! and again until nothing moves.
 //!
 //! Lifecycle: `-s quit`, a retiring reload and `-s upgrade` call [`Session::drain`],
-//! the two-step GOAWAY (2^31-1 with a PING, then the last stream id, which `h2`
-//! sends once the PING returns); open streams finish, then the connection closes.
-//! `h2_max_requests` and `h2_idle_timeout` end it the same way.
+//! the two-step GOAWAY (2^31-1 with a PING, then the last stream id once the PING
+//! returns); open streams finish, then the connection closes. `h2_max_requests` and
+//! `h2_idle_timeout` end it the same way.
 
-use super::link::{Link, Metered};
+use super::connection::{Connection, Event};
+use super::frame::Code;
+use super::link::Link;
 use super::meter::Flood;
 use super::stream::{Ended, On, Stream};
 use crate::services::Services;
 use crate::timers::Micros;
-use bytes::Bytes;
 use forkd_shared::config::H2Settings;
 use forkd_shared::shm::counters;
-use h2::server::{Connection, Handshake};
-use std::cell::RefCell;
-use std::future::Future;
+use std::io;
 use std::net::IpAddr;
-use std::pin::Pin;
-use std::rc::Rc;
-use std::task::{Context, Poll, Waker};
 
-/// Streams driven at most per turn of the event loop before others get theirs.
+/// Rounds of read, streams, write per turn of the event loop before other
+/// connections get theirs.
 const ROUNDS_PER_TURN: u32 = 64;
 
-enum State {
-    Handshaking(Pin<Box<Handshake<Link, Bytes>>>),
-    Open(Box<Connection<Link, Bytes>>),
-}
+/// Octets read from the socket at once.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Frames waiting for the socket past which streams are not pumped (they would only
+/// add to it): a few DATA frames' worth.
+const OUT_HIGH: usize = 64 * 1024;
 
 /// What [`Session::drive`] leaves the connection in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,49 +56,35 @@ pub struct Peer {
 }
 
 pub struct Session {
-    state: State,
-    /// What the link inside `h2`'s connection saw.
-    metered: Rc<RefCell<Metered>>,
+    link: Link,
+    conn: Connection,
+    /// Of `conn.out`, the octets already written.
+    written: usize,
     streams: Vec<Option<Stream>>,
     /// Streams accepted (for `h2_max_requests`).
     accepted: u64,
     settings: H2Settings,
     /// GOAWAY has been sent (or is on its way).
     draining: bool,
+    /// The client closed its side (or the socket failed): nothing more is read.
+    read_closed: bool,
     /// When the last stream ended (or the connection opened).
     pub idle_since: Micros,
     /// The connection came over TLS (its session is in the link now).
     pub tls: bool,
 }
 
-/// The `h2` server as a server's `h2_*` settings make it (also what the property
-/// tests of `fuzz.rs` drive).
-pub(super) fn builder(settings: &H2Settings) -> h2::server::Builder {
-    let mut b = h2::server::Builder::new();
-    // The connection window is raised to a window per stream the client may open at
-    // once, as nginx does: one slow stream does not stall the others.
-    let window = settings.initial_window;
-    let conn_window = u64::from(window) * u64::from(settings.max_concurrent_streams);
-    b.initial_window_size(window)
-        .initial_connection_window_size(conn_window.clamp(65_535, (1 << 31) - 1) as u32)
-        .max_concurrent_streams(settings.max_concurrent_streams)
-        .max_header_list_size(settings.max_header_list)
-        .max_send_buffer_size(64 * 1024)
-        .max_pending_accept_reset_streams(64)
-        .max_local_error_reset_streams(Some(256));
-    b
-}
-
 impl Session {
     pub fn new(link: Link, settings: H2Settings, now: Micros, tls: bool) -> Session {
-        let metered = Rc::clone(&link.metered);
         Session {
-            metered,
-            state: State::Handshaking(Box::pin(builder(&settings).handshake(link))),
+            link,
+            conn: Connection::new(settings),
+            written: 0,
             streams: Vec::new(),
             accepted: 0,
             settings,
             draining: false,
+            read_closed: false,
             idle_since: now,
             tls,
         }
@@ -112,7 +98,7 @@ impl Session {
     /// Output is waiting for the socket to take it (a write that blocked, TLS
     /// records): the connection wants writability.
     pub fn wants_write(&self) -> bool {
-        self.metered.borrow().write_blocked
+        self.link.metered.write_blocked
     }
 
     /// Starts the graceful close: GOAWAY, open streams finish.
@@ -121,9 +107,7 @@ impl Session {
             return;
         }
         self.draining = true;
-        if let State::Open(c) = &mut self.state {
-            c.graceful_shutdown();
-        }
+        self.conn.drain();
     }
 
     /// An upstream socket of stream `slot` reported readable (or `hung_up`).
@@ -194,98 +178,46 @@ impl Session {
 
     /// Moves the connection and its streams as far as they go now.
     pub fn drive(&mut self, p: &Peer, svc: &mut Services, budget: &mut u64) -> Driven {
-        let waker = Waker::noop();
-        let mut cx = Context::from_waker(waker);
         for _ in 0..ROUNDS_PER_TURN {
-            let mut moved = false;
-            let conn = match &mut self.state {
-                State::Handshaking(hs) => match hs.as_mut().poll(&mut cx) {
-                    Poll::Ready(Ok(conn)) => {
-                        self.state = State::Open(Box::new(conn));
-                        if self.draining {
-                            self.draining = false;
-                            self.drain();
-                        }
-                        continue;
-                    }
-                    Poll::Ready(Err(e)) => {
-                        forkd_shared::debug!("HTTP/2 handshake with {} failed: {e}", p.peer);
-                        return Driven::Closed;
-                    }
-                    Poll::Pending => return Driven::Wait,
-                },
-                State::Open(conn) => conn,
-            };
-            loop {
-                match conn.poll_accept(&mut cx) {
-                    Poll::Ready(Some(Ok((request, respond)))) => {
-                        moved = true;
-                        self.accepted += 1;
-                        svc.stats.bump(counters::H2_STREAMS, 1);
-                        let slot = match self.streams.iter().position(|s| s.is_none()) {
-                            Some(i) => i,
-                            None => {
-                                self.streams.push(None);
-                                self.streams.len() - 1
-                            }
-                        };
-                        let mut on = On {
-                            key: super::stream_key(p.key, slot),
-                            peer: p.peer,
-                            listener: p.listener,
-                            tls: p.tls,
-                            cx: &mut cx,
-                        };
-                        self.streams[slot] = Some(Stream::start(request, respond, &mut on, svc));
-                        if self.accepted >= self.settings.max_requests && !self.draining {
-                            self.draining = true;
-                            conn.graceful_shutdown();
-                        }
-                    }
-                    Poll::Ready(Some(Err(e))) => {
-                        forkd_shared::debug!("HTTP/2 connection of {} failed: {e}", p.peer);
-                        self.count_flood_stopped(p, svc);
-                        self.flush_stats(Some(p.peer), svc);
-                        return Driven::Closed;
-                    }
-                    Poll::Ready(None) => {
-                        self.count_flood_stopped(p, svc);
-                        self.flush_stats(Some(p.peer), svc);
-                        return Driven::Closed;
-                    }
-                    Poll::Pending => break,
-                }
-            }
-            for slot in 0..self.streams.len() {
-                let Some(stream) = self.streams[slot].as_mut() else {
-                    continue;
-                };
-                let mut on = On {
-                    key: super::stream_key(p.key, slot),
-                    peer: p.peer,
-                    listener: p.listener,
-                    tls: p.tls,
-                    cx: &mut cx,
-                };
-                moved |= stream.pump(&mut on, svc, budget);
-                if let Some(ended) = stream.ended() {
-                    if ended == Ended::Reset {
-                        forkd_shared::debug!("HTTP/2 stream of {} reset", p.peer);
-                    }
-                    let stream = self.streams[slot].take().expect("checked");
-                    stream.release(svc);
-                    moved = true;
-                    if self.open_streams() == 0 {
-                        self.idle_since = svc.clock.now_us;
-                    }
-                }
-            }
+            let mut moved = self.read(p);
             if let Some(flood) = self.flood() {
-                self.close_flooded(flood, p, svc, &mut cx);
+                self.close_flooded(flood, p, svc);
                 return Driven::Closed;
             }
+            moved |= self.events(p, svc);
+            if self.pending_out() < OUT_HIGH {
+                moved |= self.pump(p, svc, budget);
+            }
+            if self.conn.failed() {
+                if let Some((code, why)) = self.conn.failure {
+                    forkd_shared::debug!(
+                        "HTTP/2 connection of {} failed: {why} (error {:#x})",
+                        p.peer,
+                        code.0
+                    );
+                }
+            }
+            match self.write() {
+                Ok(wrote) => moved |= wrote,
+                Err(e) => {
+                    forkd_shared::debug!("HTTP/2 connection of {} failed: {e}", p.peer);
+                    self.flush_stats(Some(p.peer), svc);
+                    return Driven::Closed;
+                }
+            }
             self.flush_stats(Some(p.peer), svc);
+            let flushed = self.pending_out() == 0 && !self.link.metered.write_blocked;
+            if flushed && (self.conn.done() || (self.read_closed && self.open_streams() == 0)) {
+                self.link.shutdown_write();
+                return Driven::Closed;
+            }
+            if self.read_closed && self.conn.failed() {
+                return Driven::Closed;
+            }
             if !moved {
+                if self.open_streams() == 0 && flushed {
+                    self.conn.shrink();
+                }
                 return Driven::Wait;
             }
             if *budget == 0 {
@@ -295,36 +227,200 @@ impl Session {
         Driven::Budget
     }
 
-    fn flood(&self) -> Option<Flood> {
-        self.metered.borrow().flood
+    /// Frames made and not yet written.
+    fn pending_out(&self) -> usize {
+        self.conn.out.len() - self.written
     }
 
-    /// A flood: GOAWAY(ENHANCE_YOUR_CALM), flushed as far as the socket takes it
-    /// now, and counted; the caller closes the connection.
-    fn close_flooded(&mut self, flood: Flood, p: &Peer, svc: &mut Services, cx: &mut Context) {
-        count_flood(flood, Some(p.peer), svc);
-        if let State::Open(c) = &mut self.state {
-            c.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
-            for _ in 0..4 {
-                if !matches!(c.poll_accept(cx), Poll::Ready(Some(Ok(_)))) {
-                    break;
+    /// Reads what the socket has into the connection; true if anything came.
+    fn read(&mut self, p: &Peer) -> bool {
+        if self.read_closed || self.conn.failed() {
+            return false;
+        }
+        let mut buf = [0u8; READ_CHUNK];
+        let mut moved = false;
+        // A few reads per round: the streams of what was read run before more is
+        // read, and a client cannot keep the round to itself.
+        for _ in 0..4 {
+            match self.link.read(&mut buf) {
+                Ok(0) => {
+                    self.read_closed = true;
+                    return true;
+                }
+                Ok(n) => {
+                    moved = true;
+                    if self.link.metered.flood.is_some() {
+                        return true;
+                    }
+                    self.conn.input(&buf[..n]);
+                    if n < buf.len() {
+                        return true;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return moved,
+                Err(e) => {
+                    forkd_shared::debug!("HTTP/2 connection of {} failed: {e}", p.peer);
+                    self.read_closed = true;
+                    return true;
                 }
             }
         }
-        self.flush_stats(Some(p.peer), svc);
+        moved
     }
 
-    /// The `h2` crate ended the connection (on an error of the client's, say) in
-    /// the read where the meter found a flood: it is counted as one all the same.
-    fn count_flood_stopped(&mut self, p: &Peer, svc: &mut Services) {
-        if let Some(flood) = self.flood() {
-            count_flood(flood, Some(p.peer), svc);
+    /// Writes the frames made; true if any went.
+    fn write(&mut self) -> io::Result<bool> {
+        let mut wrote = false;
+        if !self.link.push()? {
+            return Ok(false);
         }
+        while self.written < self.conn.out.len() {
+            match self.link.write(&self.conn.out[self.written..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.written += n;
+                    wrote = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if self.written == self.conn.out.len() {
+            self.conn.out.clear();
+            self.written = 0;
+            if self.conn.out.capacity() > 4 * OUT_HIGH {
+                self.conn.out = Vec::new();
+            }
+        }
+        Ok(wrote)
+    }
+
+    /// The connection's events to the streams; true if there were any.
+    fn events(&mut self, p: &Peer, svc: &mut Services) -> bool {
+        let mut moved = false;
+        while let Some(event) = self.conn.poll() {
+            moved = true;
+            match event {
+                Event::Request { id, end } => self.start(id, end, p, svc),
+                Event::Data { id, end } => match self.slot_of(id) {
+                    Some(slot) => {
+                        let data = self.conn.data();
+                        if let Some(s) = self.streams[slot].as_mut() {
+                            s.received(data, end);
+                        }
+                    }
+                    None => {
+                        // A stream the session has let go of (answered early):
+                        // its bytes are given back at once.
+                        let n = self.conn.data().len();
+                        self.conn.release(id, n);
+                    }
+                },
+                Event::Trailers { id } => {
+                    if let Some(s) = self.stream_mut(id) {
+                        s.received(&[], true);
+                    }
+                }
+                Event::Reset { id } => {
+                    if let Some(s) = self.stream_mut(id) {
+                        s.client_left();
+                    }
+                }
+                Event::Window => {}
+                Event::GoAway => self.draining = true,
+            }
+        }
+        moved
+    }
+
+    fn slot_of(&self, id: u32) -> Option<usize> {
+        self.streams
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.id == id))
+    }
+
+    fn stream_mut(&mut self, id: u32) -> Option<&mut Stream> {
+        let slot = self.slot_of(id)?;
+        self.streams[slot].as_mut()
+    }
+
+    /// A new stream: its request dispatched.
+    fn start(&mut self, id: u32, end: bool, p: &Peer, svc: &mut Services) {
+        self.accepted += 1;
+        svc.stats.bump(counters::H2_STREAMS, 1);
+        let slot = match self.streams.iter().position(|s| s.is_none()) {
+            Some(i) => i,
+            None => {
+                self.streams.push(None);
+                self.streams.len() - 1
+            }
+        };
+        let mut on = On {
+            key: super::stream_key(p.key, slot),
+            peer: p.peer,
+            listener: p.listener,
+            tls: p.tls,
+            conn: &mut self.conn,
+        };
+        let stream = Stream::start(id, end, &mut on, svc);
+        self.streams[slot] = Some(stream);
+        if self.accepted >= self.settings.max_requests && !self.draining {
+            self.draining = true;
+            self.conn.drain();
+        }
+    }
+
+    /// Every stream moved as far as it goes; true if any moved.
+    fn pump(&mut self, p: &Peer, svc: &mut Services, budget: &mut u64) -> bool {
+        let mut moved = false;
+        for slot in 0..self.streams.len() {
+            let Some(stream) = self.streams[slot].as_mut() else {
+                continue;
+            };
+            let mut on = On {
+                key: super::stream_key(p.key, slot),
+                peer: p.peer,
+                listener: p.listener,
+                tls: p.tls,
+                conn: &mut self.conn,
+            };
+            moved |= stream.pump(&mut on, svc, budget);
+            if let Some(ended) = stream.ended() {
+                let code = match ended {
+                    Ended::Complete => Code::NO_ERROR,
+                    Ended::Reset(code) => {
+                        forkd_shared::debug!("HTTP/2 stream of {} reset", p.peer);
+                        code
+                    }
+                };
+                let stream = self.streams[slot].take().expect("checked");
+                self.conn.finish(stream.id, code);
+                stream.release(svc);
+                moved = true;
+                if self.open_streams() == 0 {
+                    self.idle_since = svc.clock.now_us;
+                }
+            }
+        }
+        moved
+    }
+
+    fn flood(&self) -> Option<Flood> {
+        self.link.metered.flood
+    }
+
+    /// A flood: GOAWAY(ENHANCE_YOUR_CALM), written as far as the socket takes it
+    /// now, and counted; the caller closes the connection.
+    fn close_flooded(&mut self, flood: Flood, p: &Peer, svc: &mut Services) {
+        count_flood(flood, Some(p.peer), svc);
+        self.conn.abort(Code::ENHANCE_YOUR_CALM, "a flood");
+        let _ = self.write();
+        self.flush_stats(Some(p.peer), svc);
     }
 
     /// What the link counted, into the worker's stats.
     fn flush_stats(&mut self, peer: Option<IpAddr>, svc: &mut Services) {
-        let mut m = self.metered.borrow_mut();
+        let m = &mut self.link.metered;
         if m.bytes_in > 0 {
             svc.stats.bytes_in(std::mem::take(&mut m.bytes_in));
         }
@@ -332,13 +428,6 @@ impl Session {
             svc.stats.bytes_out(std::mem::take(&mut m.bytes_out));
         }
         let sent = m.outbound.take();
-        // A flood the meter found is counted where it was found; the ones the
-        // `h2` crate stopped on its own limits are counted here.
-        if m.flood.is_none() {
-            for &flood in &sent.floods {
-                count_flood(flood, peer, svc);
-            }
-        }
         for (counter, n) in [
             (counters::H2_REFUSED_STREAMS, sent.refused),
             (counters::H2_STREAM_ERRORS, sent.stream_errors),

@@ -15,7 +15,9 @@
 //! buffer: when it is full they see a full socket and wait, exactly as for a slow
 //! HTTP/1.1 client; the pipe drains as the client's flow-control window allows.
 
-use super::request::{self, Framing, Malformed};
+use super::connection::Connection;
+use super::frame::Code;
+use super::request::{self, Framing};
 use super::response::{Part, Reader};
 use crate::busy::{Busy, PendingBody};
 use crate::conn::dispatch::{self, Exchange, Next};
@@ -25,13 +27,10 @@ use crate::http::response::Status;
 use crate::out::{Flush, Sink};
 use crate::services::Services;
 use crate::timers::Micros;
-use bytes::{Buf, Bytes, BytesMut};
-use h2::server::SendResponse;
-use h2::{Reason, RecvStream, SendStream};
+use bytes::{Bytes, BytesMut};
 use std::io::{self, IoSlice, Write};
 use std::net::IpAddr;
 use std::os::fd::BorrowedFd;
-use std::task::{Context, Poll};
 
 /// HTTP/1.1 response bytes a stream holds before its writer sees a full socket.
 const PIPE_BYTES: usize = 64 * 1024;
@@ -117,38 +116,49 @@ enum Work {
 }
 
 /// What the connection passes to each stream.
-pub struct On<'a, 'w> {
+pub struct On<'a> {
     /// The stream's key for the upstream sockets it registers (see `super::key`).
     pub key: usize,
     pub peer: IpAddr,
     pub listener: usize,
     pub tls: bool,
-    pub cx: &'a mut Context<'w>,
+    /// The connection's protocol state: the request's fields, the windows, the
+    /// frames written.
+    pub conn: &'a mut Connection,
 }
 
 /// How a stream ended, for the connection's stats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ended {
     Complete,
-    /// Reset by us (with this reason) or by the client.
-    Reset,
+    /// Reset by us (with this code) or by the client.
+    Reset(Code),
 }
 
 pub struct Stream {
-    recv: RecvStream,
-    respond: Option<SendResponse<Bytes>>,
-    send: Option<SendStream<Bytes>>,
+    /// The HTTP/2 stream id.
+    pub id: u32,
     busy: Box<Busy>,
     pipe: Pipe,
     reader: Reader,
     work: Work,
     framing: Framing,
+    /// The request's `content-length`, which its DATA must add up to (§8.1.1).
+    length: Option<u64>,
+    /// Body octets the client sent.
+    body_read: u64,
     /// The client's END_STREAM has been read.
     body_ended: bool,
     /// A chunked body's last chunk is still to go into the input.
     last_chunk_due: bool,
-    /// DATA read from the stream not yet in `busy.inbuf`.
-    held: Bytes,
+    /// DATA read from the stream not yet in `busy.inbuf` (from `held_at`).
+    held: Vec<u8>,
+    held_at: usize,
+    /// The client broke a rule of the stream's own (its body against its
+    /// `content-length`): reset with this code at the next pump.
+    violation: Option<Code>,
+    /// The final response head went out.
+    head_sent: bool,
     /// Taken from the pipe, not yet accepted by the stream's window.
     unsent: Bytes,
     /// The last part of the response to send: `unsent` ends the stream.
@@ -161,29 +171,26 @@ pub struct Stream {
 }
 
 impl Stream {
-    /// A new stream: its request read into the HTTP/1.1 form and dispatched.
-    pub fn start(
-        request: http::Request<RecvStream>,
-        respond: SendResponse<Bytes>,
-        on: &mut On,
-        svc: &mut Services,
-    ) -> Stream {
-        let (parts, recv) = request.into_parts();
+    /// A new stream: its request (the connection's fields of the last HEADERS)
+    /// read into the HTTP/1.1 form and dispatched. `ended`: the HEADERS ended the
+    /// stream.
+    pub fn start(id: u32, ended: bool, on: &mut On, svc: &mut Services) -> Stream {
         let now = svc.clock.now_us;
-        let ended = recv.is_end_stream();
-        let head_request = parts.method == http::Method::HEAD;
         let mut s = Stream {
-            recv,
-            respond: Some(respond),
-            send: None,
+            id,
             busy: svc.take_busy(),
             pipe: Pipe::default(),
-            reader: Reader::new(head_request),
+            reader: Reader::new(false),
             work: Work::Answered,
             framing: Framing::None,
+            length: None,
+            body_read: 0,
             body_ended: ended,
             last_chunk_due: false,
-            held: Bytes::new(),
+            held: Vec::new(),
+            held_at: 0,
+            violation: None,
+            head_sent: false,
             unsent: Bytes::new(),
             last: false,
             progress: now,
@@ -191,21 +198,26 @@ impl Stream {
             server: svc.routing[on.listener].default,
             ended: None,
         };
+        let fields = on.conn.fields();
+        if fields.over() {
+            // Past the header list the server takes: as HTTP/1.1 would answer.
+            s.error(svc, Status::HEADER_FIELDS_TOO_LARGE, on.peer);
+            return s;
+        }
         let mut head = Vec::with_capacity(256);
-        match request::head(&parts, ended, &mut head) {
-            Ok(framing) => s.framing = framing,
+        match request::head(fields, ended, &mut head) {
+            Ok(h) => {
+                s.framing = h.framing;
+                s.length = h.length;
+                s.reader = Reader::new(h.head_request);
+            }
             Err(e) => {
-                let why = match &e {
-                    Malformed::ConnectionField(name) => {
-                        format!("connection-specific field `{name}`")
-                    }
-                    Malformed::Te => "`te` other than `trailers`".into(),
-                    Malformed::HostDisagrees => "`host` other than `:authority`".into(),
-                    Malformed::NoPath => "no `:path`".into(),
-                    Malformed::LengthWithoutBody => "`content-length` without a body".into(),
-                };
-                forkd_shared::info!("client {} sent a malformed HTTP/2 request: {why}", on.peer);
-                s.reset(Reason::PROTOCOL_ERROR);
+                forkd_shared::info!(
+                    "client {} sent a malformed HTTP/2 request: {}",
+                    on.peer,
+                    e.why()
+                );
+                s.reset(Code::PROTOCOL_ERROR);
                 return s;
             }
         }
@@ -219,6 +231,40 @@ impl Stream {
         s.busy.in_end = head.len();
         s.dispatch(on, svc);
         s
+    }
+
+    /// Body bytes of the stream arrived (`end`: the client's END_STREAM, or its
+    /// trailers).
+    pub fn received(&mut self, data: &[u8], end: bool) {
+        if self.ended.is_some() || self.violation.is_some() {
+            return;
+        }
+        self.body_read += data.len() as u64;
+        let past = self.length.is_some_and(|l| self.body_read > l);
+        let short = end && self.length.is_some_and(|l| self.body_read != l);
+        if past || short {
+            self.violation = Some(Code::PROTOCOL_ERROR);
+            return;
+        }
+        if self.held_at == self.held.len() {
+            self.held.clear();
+            self.held_at = 0;
+        }
+        self.held.extend_from_slice(data);
+        if end {
+            self.body_ended = true;
+            self.last_chunk_due = self.framing == Framing::Chunked;
+        }
+    }
+
+    /// The client reset the stream (or the connection ended it on an error).
+    pub fn client_left(&mut self) {
+        self.pipe.left = true;
+        self.body_ended = true;
+        match self.busy.proxy.as_deref_mut() {
+            Some(p) => p.client_hung_up = true,
+            None => self.ended = Some(Ended::Reset(Code::CANCEL)),
+        }
     }
 
     /// The stream is over on our side (and its buffers can go back).
@@ -347,16 +393,10 @@ impl Stream {
         self.work = Work::Answered;
     }
 
-    /// Resets the stream (nothing more is sent or read).
-    fn reset(&mut self, reason: Reason) {
-        if let Some(send) = self.send.as_mut() {
-            send.send_reset(reason);
-        } else if let Some(respond) = self.respond.as_mut() {
-            respond.send_reset(reason);
-        }
-        self.respond = None;
-        self.send = None;
-        self.ended = Some(Ended::Reset);
+    /// Resets the stream (nothing more is sent or read): the session writes the
+    /// RST_STREAM with `code` when it lets the stream go.
+    fn reset(&mut self, code: Code) {
+        self.ended = Some(Ended::Reset(code));
     }
 
     /// Moves the stream as far as it goes now; true if anything moved.
@@ -364,91 +404,58 @@ impl Stream {
         if self.ended.is_some() {
             return false;
         }
-        let mut moved = false;
-        if self.client_reset(on.cx) {
-            self.pipe.left = true;
-            match self.busy.proxy.as_deref_mut() {
-                Some(p) => p.client_hung_up = true,
-                None => {
-                    self.ended = Some(Ended::Reset);
-                    return true;
-                }
+        if let Some(code) = self.violation.take() {
+            forkd_shared::info!(
+                "client {} sent an HTTP/2 body that disagrees with its content-length",
+                on.peer
+            );
+            on.conn.finish(self.id, code);
+            self.client_left();
+            if self.ended.is_some() {
+                return true;
             }
         }
-        moved |= self.read_body(on, svc);
+        let mut moved = self.read_body(on, svc);
         moved |= self.run(on, svc, budget);
-        moved |= self.frame(on.cx);
+        moved |= self.frame(on);
         if moved {
             self.progress = svc.clock.now_us;
         }
         moved
     }
 
-    /// Whether the client reset the stream.
-    fn client_reset(&mut self, cx: &mut Context) -> bool {
-        let polled = match (self.send.as_mut(), self.respond.as_mut()) {
-            (Some(send), _) => send.poll_reset(cx),
-            (None, Some(respond)) => respond.poll_reset(cx),
-            (None, None) => Poll::Pending,
-        };
-        matches!(polled, Poll::Ready(_))
-    }
-
-    /// Moves DATA from the stream into the exchange: counted for a `Body`, into
+    /// Moves the DATA held into the exchange: counted for a `Body`, into
     /// `busy.inbuf` (as chunks, if no `content-length`) for the proxy, dropped once
-    /// the request is answered.
+    /// the request is answered; each octet used is given back to the client's
+    /// window.
     fn read_body(&mut self, on: &mut On, svc: &mut Services) -> bool {
-        let mut moved = false;
-        loop {
-            if !self.place_held(on, svc) {
-                return moved;
-            }
-            if self.body_ended {
-                if matches!(self.work, Work::Body { .. }) {
-                    self.answer_after_body(on, svc);
-                    return true;
-                }
-                return moved;
-            }
-            match self.recv.poll_data(on.cx) {
-                Poll::Ready(Some(Ok(data))) => self.held = data,
-                Poll::Ready(Some(Err(_))) => {
-                    // Reset by the client, or the connection failed.
-                    self.pipe.left = true;
-                    self.body_ended = true;
-                    match self.busy.proxy.as_deref_mut() {
-                        Some(p) => p.client_hung_up = true,
-                        None => self.ended = Some(Ended::Reset),
-                    }
-                    return true;
-                }
-                Poll::Ready(None) => {
-                    self.body_ended = true;
-                    self.last_chunk_due = self.framing == Framing::Chunked;
-                }
-                Poll::Pending => return moved,
-            }
-            moved = true;
+        let had = self.held.len() - self.held_at;
+        if !self.place_held(on, svc) {
+            return had != self.held.len() - self.held_at;
         }
+        if self.body_ended && matches!(self.work, Work::Body { .. }) {
+            self.answer_after_body(on, svc);
+            return true;
+        }
+        had > 0
     }
 
     /// Gives the DATA held to the exchange; false if it must wait for room.
     fn place_held(&mut self, on: &mut On, svc: &mut Services) -> bool {
-        let n = self.held.len();
+        let n = self.held.len() - self.held_at;
         match &mut self.work {
             Work::Proxy => {
                 // As much as the input has room for: a DATA frame may be larger
                 // than the whole input buffer (with chunk framing, or a small
                 // `max_header_bytes`), so waiting for room for all of it would
                 // wait forever.
-                while !self.held.is_empty() {
-                    let data = self.held.clone();
-                    let placed = put_body(&mut self.busy, self.framing, &data);
+                while self.held_at < self.held.len() {
+                    let placed = put_body(&mut self.busy, self.framing, &self.held[self.held_at..]);
                     if placed == 0 {
                         return false;
                     }
-                    let _ = self.recv.flow_control().release_capacity(placed);
-                    self.held.advance(placed);
+                    on.conn.release(self.id, placed);
+                    self.held_at += placed;
                 }
                 if self.last_chunk_due && self.body_ended {
                     if !self.put(request::LAST_CHUNK) {
@@ -461,22 +468,23 @@ impl Stream {
             Work::Body { received, .. } => {
                 *received += n as u64;
                 if *received > svc.server(self.server).max_body_bytes {
-                    self.release_held(n);
+                    self.release_held(on, n);
                     self.error(svc, Status::CONTENT_TOO_LARGE, on.peer);
                     return true;
                 }
             }
             Work::File(_) | Work::CacheWait(_) | Work::Answered | Work::Written => {}
         }
-        self.release_held(n);
+        self.release_held(on, n);
         true
     }
 
     /// The held DATA is consumed: the client may send as much again.
-    fn release_held(&mut self, n: usize) {
+    fn release_held(&mut self, on: &mut On, n: usize) {
         if n > 0 {
-            let _ = self.recv.flow_control().release_capacity(n);
-            self.held = Bytes::new();
+            on.conn.release(self.id, n);
+            self.held.clear();
+            self.held_at = 0;
         }
     }
 
@@ -575,7 +583,7 @@ impl Stream {
                         }
                         Ok(_) => return moved,
                         Err(_) => {
-                            self.reset(Reason::INTERNAL_ERROR);
+                            self.reset(Code::INTERNAL_ERROR);
                             return true;
                         }
                     }
@@ -612,8 +620,8 @@ impl Stream {
                         Progress::Truncated | Progress::Close | Progress::Upgraded => {
                             forget(&mut p, svc);
                             // What was sent stays cut short: the client sees a reset.
-                            let _ = self.frame(on.cx);
-                            self.reset(Reason::INTERNAL_ERROR);
+                            let _ = self.frame(on);
+                            self.reset(Code::INTERNAL_ERROR);
                             return true;
                         }
                     }
@@ -623,48 +631,28 @@ impl Stream {
     }
 
     /// Frames what the pipe holds: heads, DATA within the window, trailers.
-    fn frame(&mut self, cx: &mut Context) -> bool {
+    fn frame(&mut self, on: &mut On) -> bool {
         let mut moved = false;
         loop {
             if self.ended.is_some() {
                 return moved;
             }
             if !self.unsent.is_empty() || self.last {
-                let Some(send) = self.send.as_mut() else {
-                    return moved;
-                };
-                if self.unsent.is_empty() {
-                    if send.send_data(Bytes::new(), true).is_err() {
-                        self.ended = Some(Ended::Reset);
-                    } else {
-                        self.ended = Some(Ended::Complete);
-                    }
-                    return true;
-                }
-                send.reserve_capacity(self.unsent.len());
-                let mut room = send.capacity();
-                if room == 0 {
-                    match send.poll_capacity(cx) {
-                        Poll::Ready(Some(Ok(n))) => room = n,
-                        Poll::Ready(Some(Err(_)) | None) => {
-                            self.ended = Some(Ended::Reset);
-                            return true;
-                        }
-                        Poll::Pending => return moved,
-                    }
-                }
-                let n = room.min(self.unsent.len());
-                if n == 0 {
+                if !self.head_sent {
                     return moved;
                 }
-                let chunk = self.unsent.split_to(n);
-                let end = self.last && self.unsent.is_empty();
-                if send.send_data(chunk, end).is_err() {
-                    self.ended = Some(Ended::Reset);
+                if !on.conn.is_open(self.id) {
+                    // Reset by the client while its answer was going out.
+                    self.ended = Some(Ended::Reset(Code::CANCEL));
                     return true;
+                }
+                let n = on.conn.send_data(self.id, &self.unsent, self.last);
+                if n == 0 && !self.unsent.is_empty() {
+                    return moved;
                 }
                 moved = true;
-                if end {
+                let _ = self.unsent.split_to(n);
+                if self.last && self.unsent.is_empty() {
                     self.ended = Some(Ended::Complete);
                     return true;
                 }
@@ -675,46 +663,35 @@ impl Stream {
                 Ok(None) => return moved,
                 Err(bad) => {
                     forkd_shared::error!("an HTTP/2 response could not be framed: {}", bad.0);
-                    self.reset(Reason::INTERNAL_ERROR);
+                    self.reset(Code::INTERNAL_ERROR);
                     return true;
                 }
             };
             moved = true;
             match part {
-                Part::Informational(head) => {
-                    if let Some(respond) = self.respond.as_mut() {
-                        let _ = respond.send_informational(head);
+                Part::Informational(block) => {
+                    if !self.head_sent {
+                        on.conn.send_headers(self.id, &block, false);
                     }
                 }
-                Part::Head(head, body) => {
-                    let Some(mut respond) = self.respond.take() else {
+                Part::Head(block, body) => {
+                    if self.head_sent {
                         return moved;
-                    };
-                    match respond.send_response(head, !body) {
-                        Ok(send) if body => self.send = Some(send),
-                        Ok(_) => {
-                            self.ended = Some(Ended::Complete);
-                            return true;
-                        }
-                        Err(_) => {
-                            self.ended = Some(Ended::Reset);
-                            return true;
-                        }
+                    }
+                    self.head_sent = true;
+                    on.conn.send_headers(self.id, &block, !body);
+                    if !body {
+                        self.ended = Some(Ended::Complete);
+                        return true;
                     }
                 }
                 Part::Data(data) => {
                     self.unsent = data;
                     self.last = self.reader.done();
                 }
-                Part::Trailers(fields) => {
-                    if let Some(send) = self.send.as_mut() {
-                        let sent = send.send_trailers(fields);
-                        self.ended = Some(if sent.is_ok() {
-                            Ended::Complete
-                        } else {
-                            Ended::Reset
-                        });
-                    }
+                Part::Trailers(block) => {
+                    on.conn.send_headers(self.id, &block, true);
+                    self.ended = Some(Ended::Complete);
                     return true;
                 }
                 Part::End => {

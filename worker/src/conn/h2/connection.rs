@@ -1,0 +1,746 @@
+//! One HTTP/2 connection's protocol state (RFC 9113), sans-io: bytes read go in
+//! ([`Connection::input`]), events for the streams come out ([`Connection::poll`]),
+//! and every frame forkd sends is written into [`Connection::out`], which the session
+//! writes to the socket in one go per turn.
+//!
+//! It owns what is the connection's: the preface, both sides' SETTINGS, the
+//! connection and stream flow-control windows both ways, stream states (idle, open,
+//! half-closed, closed: RFC 9113 §5.1), header blocks across CONTINUATION frames and
+//! their HPACK decoding, PING, GOAWAY (the two-step one for a graceful close), and
+//! the errors: a connection error writes GOAWAY and ends the connection, a stream
+//! error writes RST_STREAM and ends that stream. What a stream carries is the
+//! session's and `stream.rs`'s; the flood rules are `meter.rs`'s.
+
+use super::frame::{self, Code, Error, Frame, Head, HEAD_LEN, MAX_FRAME, MAX_WINDOW};
+use super::hpack::{self, Fields};
+use forkd_shared::config::H2Settings;
+
+/// The initial window of both directions before SETTINGS say otherwise.
+const DEFAULT_WINDOW: i64 = 65_535;
+
+/// The PING payload of the graceful close's first step.
+const DRAIN_PING: [u8; 8] = *b"forkd-gw";
+
+/// Received bytes given back before a WINDOW_UPDATE is sent for them: a part of the
+/// window, so a large upload costs one update per few frames, not one per frame.
+const UPDATE_DIVISOR: i64 = 4;
+
+/// What the client's frames mean for the streams, one at a time from
+/// [`Connection::poll`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// A new stream's request head: its fields are [`Connection::fields`] until the
+    /// next poll. `end`: the HEADERS ended the stream (no body).
+    Request { id: u32, end: bool },
+    /// Body bytes of a stream: [`Connection::data`] until the next poll. The stream
+    /// gives them back with [`Connection::release`] once it has used them.
+    Data { id: u32, end: bool },
+    /// The request's trailers (ignored): the body is over.
+    Trailers { id: u32 },
+    /// The stream is over by the client's RST_STREAM, or by a stream error of ours
+    /// (already answered with RST_STREAM).
+    Reset { id: u32 },
+    /// A send window grew (or SETTINGS changed them): streams waiting on it may go on.
+    Window,
+    /// The client sent GOAWAY: no new streams, the open ones finish.
+    GoAway,
+}
+
+/// Where the connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The client's 24-octet preface is still to read.
+    Preface,
+    /// The first frame must be the client's SETTINGS.
+    FirstSettings,
+    Frames,
+    /// A connection error was sent (or the peer's bytes can no longer be read):
+    /// nothing more is read or sent but what is in `out`.
+    Failed,
+}
+
+/// The graceful close (RFC 9113 §6.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drain {
+    None,
+    /// GOAWAY(2^31-1) and a PING sent: new streams are still taken until the PING
+    /// comes back.
+    Announced,
+    /// GOAWAY with the last stream id sent: no new stream is taken.
+    Final,
+}
+
+/// A stream the connection still has state for (open or half-closed).
+#[derive(Debug, Clone, Copy)]
+struct StreamState {
+    id: u32,
+    /// What the client's window lets forkd send.
+    send_window: i64,
+    /// What the client may still send before forkd gives bytes back.
+    recv_window: i64,
+    /// Given back, not yet announced with WINDOW_UPDATE.
+    released: i64,
+    /// The client's END_STREAM came.
+    remote_closed: bool,
+    /// forkd's END_STREAM went out.
+    local_closed: bool,
+}
+
+/// A header block read so far (HEADERS without END_HEADERS, then CONTINUATION).
+struct Block {
+    stream: u32,
+    end_stream: bool,
+    bytes: Vec<u8>,
+}
+
+pub struct Connection {
+    phase: Phase,
+    drain: Drain,
+    /// Bytes read, not yet taken as frames (from `at`).
+    input: Vec<u8>,
+    at: usize,
+    /// Frames to write, in order.
+    pub out: Vec<u8>,
+    settings: H2Settings,
+    /// The client's SETTINGS.
+    peer_initial_window: i64,
+    peer_max_frame: usize,
+    streams: Vec<StreamState>,
+    /// The highest stream id the client opened (or tried to).
+    last_stream: u32,
+    send_window: i64,
+    recv_window: i64,
+    /// Connection-level bytes given back, not yet announced.
+    released: i64,
+    /// What forkd's SETTINGS promised the client: the stream windows it may fill.
+    local_window: i64,
+    block: Option<Block>,
+    decoder: hpack::Decoder,
+    fields: Fields,
+    /// The range of `input` the last `Data` event's bytes are.
+    data: (usize, usize),
+    /// No header block has been sent yet: the first starts with a dynamic table size
+    /// update to 0 (forkd's encoder uses no dynamic table).
+    first_block: bool,
+    /// The client sent GOAWAY.
+    peer_goaway: bool,
+    /// Why the connection failed, for the log.
+    pub failure: Option<(Code, &'static str)>,
+}
+
+impl Connection {
+    /// A server connection: forkd's SETTINGS and the raise of the connection window
+    /// are in `out` at once (the server's preface may go before the client's).
+    pub fn new(settings: H2Settings) -> Connection {
+        let local_window = i64::from(settings.initial_window);
+        // The connection window is raised to a window per stream the client may open
+        // at once, as nginx does: one slow stream does not stall the others.
+        let conn_window = (local_window * i64::from(settings.max_concurrent_streams))
+            .clamp(DEFAULT_WINDOW, MAX_WINDOW);
+        let mut out = Vec::with_capacity(64);
+        frame::write_settings(
+            &mut out,
+            &[
+                (
+                    frame::SETTINGS_MAX_CONCURRENT_STREAMS,
+                    settings.max_concurrent_streams,
+                ),
+                (frame::SETTINGS_INITIAL_WINDOW_SIZE, settings.initial_window),
+                (frame::SETTINGS_MAX_HEADER_LIST_SIZE, settings.max_header_list),
+            ],
+        );
+        if conn_window > DEFAULT_WINDOW {
+            frame::write_window_update(&mut out, 0, (conn_window - DEFAULT_WINDOW) as u32);
+        }
+        Connection {
+            phase: Phase::Preface,
+            drain: Drain::None,
+            input: Vec::new(),
+            at: 0,
+            out,
+            settings,
+            peer_initial_window: DEFAULT_WINDOW,
+            peer_max_frame: MAX_FRAME,
+            streams: Vec::new(),
+            last_stream: 0,
+            send_window: DEFAULT_WINDOW,
+            recv_window: conn_window,
+            released: 0,
+            local_window,
+            block: None,
+            decoder: hpack::Decoder::new(),
+            fields: Fields::new(),
+            data: (0, 0),
+            first_block: true,
+            peer_goaway: false,
+            failure: None,
+        }
+    }
+
+    /// Bytes read from the client.
+    pub fn input(&mut self, bytes: &[u8]) {
+        if self.phase == Phase::Failed {
+            return;
+        }
+        if self.at == self.input.len() {
+            self.input.clear();
+            self.at = 0;
+        } else if self.at > 0 && self.at >= self.input.len() / 2 {
+            self.input.drain(..self.at);
+            self.at = 0;
+        }
+        self.input.extend_from_slice(bytes);
+    }
+
+    /// The fields of the last `Request` event.
+    pub fn fields(&self) -> &Fields {
+        &self.fields
+    }
+
+    /// The bytes of the last `Data` event.
+    pub fn data(&self) -> &[u8] {
+        &self.input[self.data.0..self.data.1]
+    }
+
+    /// A connection error was sent (or the client's bytes broke the protocol):
+    /// once `out` is written, the connection closes.
+    pub fn failed(&self) -> bool {
+        self.phase == Phase::Failed
+    }
+
+    /// Streams the connection holds state for.
+    pub fn open_streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// No new stream will be taken (GOAWAY went out with the last id, or came in).
+    pub fn closing(&self) -> bool {
+        self.drain == Drain::Final || self.peer_goaway
+    }
+
+    /// Nothing to wait for: closing with no stream left, or failed.
+    pub fn done(&self) -> bool {
+        self.failed() || (self.closing() && self.streams.is_empty())
+    }
+
+    /// Memory kept while nothing happens is given back (an idle connection).
+    pub fn shrink(&mut self) {
+        if self.at == self.input.len() {
+            self.input = Vec::new();
+            self.at = 0;
+        }
+        if self.out.is_empty() {
+            self.out = Vec::new();
+        }
+        if self.streams.is_empty() {
+            self.streams = Vec::new();
+            self.fields.release();
+        }
+    }
+
+    /// The next event of the input, `None` when more bytes are needed (or the
+    /// connection failed).
+    pub fn poll(&mut self) -> Option<Event> {
+        loop {
+            match self.phase {
+                Phase::Failed => return None,
+                Phase::Preface => {
+                    let have = &self.input[self.at..];
+                    let n = have.len().min(super::PREFACE.len());
+                    if have[..n] != super::PREFACE[..n] {
+                        self.fail(Code::PROTOCOL_ERROR, "not the HTTP/2 preface");
+                        return None;
+                    }
+                    if n < super::PREFACE.len() {
+                        return None;
+                    }
+                    self.at += n;
+                    self.phase = Phase::FirstSettings;
+                }
+                Phase::FirstSettings | Phase::Frames => {
+                    let have = self.input.len() - self.at;
+                    if have < HEAD_LEN {
+                        return None;
+                    }
+                    let h = Head::read(&self.input[self.at..]);
+                    if h.len > MAX_FRAME {
+                        self.fail(Code::FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE");
+                        return None;
+                    }
+                    if have < HEAD_LEN + h.len {
+                        return None;
+                    }
+                    if self.phase == Phase::FirstSettings {
+                        if h.kind != frame::SETTINGS || h.has(frame::ACK) {
+                            self.fail(Code::PROTOCOL_ERROR, "the preface is not followed by SETTINGS");
+                            return None;
+                        }
+                        self.phase = Phase::Frames;
+                    }
+                    let start = self.at + HEAD_LEN;
+                    self.at = start + h.len;
+                    match self.frame(&h, start) {
+                        Ok(Some(event)) => return Some(event),
+                        Ok(None) => {}
+                        Err(Error::Connection(code, why)) => {
+                            self.fail(code, why);
+                            return None;
+                        }
+                        Err(Error::Stream(id, code, _)) => {
+                            if let Some(event) = self.stream_error(id, code) {
+                                return Some(event);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A connection error: GOAWAY with the last stream id, then nothing more.
+    pub fn fail(&mut self, code: Code, why: &'static str) {
+        if self.phase == Phase::Failed {
+            return;
+        }
+        frame::write_goaway(&mut self.out, self.last_stream, code);
+        self.phase = Phase::Failed;
+        self.failure = Some((code, why));
+    }
+
+    /// A stream error: RST_STREAM, the stream forgotten; `Reset` if it was one the
+    /// session knows.
+    fn stream_error(&mut self, id: u32, code: Code) -> Option<Event> {
+        frame::write_rst(&mut self.out, id, code);
+        let i = self.find(id)?;
+        self.streams.swap_remove(i);
+        Some(Event::Reset { id })
+    }
+
+    fn find(&self, id: u32) -> Option<usize> {
+        self.streams.iter().position(|s| s.id == id)
+    }
+
+    /// One frame whose payload is at `input[start..self.at]`.
+    fn frame(&mut self, h: &Head, start: usize) -> Result<Option<Event>, Error> {
+        let end = self.at;
+        // Split borrows: the payload is read from `input` while the rest changes.
+        let input = std::mem::take(&mut self.input);
+        let result = frame::read(h, &input[start..end]).and_then(|f| self.on_frame(h, f, end));
+        self.input = input;
+        result
+    }
+
+    fn on_frame(&mut self, h: &Head, f: Frame, end: usize) -> Result<Option<Event>, Error> {
+        if let Some(block) = &self.block {
+            // Inside a header block only its CONTINUATION may come (§6.10).
+            match f {
+                Frame::Continuation { stream, .. } if stream == block.stream => {}
+                _ => return Err(conn("a frame inside a header block")),
+            }
+        }
+        match f {
+            Frame::Data { stream, data, end: end_stream } => {
+                let data_at = end - data.len();
+                self.on_data(h, stream, data_at, end, end_stream)
+            }
+            Frame::Headers {
+                stream,
+                fragment,
+                end_stream,
+                end_headers,
+            } => {
+                if end_headers {
+                    return self.on_block(stream, fragment, end_stream);
+                }
+                self.block = Some(Block {
+                    stream,
+                    end_stream,
+                    bytes: fragment.to_vec(),
+                });
+                Ok(None)
+            }
+            Frame::Continuation {
+                fragment,
+                end_headers,
+                ..
+            } => {
+                let Some(block) = self.block.as_mut() else {
+                    return Err(conn("CONTINUATION without a header block"));
+                };
+                if block.bytes.len() + fragment.len() > self.settings.max_header_list as usize * 2 {
+                    // The meter closes a header block flood first; this bounds memory
+                    // whatever it decides.
+                    return Err(Error::Connection(
+                        Code::ENHANCE_YOUR_CALM,
+                        "a header block past h2_max_header_list",
+                    ));
+                }
+                block.bytes.extend_from_slice(fragment);
+                if !end_headers {
+                    return Ok(None);
+                }
+                let block = self.block.take().expect("checked");
+                self.on_block(block.stream, &block.bytes, block.end_stream)
+            }
+            Frame::Priority | Frame::Unknown => Ok(None),
+            Frame::RstStream { stream, .. } => {
+                if stream > self.last_stream {
+                    return Err(conn("RST_STREAM on an idle stream"));
+                }
+                match self.find(stream) {
+                    Some(i) => {
+                        self.streams.swap_remove(i);
+                        Ok(Some(Event::Reset { id: stream }))
+                    }
+                    None => Ok(None),
+                }
+            }
+            Frame::Settings { ack, payload } => {
+                if ack {
+                    return Ok(None);
+                }
+                self.on_settings(payload)
+            }
+            Frame::PushPromise => Err(conn("PUSH_PROMISE from a client")),
+            Frame::Ping { ack: true, data } => {
+                if data == DRAIN_PING && self.drain == Drain::Announced {
+                    self.drain = Drain::Final;
+                    frame::write_goaway(&mut self.out, self.last_stream, Code::NO_ERROR);
+                }
+                Ok(None)
+            }
+            Frame::Ping { ack: false, data } => {
+                frame::write_ping(&mut self.out, true, data);
+                Ok(None)
+            }
+            Frame::GoAway { .. } => {
+                self.peer_goaway = true;
+                Ok(Some(Event::GoAway))
+            }
+            Frame::WindowUpdate { stream, increment } => self.on_window_update(stream, increment),
+        }
+    }
+
+    fn on_data(
+        &mut self,
+        h: &Head,
+        id: u32,
+        data_at: usize,
+        end: usize,
+        end_stream: bool,
+    ) -> Result<Option<Event>, Error> {
+        let counted = h.len as i64;
+        self.recv_window -= counted;
+        if self.recv_window < 0 {
+            return Err(Error::Connection(
+                Code::FLOW_CONTROL_ERROR,
+                "DATA past the connection window",
+            ));
+        }
+        if id > self.last_stream {
+            return Err(conn("DATA on an idle stream"));
+        }
+        let padding = counted - (end - data_at) as i64;
+        let Some(i) = self.find(id).filter(|&i| !self.streams[i].remote_closed) else {
+            // A closed stream's bytes still took connection window: given back.
+            self.give_back(None, counted);
+            return Err(Error::Stream(id, Code::STREAM_CLOSED, "DATA on a closed stream"));
+        };
+        let s = &mut self.streams[i];
+        s.recv_window -= counted;
+        if s.recv_window < 0 {
+            self.give_back(None, counted);
+            return Err(Error::Stream(
+                id,
+                Code::FLOW_CONTROL_ERROR,
+                "DATA past the stream window",
+            ));
+        }
+        if end_stream {
+            s.remote_closed = true;
+        }
+        if padding > 0 {
+            self.give_back(Some(i), padding);
+        }
+        self.data = (data_at, end);
+        let finished = self.streams[i].remote_closed && self.streams[i].local_closed;
+        if finished {
+            self.streams.swap_remove(i);
+        }
+        Ok(Some(Event::Data { id, end: end_stream }))
+    }
+
+    /// A whole header block of stream `id`.
+    fn on_block(&mut self, id: u32, block: &[u8], end_stream: bool) -> Result<Option<Event>, Error> {
+        if id % 2 == 0 {
+            return Err(conn("a stream id a client may not open"));
+        }
+        let max_list = self.settings.max_header_list as usize;
+        if let Some(i) = self.find(id) {
+            // Trailers (or a second head, which only trailers may be).
+            self.decode(block, max_list)?;
+            let s = &mut self.streams[i];
+            if s.remote_closed {
+                return Err(Error::Stream(id, Code::STREAM_CLOSED, "HEADERS on a half-closed stream"));
+            }
+            if !end_stream {
+                return Err(Error::Stream(id, Code::PROTOCOL_ERROR, "trailers without END_STREAM"));
+            }
+            s.remote_closed = true;
+            let finished = s.local_closed;
+            if finished {
+                self.streams.swap_remove(i);
+            }
+            return Ok(Some(Event::Trailers { id }));
+        }
+        if id <= self.last_stream {
+            self.decode(block, max_list)?;
+            return Err(conn("HEADERS on a closed stream"));
+        }
+        self.last_stream = id;
+        // Decoded even when refused: the dynamic table must stay in step.
+        self.decode(block, max_list)?;
+        if self.drain == Drain::Final || self.peer_goaway {
+            // After the last stream id went out, new streams are ignored (§6.8).
+            return Ok(None);
+        }
+        if self.streams.len() >= self.settings.max_concurrent_streams as usize {
+            frame::write_rst(&mut self.out, id, Code::REFUSED_STREAM);
+            return Ok(None);
+        }
+        self.streams.push(StreamState {
+            id,
+            send_window: self.peer_initial_window,
+            recv_window: self.local_window.max(DEFAULT_WINDOW),
+            released: 0,
+            remote_closed: end_stream,
+            local_closed: false,
+        });
+        Ok(Some(Event::Request { id, end: end_stream }))
+    }
+
+    fn decode(&mut self, block: &[u8], max_list: usize) -> Result<(), Error> {
+        self.fields.clear();
+        self.decoder
+            .decode(block, max_list, &mut self.fields)
+            .map_err(|_| Error::Connection(Code::COMPRESSION_ERROR, "a header block HPACK cannot decode"))
+    }
+
+    fn on_settings(&mut self, payload: &[u8]) -> Result<Option<Event>, Error> {
+        let mut window_changed = false;
+        for (id, value) in frame::settings(payload) {
+            match id {
+                frame::SETTINGS_ENABLE_PUSH if value > 1 => {
+                    return Err(conn("SETTINGS_ENABLE_PUSH other than 0 or 1"))
+                }
+                frame::SETTINGS_INITIAL_WINDOW_SIZE => {
+                    let value = i64::from(value);
+                    if value > MAX_WINDOW {
+                        return Err(Error::Connection(
+                            Code::FLOW_CONTROL_ERROR,
+                            "SETTINGS_INITIAL_WINDOW_SIZE above 2^31-1",
+                        ));
+                    }
+                    let delta = value - self.peer_initial_window;
+                    for s in &mut self.streams {
+                        s.send_window += delta;
+                        if s.send_window > MAX_WINDOW {
+                            return Err(Error::Connection(
+                                Code::FLOW_CONTROL_ERROR,
+                                "a stream window above 2^31-1",
+                            ));
+                        }
+                    }
+                    self.peer_initial_window = value;
+                    window_changed = true;
+                }
+                frame::SETTINGS_MAX_FRAME_SIZE => {
+                    if !(MAX_FRAME as u32..=(1 << 24) - 1).contains(&value) {
+                        return Err(conn("SETTINGS_MAX_FRAME_SIZE out of range"));
+                    }
+                    self.peer_max_frame = value as usize;
+                }
+                // The encoder uses no dynamic table, so the client's table size does
+                // not matter; pushes are never sent; forkd's responses are bounded by
+                // what it writes, not by the client's header list size.
+                _ => {}
+            }
+        }
+        frame::write_settings_ack(&mut self.out);
+        Ok(window_changed.then_some(Event::Window))
+    }
+
+    fn on_window_update(&mut self, id: u32, increment: u32) -> Result<Option<Event>, Error> {
+        let inc = i64::from(increment);
+        if id == 0 {
+            if inc == 0 {
+                return Err(conn("WINDOW_UPDATE of 0 on the connection"));
+            }
+            self.send_window += inc;
+            if self.send_window > MAX_WINDOW {
+                return Err(Error::Connection(
+                    Code::FLOW_CONTROL_ERROR,
+                    "the connection window above 2^31-1",
+                ));
+            }
+            return Ok(Some(Event::Window));
+        }
+        if id > self.last_stream {
+            return Err(conn("WINDOW_UPDATE on an idle stream"));
+        }
+        let Some(i) = self.find(id) else {
+            return Ok(None);
+        };
+        if inc == 0 {
+            return Err(Error::Stream(id, Code::PROTOCOL_ERROR, "WINDOW_UPDATE of 0"));
+        }
+        self.streams[i].send_window += inc;
+        if self.streams[i].send_window > MAX_WINDOW {
+            return Err(Error::Stream(
+                id,
+                Code::FLOW_CONTROL_ERROR,
+                "a stream window above 2^31-1",
+            ));
+        }
+        Ok(Some(Event::Window))
+    }
+
+    /// `n` received bytes are given back to the client's windows (the connection's,
+    /// and stream `i`'s if it is still there), announced once a part of the window
+    /// has come back.
+    fn give_back(&mut self, i: Option<usize>, n: i64) {
+        self.released += n;
+        let conn_threshold = (self.local_window * i64::from(self.settings.max_concurrent_streams))
+            .clamp(DEFAULT_WINDOW, MAX_WINDOW)
+            / UPDATE_DIVISOR;
+        if self.released >= conn_threshold.min(self.local_window) {
+            frame::write_window_update(&mut self.out, 0, self.released as u32);
+            self.recv_window += self.released;
+            self.released = 0;
+        }
+        if let Some(i) = i {
+            let threshold = self.local_window / UPDATE_DIVISOR;
+            let s = &mut self.streams[i];
+            s.released += n;
+            if !s.remote_closed && s.released >= threshold.max(1) {
+                frame::write_window_update(&mut self.out, s.id, s.released as u32);
+                s.recv_window += s.released;
+                s.released = 0;
+            }
+        }
+    }
+
+    /// The stream used `n` bytes of its DATA: the client may send as much again.
+    pub fn release(&mut self, id: u32, n: usize) {
+        if n == 0 || self.phase == Phase::Failed {
+            return;
+        }
+        let i = self.find(id);
+        self.give_back(i, n as i64);
+    }
+
+    /// What stream `id` may send now: the smaller of its window and the connection's.
+    pub fn window(&self, id: u32) -> usize {
+        match self.find(id) {
+            Some(i) if !self.streams[i].local_closed => {
+                self.streams[i].send_window.min(self.send_window).max(0) as usize
+            }
+            _ => 0,
+        }
+    }
+
+    /// The stream is still known (not reset, not closed both ways).
+    pub fn is_open(&self, id: u32) -> bool {
+        self.find(id).is_some()
+    }
+
+    /// Writes a response head (or 1xx, or trailers) of stream `id`: `block` is HPACK.
+    pub fn send_headers(&mut self, id: u32, block: &[u8], end_stream: bool) {
+        if self.phase == Phase::Failed {
+            return;
+        }
+        let prefix: &[u8] = if self.first_block {
+            self.first_block = false;
+            hpack::SIZE_UPDATE_ZERO
+        } else {
+            &[]
+        };
+        frame::write_headers(&mut self.out, id, prefix, block, end_stream, self.peer_max_frame);
+        if end_stream {
+            self.local_end(id);
+        }
+    }
+
+    /// Writes as much of `data` as the windows allow as DATA of stream `id`;
+    /// END_STREAM with the last byte if `end` and all of it went. How much went.
+    pub fn send_data(&mut self, id: u32, data: &[u8], end: bool) -> usize {
+        if self.phase == Phase::Failed {
+            return 0;
+        }
+        let n = data.len().min(self.window(id));
+        if n == 0 && !(data.is_empty() && end) {
+            return 0;
+        }
+        let ends = end && n == data.len();
+        frame::write_data(&mut self.out, id, &data[..n], ends, self.peer_max_frame);
+        self.send_window -= n as i64;
+        if let Some(i) = self.find(id) {
+            self.streams[i].send_window -= n as i64;
+        }
+        if ends {
+            self.local_end(id);
+        }
+        n
+    }
+
+    /// forkd's END_STREAM went out on `id`: a stream whose request is still coming
+    /// is told to stop sending (RST_STREAM(NO_ERROR), RFC 9113 §8.1).
+    fn local_end(&mut self, id: u32) {
+        let Some(i) = self.find(id) else {
+            return;
+        };
+        if self.streams[i].remote_closed {
+            self.streams.swap_remove(i);
+        } else {
+            self.streams[i].local_closed = true;
+        }
+    }
+
+    /// The session is done with stream `id`: if the client is still sending, it is
+    /// told to stop (RST_STREAM NO_ERROR after a complete response, `code` else).
+    pub fn finish(&mut self, id: u32, code: Code) {
+        if let Some(i) = self.find(id) {
+            let s = self.streams.swap_remove(i);
+            let code = if s.local_closed { Code::NO_ERROR } else { code };
+            if self.phase != Phase::Failed {
+                frame::write_rst(&mut self.out, id, code);
+            }
+        }
+    }
+
+    /// Starts the graceful close: GOAWAY(2^31-1) and a PING; the PING's answer sends
+    /// the GOAWAY with the last stream id (RFC 9113 §6.8).
+    pub fn drain(&mut self) {
+        if self.drain != Drain::None || self.phase == Phase::Failed {
+            return;
+        }
+        if self.phase != Phase::Frames {
+            // Before the client's SETTINGS no stream can be in flight.
+            self.drain = Drain::Final;
+            frame::write_goaway(&mut self.out, self.last_stream, Code::NO_ERROR);
+            return;
+        }
+        self.drain = Drain::Announced;
+        frame::write_goaway(&mut self.out, MAX_WINDOW as u32, Code::NO_ERROR);
+        frame::write_ping(&mut self.out, false, DRAIN_PING);
+    }
+
+    /// Ends the connection now with GOAWAY(`code`) (a flood).
+    pub fn abort(&mut self, code: Code, why: &'static str) {
+        self.fail(code, why);
+    }
+}
+
+fn conn(why: &'static str) -> Error {
+    Error::Connection(Code::PROTOCOL_ERROR, why)
+}

@@ -12,7 +12,7 @@
 //! - `session`: the connection and its streams, driven from the event loop;
 //! - `stream`: one stream's exchange;
 //! - `request` / `response`: an HTTP/2 request as an HTTP/1.1 head, and the
-//!   HTTP/1.1 response written for it read back as HEADERS, DATA and trailers.
+//!   HTTP/1.1 response written for it read back as HEADERS, DATA and trailers;
 //!
 //! `conn/io.rs` switches a connection here when TLS chose `h2` by ALPN, or when a
 //! plain `http2: PriorKnowledge` address reads the preface.

@@ -1,0 +1,759 @@
+//! HPACK (RFC 7541): the header blocks of one HTTP/2 connection, decoded into
+//! [`Fields`] and written by [`status`] and [`field`].
+//!
+//! Decoding runs on `loona-hpack`'s decoder, whose dynamic table is bounded by our
+//! `SETTINGS_HEADER_TABLE_SIZE` ([`TABLE_SIZE`]). Each field it hands over is copied
+//! once into the block's one buffer, and only while the list stays within the bound
+//! the caller gives: a block that references a large table entry thousands of times
+//! (a "bomb") costs that bound in memory, never its decoded size, yet is decoded to
+//! its end so the dynamic table stays in step with the peer's encoder.
+//!
+//! Encoding is ours and uses no dynamic table (nginx's choice): every field is a
+//! literal naming the static table's entry when there is one, no Huffman. It costs
+//! a few bytes per response against an indexing encoder and no CPU or memory to keep
+//! a table; the connection sends [`SIZE_UPDATE_ZERO`] first to tell the peer's
+//! decoder it may drop its own.
+
+use loona_hpack::decoder::DecoderError;
+use std::fmt;
+
+/// The dynamic table size we announce (`SETTINGS_HEADER_TABLE_SIZE`, the default
+/// of RFC 9113 §6.5.2): a size update above it is an error.
+pub const TABLE_SIZE: usize = 4096;
+
+/// Each field's overhead in a header list's size (RFC 9113 §6.5.2).
+const FIELD_OVERHEAD: usize = 32;
+
+/// The decoded fields of one header block, in order: their bytes in one buffer
+/// (kept across blocks: [`Fields::clear`] keeps the capacity).
+#[derive(Debug, Default)]
+pub struct Fields {
+    bytes: Vec<u8>,
+    spans: Vec<Span>,
+    list_size: usize,
+    over: bool,
+}
+
+/// Where one field's name and value lie in [`Fields::bytes`]: the name at
+/// `start..start + name`, the value right after it.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    start: usize,
+    name: usize,
+    value: usize,
+}
+
+impl Fields {
+    pub fn new() -> Fields {
+        Fields::default()
+    }
+
+    /// Empties the list, keeping its buffers for the next block.
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+        self.spans.clear();
+        self.list_size = 0;
+        self.over = false;
+    }
+
+    /// Each field kept, as (name, value), in the block's order.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
+        self.spans.iter().map(|s| {
+            let name = &self.bytes[s.start..s.start + s.name];
+            let value = &self.bytes[s.start + s.name..s.start + s.name + s.value];
+            (name, value)
+        })
+    }
+
+    /// Fields kept.
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// The size of the whole list the block carried, kept or not (RFC 9113 §6.5.2:
+    /// name + value + 32 per field), saturating.
+    pub fn list_size(&self) -> usize {
+        self.list_size
+    }
+
+    /// The list passed the bound given to [`Decoder::decode`]: the fields from the
+    /// one that passed it on were not kept.
+    pub fn over(&self) -> bool {
+        self.over
+    }
+
+    /// Adds a field if the list with it stays within `max_list`.
+    fn push(&mut self, name: &[u8], value: &[u8], max_list: usize) {
+        let size = name.len() + value.len() + FIELD_OVERHEAD;
+        self.list_size = self.list_size.saturating_add(size);
+        if self.over || self.list_size > max_list {
+            self.over = true;
+            return;
+        }
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(name);
+        self.bytes.extend_from_slice(value);
+        self.spans.push(Span {
+            start,
+            name: name.len(),
+            value: value.len(),
+        });
+    }
+}
+
+/// A header block that cannot be decoded: the connection's HPACK state is lost,
+/// answered with GOAWAY(COMPRESSION_ERROR) (RFC 9113 §4.3).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Compression {
+    /// The decoder refused the block (a bad index, integer, string or Huffman
+    /// code, a size update above [`TABLE_SIZE`] or ending the block).
+    Decode(DecoderError),
+    /// A dynamic table size update after a field (RFC 7541 §4.2: only at the
+    /// start of a block).
+    SizeUpdateAfterField,
+}
+
+impl fmt::Display for Compression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Compression::Decode(e) => write!(f, "HPACK: {e}"),
+            Compression::SizeUpdateAfterField => {
+                f.write_str("HPACK: dynamic table size update after a field")
+            }
+        }
+    }
+}
+
+/// The connection's decoding state: the peer's dynamic table.
+pub struct Decoder {
+    inner: loona_hpack::Decoder<'static>,
+}
+
+impl Default for Decoder {
+    fn default() -> Decoder {
+        Decoder::new()
+    }
+}
+
+impl fmt::Debug for Decoder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Decoder").finish_non_exhaustive()
+    }
+}
+
+impl Decoder {
+    pub fn new() -> Decoder {
+        let mut inner = loona_hpack::Decoder::new();
+        inner.set_max_allowed_table_size(TABLE_SIZE);
+        inner.set_max_table_size(TABLE_SIZE);
+        Decoder { inner }
+    }
+
+    /// Decodes one whole header block (HEADERS and its CONTINUATIONs) into `into`
+    /// (cleared first), keeping fields while the list's size stays within
+    /// `max_list` (our `SETTINGS_MAX_HEADER_LIST_SIZE`): see [`Fields::over`].
+    pub fn decode(
+        &mut self,
+        block: &[u8],
+        max_list: usize,
+        into: &mut Fields,
+    ) -> Result<(), Compression> {
+        into.clear();
+        check_size_updates(block)?;
+        self.inner
+            .decode_with_cb(block, |name, value| into.push(&name, &value, max_list))
+            .map_err(Compression::Decode)
+    }
+
+    /// The table size our SETTINGS announced, for tests that decode blocks written
+    /// for another (RFC 7541 C.5 and C.6 assume 256).
+    #[cfg(test)]
+    fn set_table_size(&mut self, size: usize) {
+        self.inner.set_max_allowed_table_size(size);
+        self.inner.set_max_table_size(size);
+    }
+}
+
+/// Refuses a dynamic table size update after the block's first field (RFC 7541
+/// §4.2), which the decoder itself accepts anywhere. Walks the representations'
+/// integers and string lengths only; what is malformed is left to the decoder,
+/// whose error then names it.
+fn check_size_updates(block: &[u8]) -> Result<(), Compression> {
+    let mut at = 0;
+    let mut fields = false;
+    while at < block.len() {
+        let first = block[at];
+        let (prefix, literal) = match first {
+            0x80..=0xff => (7, false),
+            0x40..=0x7f => (6, true),
+            0x20..=0x3f => {
+                if fields {
+                    return Err(Compression::SizeUpdateAfterField);
+                }
+                (5, false)
+            }
+            _ => (4, true),
+        };
+        let Some((index, n)) = integer(&block[at..], prefix) else {
+            return Ok(());
+        };
+        at += n;
+        if prefix != 5 {
+            fields = true;
+        }
+        if literal {
+            let strings = if index == 0 { 2 } else { 1 };
+            for _ in 0..strings {
+                let Some((len, n)) = block.get(at..).and_then(|b| integer(b, 7)) else {
+                    return Ok(());
+                };
+                at = at.saturating_add(n).saturating_add(len);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An HPACK integer with an N-bit prefix (RFC 7541 §5.1) from the front of `buf`
+/// and the bytes it took; `None` if cut short or too large to matter.
+fn integer(buf: &[u8], prefix: u8) -> Option<(usize, usize)> {
+    let mask = (1u16 << prefix) as u8 - 1;
+    let first = *buf.first()? & mask;
+    if first < mask {
+        return Some((first as usize, 1));
+    }
+    let mut value = mask as usize;
+    for (i, &b) in buf[1..].iter().enumerate().take(5) {
+        value += ((b & 0x7f) as usize) << (7 * i);
+        if b & 0x80 == 0 {
+            return Some((value, i + 2));
+        }
+    }
+    None
+}
+
+/// A dynamic table size update to 0 (RFC 7541 §6.3): the start of the first block
+/// the connection sends, since we never index.
+pub const SIZE_UPDATE_ZERO: &[u8] = &[0x20];
+
+/// The static table's `:status` entries (RFC 7541 Appendix A, 8 to 14).
+const STATUSES: [(u16, u8); 7] = [
+    (200, 8),
+    (204, 9),
+    (206, 10),
+    (304, 11),
+    (400, 12),
+    (404, 13),
+    (500, 14),
+];
+
+/// The static table's index of `:status` (its first entry).
+const STATUS_NAME: usize = 8;
+
+/// Writes `:status code`: indexed for the seven statuses the static table holds,
+/// else a literal naming its `:status` entry.
+pub fn status(out: &mut Vec<u8>, code: u16) {
+    if let Some(&(_, index)) = STATUSES.iter().find(|&&(c, _)| c == code) {
+        out.push(0x80 | index);
+        return;
+    }
+    let mut digits = [0u8; 5];
+    let mut at = digits.len();
+    let mut n = code;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    put_integer(out, 0x00, 4, STATUS_NAME);
+    put_string(out, &digits[at..], false);
+}
+
+/// Writes one field as a literal without indexing, or never indexed for the
+/// fields that carry credentials (RFC 7541 §7.1.3: an intermediary must not
+/// index them either). The name is written lowercased and refers to the static
+/// table's entry when it names one.
+pub fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    let sensitive = [&b"set-cookie"[..], b"authorization", b"proxy-authorization"]
+        .iter()
+        .any(|s| name.eq_ignore_ascii_case(s));
+    let kind = if sensitive { 0x10 } else { 0x00 };
+    match static_name(name) {
+        Some(index) => put_integer(out, kind, 4, index),
+        None => {
+            out.push(kind);
+            put_string(out, name, true);
+        }
+    }
+    put_string(out, value, false);
+}
+
+/// The names of the static table (RFC 7541 Appendix A), by index from 1.
+const STATIC_NAMES: [&[u8]; 61] = [
+    b":authority",
+    b":method",
+    b":method",
+    b":path",
+    b":path",
+    b":scheme",
+    b":scheme",
+    b":status",
+    b":status",
+    b":status",
+    b":status",
+    b":status",
+    b":status",
+    b":status",
+    b"accept-charset",
+    b"accept-encoding",
+    b"accept-language",
+    b"accept-ranges",
+    b"accept",
+    b"access-control-allow-origin",
+    b"age",
+    b"allow",
+    b"authorization",
+    b"cache-control",
+    b"content-disposition",
+    b"content-encoding",
+    b"content-language",
+    b"content-length",
+    b"content-location",
+    b"content-range",
+    b"content-type",
+    b"cookie",
+    b"date",
+    b"etag",
+    b"expect",
+    b"expires",
+    b"from",
+    b"host",
+    b"if-match",
+    b"if-modified-since",
+    b"if-none-match",
+    b"if-range",
+    b"if-unmodified-since",
+    b"last-modified",
+    b"link",
+    b"location",
+    b"max-forwards",
+    b"proxy-authenticate",
+    b"proxy-authorization",
+    b"range",
+    b"referer",
+    b"refresh",
+    b"retry-after",
+    b"server",
+    b"set-cookie",
+    b"strict-transport-security",
+    b"transfer-encoding",
+    b"user-agent",
+    b"vary",
+    b"via",
+    b"www-authenticate",
+];
+
+/// The static table's first index for `name`, compared without case.
+fn static_name(name: &[u8]) -> Option<usize> {
+    STATIC_NAMES
+        .iter()
+        .position(|n| n.len() == name.len() && n.eq_ignore_ascii_case(name))
+        .map(|i| i + 1)
+}
+
+/// Writes `value` as an integer with an N-bit prefix, the bits above it `high`.
+fn put_integer(out: &mut Vec<u8>, high: u8, prefix: u8, value: usize) {
+    let max = (1usize << prefix) - 1;
+    if value < max {
+        out.push(high | value as u8);
+        return;
+    }
+    out.push(high | max as u8);
+    let mut rest = value - max;
+    while rest >= 0x80 {
+        out.push(0x80 | (rest & 0x7f) as u8);
+        rest >>= 7;
+    }
+    out.push(rest as u8);
+}
+
+/// Writes a string literal without Huffman, lowercased if `lower`.
+fn put_string(out: &mut Vec<u8>, s: &[u8], lower: bool) {
+    put_integer(out, 0x00, 7, s.len());
+    if lower {
+        out.extend(s.iter().map(u8::to_ascii_lowercase));
+    } else {
+        out.extend_from_slice(s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, RngSeed};
+
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    fn list(f: &Fields) -> Vec<(String, String)> {
+        f.iter()
+            .map(|(n, v)| {
+                (
+                    String::from_utf8(n.to_vec()).unwrap(),
+                    String::from_utf8(v.to_vec()).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
+        p.iter().map(|&(n, v)| (n.into(), v.into())).collect()
+    }
+
+    /// Decodes `blocks` in turn on one decoder, checking each list.
+    fn story(table: usize, blocks: &[&str], want: &[&[(&str, &str)]]) {
+        let mut d = Decoder::new();
+        d.set_table_size(table);
+        let mut f = Fields::new();
+        for (block, want) in blocks.iter().zip(want) {
+            d.decode(&hex(block), 1 << 16, &mut f).unwrap();
+            assert_eq!(list(&f), pairs(want), "{block}");
+            let size: usize = want.iter().map(|(n, v)| n.len() + v.len() + 32).sum();
+            assert_eq!(f.list_size(), size);
+            assert!(!f.over());
+        }
+    }
+
+    const REQUESTS: [&[(&str, &str)]; 3] = [
+        &[
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":path", "/"),
+            (":authority", "www.example.com"),
+        ],
+        &[
+            (":method", "GET"),
+            (":scheme", "http"),
+            (":path", "/"),
+            (":authority", "www.example.com"),
+            ("cache-control", "no-cache"),
+        ],
+        &[
+            (":method", "GET"),
+            (":scheme", "https"),
+            (":path", "/index.html"),
+            (":authority", "www.example.com"),
+            ("custom-key", "custom-value"),
+        ],
+    ];
+
+    const RESPONSES: [&[(&str, &str)]; 3] = [
+        &[
+            (":status", "302"),
+            ("cache-control", "private"),
+            ("date", "Mon, 21 Oct 2013 20:13:21 GMT"),
+            ("location", "https://www.example.com"),
+        ],
+        &[
+            (":status", "307"),
+            ("cache-control", "private"),
+            ("date", "Mon, 21 Oct 2013 20:13:21 GMT"),
+            ("location", "https://www.example.com"),
+        ],
+        &[
+            (":status", "200"),
+            ("cache-control", "private"),
+            ("date", "Mon, 21 Oct 2013 20:13:22 GMT"),
+            ("location", "https://www.example.com"),
+            ("content-encoding", "gzip"),
+            (
+                "set-cookie",
+                "foo=ASDJKHQKBZXOQWEOPIUAXQWEOIU; max-age=3600; version=1",
+            ),
+        ],
+    ];
+
+    /// RFC 7541 C.3 to C.6, as written there (and decoded the same by Python's
+    /// `hpack` 4.2).
+    const C3: [&str; 3] = [
+        "828684410f7777772e6578616d706c652e636f6d",
+        "828684be58086e6f2d6361636865",
+        "828785bf400a637573746f6d2d6b65790c637573746f6d2d76616c7565",
+    ];
+    const C4: [&str; 3] = [
+        "828684418cf1e3c2e5f23a6ba0ab90f4ff",
+        "828684be5886a8eb10649cbf",
+        "828785bf408825a849e95ba97d7f8925a849e95bb8e8b4bf",
+    ];
+    const C5: [&str; 3] = [
+        "4803333032580770726976617465611d4d6f6e2c203231204f637420323031332032303a31333a323120474d546e1768747470733a2f2f7777772e6578616d706c652e636f6d",
+        "4803333037c1c0bf",
+        "88c1611d4d6f6e2c203231204f637420323031332032303a31333a323220474d54c05a04677a69707738666f6f3d4153444a4b48514b425a584f5157454f50495541585157454f49553b206d61782d6167653d333630303b2076657273696f6e3d31",
+    ];
+    const C6: [&str; 3] = [
+        "488264025885aec3771a4b6196d07abe941054d444a8200595040b8166e082a62d1bff6e919d29ad171863c78f0b97c8e9ae82ae43d3",
+        "4883640effc1c0bf",
+        "88c16196d07abe941054d444a8200595040b8166e084a62d1bffc05a839bd9ab77ad94e7821dd7f2e6c7b335dfdfcd5b3960d5af27087f3672c1ab270fb5291f9587316065c003ed4ee5b1063d5007",
+    ];
+
+    #[test]
+    fn rfc7541_c3_requests_without_huffman() {
+        story(TABLE_SIZE, &C3, &REQUESTS);
+    }
+
+    #[test]
+    fn rfc7541_c4_requests_with_huffman() {
+        story(TABLE_SIZE, &C4, &REQUESTS);
+    }
+
+    #[test]
+    fn rfc7541_c5_responses_without_huffman_evict_from_a_256_byte_table() {
+        story(256, &C5, &RESPONSES);
+    }
+
+    #[test]
+    fn rfc7541_c6_responses_with_huffman_evict_from_a_256_byte_table() {
+        story(256, &C6, &RESPONSES);
+    }
+
+    #[test]
+    fn what_status_and_field_write_decodes_back() {
+        let mut out = SIZE_UPDATE_ZERO.to_vec();
+        status(&mut out, 200);
+        status(&mut out, 502);
+        field(&mut out, b"Content-Type", b"text/html");
+        field(&mut out, b"X-Custom", b"v");
+        field(&mut out, b"Set-Cookie", b"a=b");
+        field(&mut out, b"age", b"0");
+        // Checked once with Python's `hpack` 4.2 (`Decoder().decode(..., raw=True)`
+        // gives the same six fields, `set-cookie` as a NeverIndexedHeaderTuple).
+        assert_eq!(
+            out,
+            hex(concat!(
+                "20",
+                "88",
+                "0803353032",
+                "0f1009746578742f68746d6c",
+                "0008782d637573746f6d0176",
+                "1f2803613d62",
+                "0f060130"
+            ))
+        );
+        let mut f = Fields::new();
+        Decoder::new().decode(&out, 4096, &mut f).unwrap();
+        assert_eq!(
+            list(&f),
+            pairs(&[
+                (":status", "200"),
+                (":status", "502"),
+                ("content-type", "text/html"),
+                ("x-custom", "v"),
+                ("set-cookie", "a=b"),
+                ("age", "0"),
+            ])
+        );
+    }
+
+    #[test]
+    fn every_status_decodes_back() {
+        let mut d = Decoder::new();
+        let mut f = Fields::new();
+        for code in [
+            100, 101, 103, 200, 204, 206, 299, 304, 400, 404, 500, 503, 999,
+        ] {
+            let mut out = Vec::new();
+            status(&mut out, code);
+            assert_eq!(out.len() == 1, STATUSES.iter().any(|s| s.0 == code));
+            d.decode(&out, 4096, &mut f).unwrap();
+            assert_eq!(list(&f), pairs(&[(":status", &code.to_string())]));
+        }
+    }
+
+    #[test]
+    fn credentials_are_never_indexed_and_long_names_and_values_take_long_integers() {
+        let value = vec![b'v'; 300];
+        for (name, first) in [
+            (&b"Authorization"[..], 0x1f),
+            (b"proxy-authorization", 0x1f),
+            (b"set-cookie", 0x1f),
+            (b"www-authenticate", 0x0f),
+            (b"cookie", 0x0f),
+            (b"x-not-static", 0x00),
+        ] {
+            let mut out = Vec::new();
+            field(&mut out, name, &value);
+            assert_eq!(out[0], first, "{}", String::from_utf8_lossy(name));
+            let mut f = Fields::new();
+            Decoder::new().decode(&out, 4096, &mut f).unwrap();
+            let (n, v) = f.iter().next().unwrap();
+            assert_eq!(n, name.to_ascii_lowercase());
+            assert_eq!(v, &value[..]);
+        }
+    }
+
+    #[test]
+    fn a_size_update_above_4096_or_after_a_field_is_an_error() {
+        let mut f = Fields::new();
+        // 4096 itself (0x3f e1 1f) is allowed, then a field.
+        assert!(Decoder::new()
+            .decode(&hex("3fe11f82"), 4096, &mut f)
+            .is_ok());
+        assert_eq!(
+            Decoder::new().decode(&hex("3fe21f82"), 4096, &mut f),
+            Err(Compression::Decode(DecoderError::InvalidMaxDynamicSize))
+        );
+        assert_eq!(
+            Decoder::new().decode(&hex("8220"), 4096, &mut f),
+            Err(Compression::SizeUpdateAfterField)
+        );
+        assert_eq!(
+            Decoder::new().decode(&hex("20"), 4096, &mut f),
+            Err(Compression::Decode(DecoderError::SizeUpdateAtEnd))
+        );
+        assert!(Decoder::new().decode(&hex("202082"), 4096, &mut f).is_ok());
+    }
+
+    #[test]
+    fn a_bomb_costs_the_bound_not_its_decoded_size_and_the_table_stays_in_step() {
+        // One 4,033-byte entry into the table, then referenced 20,000 times: 80 MB
+        // decoded.
+        let mut block = vec![0x40, 0x01, b'x', 0x7f];
+        block.extend_from_slice(&[0xa1, 0x1e]); // 127 + 33 + (30 << 7) = 4,000
+        block.extend_from_slice(&[b'a'; 4000]);
+        block.extend_from_slice(&[0xbe; 20_000]);
+        let mut d = Decoder::new();
+        let mut f = Fields::new();
+        d.decode(&block, 16 << 10, &mut f).unwrap();
+        assert!(f.over());
+        assert_eq!(f.len(), 4);
+        assert_eq!(f.list_size(), 20_001 * 4033);
+        assert!(f.bytes.capacity() <= 32 << 10, "{}", f.bytes.capacity());
+        assert!(f.spans.capacity() <= 16);
+        // The next block still finds the entry at 62.
+        d.decode(&[0xbe], 16 << 10, &mut f).unwrap();
+        assert!(!f.over());
+        assert_eq!(f.len(), 1);
+        assert_eq!(f.iter().next().unwrap().1.len(), 4000);
+    }
+
+    #[test]
+    fn fields_past_the_bound_are_dropped_even_if_smaller() {
+        let mut out = Vec::new();
+        field(&mut out, b"a", &[b'1'; 40]);
+        field(&mut out, b"b", &[b'2'; 40]);
+        field(&mut out, b"c", b"");
+        let mut f = Fields::new();
+        Decoder::new().decode(&out, 100, &mut f).unwrap();
+        assert!(f.over());
+        assert_eq!(f.len(), 1);
+        assert_eq!(f.list_size(), 73 + 73 + 33);
+        Decoder::new().decode(&out, 179, &mut f).unwrap();
+        assert!(!f.over());
+        assert_eq!(f.len(), 3);
+    }
+
+    fn config(cases: u32) -> Config {
+        let mut config = Config::default();
+        if std::env::var_os("PROPTEST_CASES").is_none() {
+            config.cases = cases;
+        }
+        if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
+            config.rng_seed = RngSeed::Fixed(0x0066_6f72_6b64_6832);
+        }
+        config.failure_persistence = None;
+        config
+    }
+
+    /// Every RFC block, each from the start of a fresh table (the later ones refer
+    /// to entries not there: errors, as a peer out of step would cause).
+    fn real_blocks() -> Vec<Vec<u8>> {
+        C3.iter()
+            .chain(&C4)
+            .chain(&C5)
+            .chain(&C6)
+            .map(|b| hex(b))
+            .collect()
+    }
+
+    /// Decodes `blocks` on one decoder: never panics, and what is kept stays
+    /// within the bound.
+    fn decode_all(blocks: &[Vec<u8>], max_list: usize) {
+        let mut d = Decoder::new();
+        let mut f = Fields::new();
+        for b in blocks {
+            if d.decode(b, max_list, &mut f).is_ok() {
+                let kept: usize = f.iter().map(|(n, v)| n.len() + v.len() + 32).sum();
+                assert!(kept <= max_list);
+                assert_eq!(f.over(), f.list_size() > max_list);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(config(512))]
+
+        #[test]
+        fn random_bytes_never_panic(
+            blocks in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..64), 1..4),
+            max_list in 0usize..512,
+        ) {
+            decode_all(&blocks, max_list);
+        }
+
+        #[test]
+        fn mutated_real_blocks_never_panic(
+            picks in prop::collection::vec((0usize..12, prop::collection::vec((any::<usize>(), any::<u8>(), 0u8..3), 0..4), any::<usize>()), 1..4),
+            max_list in 0usize..512,
+        ) {
+            let real = real_blocks();
+            let blocks: Vec<Vec<u8>> = picks
+                .iter()
+                .map(|(which, edits, cut)| {
+                    let mut b = real[*which].clone();
+                    for &(at, byte, how) in edits {
+                        let at = at % (b.len() + 1);
+                        match how {
+                            0 if at < b.len() => b[at] = byte,
+                            1 => b.insert(at, byte),
+                            _ if at < b.len() => { b.remove(at); }
+                            _ => {}
+                        }
+                    }
+                    b.truncate(cut % (b.len() + 1));
+                    b
+                })
+                .collect();
+            decode_all(&blocks, max_list);
+        }
+
+        #[test]
+        fn any_field_written_decodes_back_lowercased(
+            fields in prop::collection::vec(("[!#$%&'*+.^_`|~0-9A-Za-z-]{1,40}", prop::collection::vec(any::<u8>(), 0..200)), 0..8),
+            code in 100u16..1000,
+        ) {
+            let mut out = SIZE_UPDATE_ZERO.to_vec();
+            status(&mut out, code);
+            for (n, v) in &fields {
+                field(&mut out, n.as_bytes(), v);
+            }
+            let mut f = Fields::new();
+            Decoder::new().decode(&out, usize::MAX, &mut f).unwrap();
+            let got: Vec<(Vec<u8>, Vec<u8>)> = f.iter().map(|(n, v)| (n.to_vec(), v.to_vec())).collect();
+            let mut want = vec![(b":status".to_vec(), code.to_string().into_bytes())];
+            want.extend(fields.iter().map(|(n, v)| (n.to_ascii_lowercase().into_bytes(), v.clone())));
+            prop_assert_eq!(got, want);
+        }
+    }
+}

@@ -146,7 +146,10 @@ impl Connection {
                     settings.max_concurrent_streams,
                 ),
                 (frame::SETTINGS_INITIAL_WINDOW_SIZE, settings.initial_window),
-                (frame::SETTINGS_MAX_HEADER_LIST_SIZE, settings.max_header_list),
+                (
+                    frame::SETTINGS_MAX_HEADER_LIST_SIZE,
+                    settings.max_header_list,
+                ),
             ],
         );
         if conn_window > DEFAULT_WINDOW {
@@ -208,11 +211,6 @@ impl Connection {
         self.phase == Phase::Failed
     }
 
-    /// Streams the connection holds state for.
-    pub fn open_streams(&self) -> usize {
-        self.streams.len()
-    }
-
     /// No new stream will be taken (GOAWAY went out with the last id, or came in).
     pub fn closing(&self) -> bool {
         self.drain == Drain::Final || self.peer_goaway
@@ -234,7 +232,7 @@ impl Connection {
         }
         if self.streams.is_empty() {
             self.streams = Vec::new();
-            self.fields.release();
+            self.fields = Fields::new();
         }
     }
 
@@ -264,7 +262,10 @@ impl Connection {
                     }
                     let h = Head::read(&self.input[self.at..]);
                     if h.len > MAX_FRAME {
-                        self.fail(Code::FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE");
+                        self.fail(
+                            Code::FRAME_SIZE_ERROR,
+                            "frame larger than SETTINGS_MAX_FRAME_SIZE",
+                        );
                         return None;
                     }
                     if have < HEAD_LEN + h.len {
@@ -272,7 +273,10 @@ impl Connection {
                     }
                     if self.phase == Phase::FirstSettings {
                         if h.kind != frame::SETTINGS || h.has(frame::ACK) {
-                            self.fail(Code::PROTOCOL_ERROR, "the preface is not followed by SETTINGS");
+                            self.fail(
+                                Code::PROTOCOL_ERROR,
+                                "the preface is not followed by SETTINGS",
+                            );
                             return None;
                         }
                         self.phase = Phase::Frames;
@@ -339,7 +343,11 @@ impl Connection {
             }
         }
         match f {
-            Frame::Data { stream, data, end: end_stream } => {
+            Frame::Data {
+                stream,
+                data,
+                end: end_stream,
+            } => {
                 let data_at = end - data.len();
                 self.on_data(h, stream, data_at, end, end_stream)
             }
@@ -401,7 +409,6 @@ impl Connection {
                 }
                 self.on_settings(payload)
             }
-            Frame::PushPromise => Err(conn("PUSH_PROMISE from a client")),
             Frame::Ping { ack: true, data } => {
                 if data == DRAIN_PING && self.drain == Drain::Announced {
                     self.drain = Drain::Final;
@@ -444,7 +451,11 @@ impl Connection {
         let Some(i) = self.find(id).filter(|&i| !self.streams[i].remote_closed) else {
             // A closed stream's bytes still took connection window: given back.
             self.give_back(None, counted);
-            return Err(Error::Stream(id, Code::STREAM_CLOSED, "DATA on a closed stream"));
+            return Err(Error::Stream(
+                id,
+                Code::STREAM_CLOSED,
+                "DATA on a closed stream",
+            ));
         };
         let s = &mut self.streams[i];
         s.recv_window -= counted;
@@ -467,11 +478,19 @@ impl Connection {
         if finished {
             self.streams.swap_remove(i);
         }
-        Ok(Some(Event::Data { id, end: end_stream }))
+        Ok(Some(Event::Data {
+            id,
+            end: end_stream,
+        }))
     }
 
     /// A whole header block of stream `id`.
-    fn on_block(&mut self, id: u32, block: &[u8], end_stream: bool) -> Result<Option<Event>, Error> {
+    fn on_block(
+        &mut self,
+        id: u32,
+        block: &[u8],
+        end_stream: bool,
+    ) -> Result<Option<Event>, Error> {
         if id % 2 == 0 {
             return Err(conn("a stream id a client may not open"));
         }
@@ -481,10 +500,18 @@ impl Connection {
             self.decode(block, max_list)?;
             let s = &mut self.streams[i];
             if s.remote_closed {
-                return Err(Error::Stream(id, Code::STREAM_CLOSED, "HEADERS on a half-closed stream"));
+                return Err(Error::Stream(
+                    id,
+                    Code::STREAM_CLOSED,
+                    "HEADERS on a half-closed stream",
+                ));
             }
             if !end_stream {
-                return Err(Error::Stream(id, Code::PROTOCOL_ERROR, "trailers without END_STREAM"));
+                return Err(Error::Stream(
+                    id,
+                    Code::PROTOCOL_ERROR,
+                    "trailers without END_STREAM",
+                ));
             }
             s.remote_closed = true;
             let finished = s.local_closed;
@@ -516,14 +543,22 @@ impl Connection {
             remote_closed: end_stream,
             local_closed: false,
         });
-        Ok(Some(Event::Request { id, end: end_stream }))
+        Ok(Some(Event::Request {
+            id,
+            end: end_stream,
+        }))
     }
 
     fn decode(&mut self, block: &[u8], max_list: usize) -> Result<(), Error> {
         self.fields.clear();
         self.decoder
             .decode(block, max_list, &mut self.fields)
-            .map_err(|_| Error::Connection(Code::COMPRESSION_ERROR, "a header block HPACK cannot decode"))
+            .map_err(|_| {
+                Error::Connection(
+                    Code::COMPRESSION_ERROR,
+                    "a header block HPACK cannot decode",
+                )
+            })
     }
 
     fn on_settings(&mut self, payload: &[u8]) -> Result<Option<Event>, Error> {
@@ -592,7 +627,11 @@ impl Connection {
             return Ok(None);
         };
         if inc == 0 {
-            return Err(Error::Stream(id, Code::PROTOCOL_ERROR, "WINDOW_UPDATE of 0"));
+            return Err(Error::Stream(
+                id,
+                Code::PROTOCOL_ERROR,
+                "WINDOW_UPDATE of 0",
+            ));
         }
         self.streams[i].send_window += inc;
         if self.streams[i].send_window > MAX_WINDOW {
@@ -665,7 +704,14 @@ impl Connection {
         } else {
             &[]
         };
-        frame::write_headers(&mut self.out, id, prefix, block, end_stream, self.peer_max_frame);
+        frame::write_headers(
+            &mut self.out,
+            id,
+            prefix,
+            block,
+            end_stream,
+            self.peer_max_frame,
+        );
         if end_stream {
             self.local_end(id);
         }
@@ -743,4 +789,352 @@ impl Connection {
 
 fn conn(why: &'static str) -> Error {
     Error::Connection(Code::PROTOCOL_ERROR, why)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const SETTINGS: H2Settings = H2Settings {
+        max_concurrent_streams: 2,
+        initial_window: 65_536,
+        max_header_list: 4096,
+        idle_timeout: Duration::from_secs(180),
+        max_requests: 1000,
+    };
+
+    /// GET / on authority "a" (static-table indices and one literal).
+    const GET: &[u8] = b"\x82\x86\x84\x41\x01a";
+
+    fn f(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        frame::head(&mut b, payload.len(), kind, flags, stream);
+        b.extend_from_slice(payload);
+        b
+    }
+
+    fn settings(pairs: &[(u16, u32)]) -> Vec<u8> {
+        let mut b = Vec::new();
+        frame::write_settings(&mut b, pairs);
+        b
+    }
+
+    /// A connection past the preface and the client's SETTINGS (`pairs`), with what
+    /// the server wrote so far taken.
+    fn open(pairs: &[(u16, u32)]) -> Connection {
+        let mut c = Connection::new(SETTINGS);
+        c.input(super::super::PREFACE);
+        c.input(&settings(pairs));
+        while let Some(event) = c.poll() {
+            assert_eq!(event, Event::Window);
+        }
+        assert!(!c.failed());
+        c.out.clear();
+        c
+    }
+
+    /// The frames in `out` (header, payload), taken.
+    fn sent(c: &mut Connection) -> Vec<(Head, Vec<u8>)> {
+        let out = std::mem::take(&mut c.out);
+        let mut at = 0;
+        let mut frames = Vec::new();
+        while at < out.len() {
+            let h = Head::read(&out[at..]);
+            frames.push((h, out[at + HEAD_LEN..at + HEAD_LEN + h.len].to_vec()));
+            at += HEAD_LEN + h.len;
+        }
+        frames
+    }
+
+    fn events(c: &mut Connection) -> Vec<Event> {
+        std::iter::from_fn(|| c.poll()).collect()
+    }
+
+    fn goaway_code(frames: &[(Head, Vec<u8>)]) -> Option<u32> {
+        frames
+            .iter()
+            .find(|(h, _)| h.kind == frame::GOAWAY)
+            .map(|(_, p)| u32::from_be_bytes([p[4], p[5], p[6], p[7]]))
+    }
+
+    fn rst(frames: &[(Head, Vec<u8>)]) -> Vec<(u32, u32)> {
+        frames
+            .iter()
+            .filter(|(h, _)| h.kind == frame::RST_STREAM)
+            .map(|(h, p)| (h.stream, u32::from_be_bytes([p[0], p[1], p[2], p[3]])))
+            .collect()
+    }
+
+    #[test]
+    fn the_server_preface_goes_first_and_a_request_comes_out_whole_however_its_bytes_split() {
+        let c = Connection::new(SETTINGS);
+        let h = Head::read(&c.out);
+        assert_eq!((h.kind, h.stream, h.len), (frame::SETTINGS, 0, 18));
+        let update = Head::read(&c.out[HEAD_LEN + 18..]);
+        assert_eq!(update.kind, frame::WINDOW_UPDATE);
+        let mut all = super::super::PREFACE.to_vec();
+        all.extend_from_slice(&settings(&[]));
+        all.extend_from_slice(&f(
+            frame::HEADERS,
+            frame::END_HEADERS | frame::END_STREAM,
+            1,
+            GET,
+        ));
+        for split in 1..all.len() {
+            let mut c = Connection::new(SETTINGS);
+            let mut got = Vec::new();
+            c.input(&all[..split]);
+            got.extend(events(&mut c));
+            c.input(&all[split..]);
+            got.extend(events(&mut c));
+            assert_eq!(
+                got,
+                [Event::Request { id: 1, end: true }],
+                "split at {split}"
+            );
+            let fields: Vec<_> = c
+                .fields()
+                .iter()
+                .map(|(n, v)| (n.to_vec(), v.to_vec()))
+                .collect();
+            assert_eq!(fields[0], (b":method".to_vec(), b"GET".to_vec()));
+            assert_eq!(fields[3], (b":authority".to_vec(), b"a".to_vec()));
+            let acks = sent(&mut c)
+                .iter()
+                .filter(|(h, _)| h.kind == frame::SETTINGS && h.has(frame::ACK))
+                .count();
+            assert_eq!(acks, 1);
+        }
+    }
+
+    #[test]
+    fn a_bad_preface_or_a_first_frame_other_than_settings_is_a_connection_error() {
+        let mut c = Connection::new(SETTINGS);
+        c.out.clear();
+        c.input(b"GET / HTTP/1.1\r\n\r\n");
+        assert_eq!(c.poll(), None);
+        assert!(c.failed());
+        assert_eq!(goaway_code(&sent(&mut c)), Some(Code::PROTOCOL_ERROR.0));
+        let mut c = Connection::new(SETTINGS);
+        c.out.clear();
+        c.input(super::super::PREFACE);
+        c.input(&f(frame::PING, 0, 0, &[0; 8]));
+        assert_eq!(c.poll(), None);
+        assert_eq!(goaway_code(&sent(&mut c)), Some(Code::PROTOCOL_ERROR.0));
+    }
+
+    #[test]
+    fn data_goes_within_the_clients_windows_and_waits_for_window_updates() {
+        let mut c = open(&[(frame::SETTINGS_INITIAL_WINDOW_SIZE, 10)]);
+        c.input(&f(
+            frame::HEADERS,
+            frame::END_HEADERS | frame::END_STREAM,
+            1,
+            GET,
+        ));
+        assert_eq!(events(&mut c), [Event::Request { id: 1, end: true }]);
+        c.send_headers(1, b"\x88", false);
+        assert_eq!(c.send_data(1, &[7; 25], true), 10);
+        assert_eq!(c.window(1), 0);
+        assert_eq!(c.send_data(1, &[7; 15], true), 0);
+        let frames = sent(&mut c);
+        // The first block starts with a table size update to 0.
+        assert_eq!(frames[0].1, b"\x20\x88");
+        assert_eq!((frames[1].0.kind, frames[1].0.len), (frame::DATA, 10));
+        c.input(&f(frame::WINDOW_UPDATE, 0, 1, &100u32.to_be_bytes()));
+        assert_eq!(events(&mut c), [Event::Window]);
+        assert_eq!(c.send_data(1, &[7; 15], true), 15);
+        let frames = sent(&mut c);
+        assert!(frames[0].0.has(frame::END_STREAM));
+        // Both sides ended: the stream is gone, its frames are STREAM_CLOSED.
+        assert!(!c.is_open(1));
+        c.input(&f(frame::DATA, frame::END_STREAM, 1, b"x"));
+        assert_eq!(events(&mut c), []);
+        assert_eq!(rst(&sent(&mut c)), [(1, Code::STREAM_CLOSED.0)]);
+        assert!(!c.failed());
+    }
+
+    #[test]
+    fn a_settings_change_moves_every_open_streams_window_and_an_overflow_is_an_error() {
+        let mut c = open(&[]);
+        c.input(&f(
+            frame::HEADERS,
+            frame::END_HEADERS | frame::END_STREAM,
+            1,
+            GET,
+        ));
+        events(&mut c);
+        c.input(&settings(&[(frame::SETTINGS_INITIAL_WINDOW_SIZE, 0)]));
+        assert_eq!(events(&mut c), [Event::Window]);
+        assert_eq!(c.window(1), 0);
+        c.input(&f(
+            frame::WINDOW_UPDATE,
+            0,
+            1,
+            &(MAX_WINDOW as u32).to_be_bytes(),
+        ));
+        assert_eq!(events(&mut c), [Event::Window]);
+        c.input(&f(frame::WINDOW_UPDATE, 0, 1, &1u32.to_be_bytes()));
+        assert_eq!(events(&mut c), [Event::Reset { id: 1 }]);
+        assert_eq!(rst(&sent(&mut c)), [(1, Code::FLOW_CONTROL_ERROR.0)]);
+    }
+
+    #[test]
+    fn streams_past_the_concurrency_limit_are_refused_and_ids_must_grow_and_be_odd() {
+        let mut c = open(&[]);
+        for id in [1, 3, 5] {
+            c.input(&f(frame::HEADERS, frame::END_HEADERS, id, GET));
+        }
+        assert_eq!(
+            events(&mut c),
+            [
+                Event::Request { id: 1, end: false },
+                Event::Request { id: 3, end: false }
+            ]
+        );
+        assert_eq!(rst(&sent(&mut c)), [(5, Code::REFUSED_STREAM.0)]);
+        c.input(&f(frame::HEADERS, frame::END_HEADERS, 4, GET));
+        assert_eq!(events(&mut c), []);
+        assert!(c.failed());
+        assert_eq!(goaway_code(&sent(&mut c)), Some(Code::PROTOCOL_ERROR.0));
+        let mut c = open(&[]);
+        c.input(&f(
+            frame::HEADERS,
+            frame::END_HEADERS | frame::END_STREAM,
+            5,
+            GET,
+        ));
+        c.input(&f(
+            frame::HEADERS,
+            frame::END_HEADERS | frame::END_STREAM,
+            3,
+            GET,
+        ));
+        assert_eq!(events(&mut c), [Event::Request { id: 5, end: true }]);
+        assert!(c.failed());
+    }
+
+    #[test]
+    fn a_header_block_continues_only_in_continuation_frames_of_its_stream() {
+        let mut c = open(&[]);
+        c.input(&f(frame::HEADERS, frame::END_STREAM, 1, &GET[..3]));
+        c.input(&f(frame::CONTINUATION, 0, 1, &GET[3..4]));
+        c.input(&f(frame::CONTINUATION, frame::END_HEADERS, 1, &GET[4..]));
+        assert_eq!(events(&mut c), [Event::Request { id: 1, end: true }]);
+        for intruder in [
+            f(frame::PRIORITY, 0, 3, &[0, 0, 0, 0, 16]),
+            f(frame::CONTINUATION, frame::END_HEADERS, 5, &GET[3..]),
+            f(frame::PING, 0, 0, &[0; 8]),
+        ] {
+            let mut c = open(&[]);
+            c.input(&f(frame::HEADERS, 0, 3, &GET[..3]));
+            c.input(&intruder);
+            assert_eq!(events(&mut c), []);
+            assert_eq!(goaway_code(&sent(&mut c)), Some(Code::PROTOCOL_ERROR.0));
+        }
+        let mut c = open(&[]);
+        c.input(&f(
+            frame::HEADERS,
+            frame::END_HEADERS,
+            1,
+            b"\xff\xff\xff\xff\x0f",
+        ));
+        assert_eq!(events(&mut c), []);
+        assert_eq!(goaway_code(&sent(&mut c)), Some(Code::COMPRESSION_ERROR.0));
+    }
+
+    #[test]
+    fn body_bytes_count_against_both_windows_and_are_given_back_as_used() {
+        let mut c = open(&[]);
+        c.input(&f(frame::HEADERS, frame::END_HEADERS, 1, GET));
+        events(&mut c);
+        let chunk = vec![1u8; MAX_FRAME];
+        for _ in 0..4 {
+            c.input(&f(frame::DATA, 0, 1, &chunk));
+            assert_eq!(events(&mut c), [Event::Data { id: 1, end: false }]);
+            assert_eq!(c.data().len(), MAX_FRAME);
+        }
+        // 64 KiB taken: one more octet is past the stream's window.
+        c.input(&f(frame::DATA, 0, 1, b"x"));
+        assert_eq!(events(&mut c), [Event::Reset { id: 1 }]);
+        assert_eq!(rst(&sent(&mut c)), [(1, Code::FLOW_CONTROL_ERROR.0)]);
+        let mut c = open(&[]);
+        c.input(&f(frame::HEADERS, frame::END_HEADERS, 1, GET));
+        events(&mut c);
+        for _ in 0..2 {
+            c.input(&f(frame::DATA, 0, 1, &chunk));
+            events(&mut c);
+            c.release(1, MAX_FRAME);
+        }
+        // The stream's window comes back a quarter at a time, the connection's
+        // (twice as large here) likewise.
+        let updates: Vec<_> = sent(&mut c)
+            .into_iter()
+            .filter(|(h, _)| h.kind == frame::WINDOW_UPDATE)
+            .map(|(h, p)| (h.stream, u32::from_be_bytes([p[0], p[1], p[2], p[3]])))
+            .collect();
+        assert_eq!(
+            updates,
+            [
+                (1, MAX_FRAME as u32),
+                (0, 2 * MAX_FRAME as u32),
+                (1, MAX_FRAME as u32)
+            ]
+        );
+    }
+
+    #[test]
+    fn the_graceful_close_announces_then_names_the_last_stream_once_the_ping_returns() {
+        let mut c = open(&[]);
+        c.input(&f(
+            frame::HEADERS,
+            frame::END_HEADERS | frame::END_STREAM,
+            1,
+            GET,
+        ));
+        events(&mut c);
+        c.drain();
+        let frames = sent(&mut c);
+        assert_eq!(frames[0].0.kind, frame::GOAWAY);
+        assert_eq!(&frames[0].1[..4], &(MAX_WINDOW as u32).to_be_bytes());
+        assert_eq!(frames[1].0.kind, frame::PING);
+        // A stream opened before the PING returns is still taken.
+        c.input(&f(
+            frame::HEADERS,
+            frame::END_HEADERS | frame::END_STREAM,
+            3,
+            GET,
+        ));
+        assert_eq!(events(&mut c), [Event::Request { id: 3, end: true }]);
+        c.input(&f(frame::PING, frame::ACK, 0, &DRAIN_PING));
+        assert_eq!(events(&mut c), []);
+        let frames = sent(&mut c);
+        assert_eq!(&frames[0].1[..8], &[0, 0, 0, 3, 0, 0, 0, 0]);
+        assert!(c.closing());
+        c.input(&f(
+            frame::HEADERS,
+            frame::END_HEADERS | frame::END_STREAM,
+            5,
+            GET,
+        ));
+        assert_eq!(events(&mut c), []);
+        assert!(!c.done(), "streams 1 and 3 are still open");
+        for id in [1, 3] {
+            c.send_headers(id, b"\x88", true);
+        }
+        assert!(c.done());
+    }
+
+    #[test]
+    fn pings_are_answered_and_unknown_frames_and_settings_ignored() {
+        let mut c = open(&[(0x99, 5)]);
+        c.input(&f(0x42, 0xff, 0, b"whatever"));
+        c.input(&f(frame::PING, 0, 0, b"12345678"));
+        assert_eq!(events(&mut c), []);
+        let frames = sent(&mut c);
+        assert_eq!(frames.len(), 1);
+        assert!(frames[0].0.has(frame::ACK));
+        assert_eq!(frames[0].1, b"12345678");
+    }
 }

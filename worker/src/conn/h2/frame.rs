@@ -34,7 +34,6 @@ pub const PADDED: u8 = 0x8;
 pub const PRIORITY_FLAG: u8 = 0x20;
 
 /// SETTINGS identifiers (RFC 9113 §6.5.2).
-pub const SETTINGS_HEADER_TABLE_SIZE: u16 = 0x1;
 pub const SETTINGS_ENABLE_PUSH: u16 = 0x2;
 pub const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
 pub const SETTINGS_INITIAL_WINDOW_SIZE: u16 = 0x4;
@@ -114,7 +113,6 @@ pub enum Frame<'a> {
         ack: bool,
         payload: &'a [u8],
     },
-    PushPromise,
     Ping {
         ack: bool,
         data: [u8; 8],
@@ -145,7 +143,7 @@ fn size(why: &'static str) -> Error {
 }
 
 /// The payload without its padding (RFC 9113 §6.1, §6.2), and what was cut.
-fn unpad(h: &Head, p: &[u8]) -> Result<&[u8], Error> {
+fn unpad<'a>(h: &Head, p: &'a [u8]) -> Result<&'a [u8], Error> {
     if !h.has(PADDED) {
         return Ok(p);
     }
@@ -185,7 +183,11 @@ pub fn read<'a>(h: &Head, p: &'a [u8]) -> Result<Frame<'a>, Error> {
                     return Err(size("HEADERS too short for its priority"));
                 }
                 if be32(body) & 0x7fff_ffff == s {
-                    return Err(Error::Stream(s, Code::PROTOCOL_ERROR, "stream depends on itself"));
+                    return Err(Error::Stream(
+                        s,
+                        Code::PROTOCOL_ERROR,
+                        "stream depends on itself",
+                    ));
                 }
                 body = &body[5..];
             }
@@ -199,10 +201,18 @@ pub fn read<'a>(h: &Head, p: &'a [u8]) -> Result<Frame<'a>, Error> {
         PRIORITY => {
             on_stream("PRIORITY on stream 0")?;
             if p.len() != 5 {
-                return Err(Error::Stream(s, Code::FRAME_SIZE_ERROR, "PRIORITY not 5 octets"));
+                return Err(Error::Stream(
+                    s,
+                    Code::FRAME_SIZE_ERROR,
+                    "PRIORITY not 5 octets",
+                ));
             }
             if be32(p) & 0x7fff_ffff == s {
-                return Err(Error::Stream(s, Code::PROTOCOL_ERROR, "stream depends on itself"));
+                return Err(Error::Stream(
+                    s,
+                    Code::PROTOCOL_ERROR,
+                    "stream depends on itself",
+                ));
             }
             Ok(Frame::Priority)
         }
@@ -364,7 +374,13 @@ pub fn write_data(out: &mut Vec<u8>, stream: u32, data: &[u8], end: bool, max_fr
     loop {
         let n = rest.len().min(max_frame);
         let last = n == rest.len();
-        head(out, n, DATA, if last && end { END_STREAM } else { 0 }, stream);
+        head(
+            out,
+            n,
+            DATA,
+            if last && end { END_STREAM } else { 0 },
+            stream,
+        );
         out.extend_from_slice(&rest[..n]);
         rest = &rest[n..];
         if last {
@@ -381,7 +397,10 @@ mod tests {
         let mut b = Vec::new();
         head(&mut b, payload.len(), kind, flags, stream);
         let h = Head::read(&b);
-        assert_eq!((h.len, h.kind, h.flags, h.stream), (payload.len(), kind, flags, stream));
+        assert_eq!(
+            (h.len, h.kind, h.flags, h.stream),
+            (payload.len(), kind, flags, stream)
+        );
         read(&h, payload)
     }
 
@@ -429,9 +448,8 @@ mod tests {
         let frame_size = |r: Result<Frame, Error>| {
             matches!(r, Err(Error::Connection(Code::FRAME_SIZE_ERROR, _)))
         };
-        let protocol = |r: Result<Frame, Error>| {
-            matches!(r, Err(Error::Connection(Code::PROTOCOL_ERROR, _)))
-        };
+        let protocol =
+            |r: Result<Frame, Error>| matches!(r, Err(Error::Connection(Code::PROTOCOL_ERROR, _)));
         assert!(protocol(one(DATA, 0, 0, b"x")));
         assert!(protocol(one(HEADERS, END_HEADERS, 0, b"\x82")));
         assert!(protocol(one(SETTINGS, 0, 1, b"")));

@@ -3,32 +3,23 @@
 //! so every run tries the same inputs (`PROPTEST_CASES` / `PROPTEST_RNG_SEED` for a
 //! longer or different hunt):
 //!
-//! - the `h2` server as forkd configures it (`session::builder`), fed the preface and
+//! - the connection (`connection.rs`) as forkd configures it, fed the preface and
 //!   any sequence of frames (random types, flags, stream ids and payloads, real HPACK
-//!   blocks among them), in any split: it never panics and always comes to rest;
-//! - the frame meter counts the same streams and resets however reads split;
-//! - an HTTP/2 request written as an HTTP/1.1 head is one complete head our parser
-//!   reads back with the same method and target, or a `Malformed` the RFC names;
-//! - an HTTP/1.1 response read back as HEADERS, DATA and trailers gives the same body
-//!   and trailers however its bytes arrive.
+//!   blocks among them), in any split, answering every request it reports: it never
+//!   panics, always comes to rest, reports no more streams than HEADERS came, and
+//!   everything it writes is well-formed frames within the client's limits;
+//! - the frame meter counts the same streams and resets however reads split.
+//!
+//! The request and response heads' own property tests are in `request.rs` and
+//! `response.rs`.
 
+use super::connection::{Connection, Event};
+use super::frame::{self, Head, HEAD_LEN};
 use super::meter::{Inbound, PREFACE};
-use super::request::{self, Malformed};
-use super::response::{Part, Reader};
-use super::session::builder;
-use crate::http::request as h1;
-use bytes::{Bytes, BytesMut};
 use forkd_shared::config::H2Settings;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
-use std::cell::Cell;
-use std::future::Future;
-use std::io;
-use std::pin::Pin;
-use std::rc::Rc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 fn config(cases: u32) -> Config {
     let mut config = Config::default();
@@ -161,120 +152,55 @@ fn wire(frames: &[Frame]) -> Vec<u8> {
     out
 }
 
-/// The connection's socket: the client's bytes in pieces of the given sizes, each
-/// after a read that would block (so the server acts on every piece before the
-/// next), then nothing more (the client waits); what the server writes is counted.
-struct Wire {
-    input: Vec<u8>,
-    pieces: Vec<usize>,
-    at: usize,
-    piece: usize,
-    written: usize,
-    /// The next read blocks once.
-    pause: bool,
-    /// Every byte was read.
-    drained: Rc<Cell<bool>>,
-}
-
-impl Wire {
-    fn new(input: Vec<u8>, pieces: Vec<usize>) -> (Wire, Rc<Cell<bool>>) {
-        let drained = Rc::new(Cell::new(false));
-        let wire = Wire {
-            input,
-            pieces,
-            at: 0,
-            piece: 0,
-            written: 0,
-            pause: false,
-            drained: Rc::clone(&drained),
-        };
-        (wire, drained)
-    }
-}
-
-impl AsyncRead for Wire {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let me = self.get_mut();
-        if me.at == me.input.len() {
-            me.drained.set(true);
-            return Poll::Pending;
-        }
-        if std::mem::take(&mut me.pause) {
-            return Poll::Pending;
-        }
-        let size = me
-            .pieces
-            .get(me.piece)
-            .copied()
-            .unwrap_or(usize::MAX)
-            .max(1);
-        me.piece += 1;
-        let n = size.min(me.input.len() - me.at).min(buf.remaining());
-        buf.put_slice(&me.input[me.at..me.at + n]);
-        me.at += n;
-        me.pause = true;
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncWrite for Wire {
-    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
-        self.get_mut().written += b.len();
-        Poll::Ready(Ok(b.len()))
-    }
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-}
-
-/// Drives the server over `wire` until it comes to rest, answering every stream it
-/// accepts; the streams it accepted (a server that never rests fails).
-fn serve(wire: Wire, drained: &Cell<bool>) -> usize {
-    let mut cx = Context::from_waker(Waker::noop());
-    let mut handshake = Box::pin(builder(&SETTINGS).handshake::<_, Bytes>(wire));
-    let mut conn = loop {
-        match handshake.as_mut().poll(&mut cx) {
-            Poll::Ready(Ok(conn)) => break conn,
-            Poll::Ready(Err(_)) => return 0,
-            Poll::Pending if drained.get() => return 0,
-            Poll::Pending => {}
-        }
-    };
+/// Feeds `input` to a connection in pieces of the given sizes, polling after each
+/// and answering every request at once (a head, then "ok" within the windows);
+/// the streams it reported. Checks what it wrote frame by frame.
+fn serve(input: &[u8], pieces: &[usize]) -> usize {
+    let mut c = Connection::new(SETTINGS);
     let mut accepted = 0;
-    for _ in 0..100_000 {
-        match conn.poll_accept(&mut cx) {
-            Poll::Ready(Some(Ok((_request, mut respond)))) => {
+    let mut out = Vec::new();
+    let mut rest = input;
+    let mut sizes = pieces.iter().copied().chain(std::iter::repeat(usize::MAX));
+    loop {
+        let mut rounds = 0;
+        while let Some(event) = c.poll() {
+            rounds += 1;
+            assert!(rounds < 10_000, "the connection never came to rest");
+            if let Event::Request { id, .. } = event {
                 accepted += 1;
-                if let Ok(mut body) = respond.send_response(http::Response::new(()), false) {
-                    let _ = body.send_data(Bytes::from_static(b"ok"), true);
-                }
+                c.send_headers(id, b"\x88", false);
+                c.send_data(id, b"ok", true);
             }
-            Poll::Ready(Some(Err(_))) | Poll::Ready(None) => return accepted,
-            // Waiting for bytes the client will not send.
-            Poll::Pending if drained.get() => return accepted,
-            Poll::Pending => {}
         }
+        out.append(&mut c.out);
+        if rest.is_empty() || c.failed() {
+            break;
+        }
+        let n = sizes.next().unwrap_or(usize::MAX).max(1).min(rest.len());
+        c.input(&rest[..n]);
+        rest = &rest[n..];
     }
-    panic!("the server never came to rest");
+    let mut at = 0;
+    while at < out.len() {
+        assert!(out.len() - at >= HEAD_LEN, "a cut frame header");
+        let h = Head::read(&out[at..]);
+        assert!(h.len <= frame::MAX_FRAME, "a frame past the client's limit");
+        assert!(h.kind <= frame::CONTINUATION && h.kind != frame::PUSH_PROMISE);
+        at += HEAD_LEN + h.len;
+    }
+    assert_eq!(at, out.len(), "a cut frame");
+    accepted
 }
 
 proptest! {
     #![proptest_config(config(300))]
 
     #[test]
-    fn the_h2_server_survives_any_frames_in_any_split(
+    fn the_connection_survives_any_frames_in_any_split(
         frames in prop::collection::vec(frame(), 0..24),
         pieces in prop::collection::vec(1usize..64, 0..16),
     ) {
-        let (wire, drained) = Wire::new(wire(&frames), pieces);
-        let accepted = serve(wire, &drained);
+        let accepted = serve(&wire(&frames), &pieces);
         let opened = frames.iter().filter(|f| f.kind == 1).count();
         prop_assert!(accepted <= opened, "{} streams from {} HEADERS", accepted, opened);
     }
@@ -298,149 +224,5 @@ proptest! {
         if verdict.is_none() {
             prop_assert_eq!((whole.streams, whole.resets), (split.streams, split.resets));
         }
-    }
-
-    #[test]
-    fn a_translated_request_is_one_head_the_parser_reads_back(
-        method in prop::sample::select(vec!["GET", "HEAD", "POST", "PUT", "OPTIONS", "PATCH", "X-CUSTOM"]),
-        path in "/[a-zA-Z0-9._~%/?=&-]{0,24}",
-        authority in prop::option::of("[a-z0-9.-]{1,12}(:[0-9]{1,5})?"),
-        fields in prop::collection::vec(
-            (prop::sample::select(vec![
-                "accept", "cookie", "content-length", "host", "te", "connection",
-                "transfer-encoding", "upgrade", "x-a", "user-agent", "range",
-            ]), "[ -~]{0,16}"),
-            0..8,
-        ),
-        ended in any::<bool>(),
-    ) {
-        let mut b = http::Request::builder().method(method).uri(match &authority {
-            Some(a) => format!("http://{a}{path}"),
-            None => path.clone(),
-        });
-        for (name, value) in &fields {
-            b = b.header(*name, value.as_str());
-        }
-        let Ok(req) = b.body(()) else { return Ok(()) };
-        let parts = req.into_parts().0;
-        let mut out = Vec::new();
-        match request::head(&parts, ended, &mut out) {
-            Ok(_) => {
-                let names: Vec<&str> = parts.headers.keys().map(|n| n.as_str()).collect();
-                for special in ["connection", "transfer-encoding", "upgrade"] {
-                    prop_assert!(!names.contains(&special), "{} passed", special);
-                }
-                match h1::parse(&out, 1 << 20) {
-                    Ok(Some(r)) => {
-                        prop_assert_eq!(r.head_len, out.len(), "one head, nothing after it");
-                        prop_assert_eq!(r.method_name, method);
-                        prop_assert_eq!(r.target, parts.uri.path_and_query().unwrap().as_str().as_bytes());
-                    }
-                    Ok(None) => prop_assert!(false, "an incomplete head: {:?}", String::from_utf8_lossy(&out)),
-                    // A value HTTP/1.1 refuses (a bad content-length, an empty
-                    // Host) is answered 400, as over HTTP/1.1.
-                    Err(_) => {}
-                }
-            }
-            Err(Malformed::ConnectionField(name)) => {
-                prop_assert!(["connection", "transfer-encoding", "upgrade", "keep-alive", "proxy-connection"].contains(&name.as_str()));
-            }
-            Err(Malformed::Te) => prop_assert!(fields.iter().any(|(n, v)| *n == "te" && !v.eq_ignore_ascii_case("trailers"))),
-            Err(Malformed::HostDisagrees) => prop_assert!(authority.is_some() && fields.iter().any(|(n, _)| *n == "host")),
-            Err(Malformed::NoPath) => {}
-            Err(Malformed::LengthWithoutBody) => prop_assert!(ended && fields.iter().any(|(n, _)| *n == "content-length")),
-        }
-    }
-
-    #[test]
-    fn a_response_reads_the_same_however_its_bytes_arrive(
-        status in prop::sample::select(vec![200u16, 201, 204, 304, 404, 500]),
-        body in prop::collection::vec(any::<u8>(), 0..200),
-        framing in 0u8..3,
-        chunk in 1usize..50,
-        trailer in any::<bool>(),
-        pieces in prop::collection::vec(1usize..40, 1..16),
-    ) {
-        let bodiless = status == 204 || status == 304;
-        let mut bytes = format!("HTTP/1.1 {status} X\r\nx-a: b\r\n").into_bytes();
-        match framing {
-            0 => bytes.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes()),
-            1 => bytes.extend_from_slice(b"transfer-encoding: chunked\r\n\r\n"),
-            _ => bytes.extend_from_slice(b"\r\n"),
-        }
-        if !bodiless {
-            if framing == 1 {
-                for c in body.chunks(chunk) {
-                    bytes.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
-                    bytes.extend_from_slice(c);
-                    bytes.extend_from_slice(b"\r\n");
-                }
-                bytes.extend_from_slice(b"0\r\n");
-                if trailer {
-                    bytes.extend_from_slice(b"x-sum: 1\r\n");
-                }
-                bytes.extend_from_slice(b"\r\n");
-            } else {
-                bytes.extend_from_slice(&body);
-            }
-        }
-        let whole = read_all(&bytes, &[bytes.len()]);
-        let split = read_all(&bytes, &pieces);
-        prop_assert_eq!(&whole, &split);
-        let (got_status, data, trailers, ended) = whole.expect("a well-formed response");
-        prop_assert_eq!(got_status, status);
-        prop_assert!(ended);
-        if bodiless {
-            prop_assert!(data.is_empty());
-        } else {
-            prop_assert_eq!(data, body);
-            prop_assert_eq!(trailers, framing == 1 && trailer);
-        }
-    }
-
-    #[test]
-    fn a_mangled_response_never_panics_and_reads_the_same_however_it_arrives(
-        bytes in prop::collection::vec(any::<u8>(), 0..120),
-        prefix in prop::sample::select(vec![&b"HTTP/1.1 200 OK\r\n"[..], b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n", b""]),
-        pieces in prop::collection::vec(1usize..20, 1..16),
-    ) {
-        let input = [prefix, &bytes].concat();
-        prop_assert_eq!(read_all(&input, &[input.len()]), read_all(&input, &pieces));
-    }
-}
-
-/// What a response reads as when `bytes` arrive in pieces of `pieces` sizes (then
-/// the writer closes): status, body, whether trailers came, whether it ended; Err:
-/// it could not be read.
-type Read = Result<(u16, Vec<u8>, bool, bool), &'static str>;
-
-fn read_all(bytes: &[u8], pieces: &[usize]) -> Read {
-    let mut reader = Reader::new(false);
-    let mut buf = BytesMut::new();
-    let (mut status, mut data, mut trailers, mut ended) = (0, Vec::new(), false, false);
-    let mut rest = bytes;
-    let mut sizes = pieces.iter().cycle();
-    loop {
-        let closed = rest.is_empty();
-        loop {
-            match reader.next(&mut buf, closed).map_err(|b| b.0)? {
-                Some(Part::Informational(_)) => {}
-                Some(Part::Head(r, _)) => status = r.status().as_u16(),
-                Some(Part::Data(d)) => data.extend_from_slice(&d),
-                Some(Part::Trailers(_)) => trailers = true,
-                Some(Part::End) => ended = true,
-                None => break,
-            }
-            if reader.done() {
-                ended = true;
-                break;
-            }
-        }
-        if closed || reader.done() {
-            return Ok((status, data, trailers, ended));
-        }
-        let n = (*sizes.next().unwrap()).min(rest.len());
-        buf.extend_from_slice(&rest[..n]);
-        rest = &rest[n..];
     }
 }

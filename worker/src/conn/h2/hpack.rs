@@ -66,16 +66,14 @@ impl Fields {
     }
 
     /// Fields kept.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.spans.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.spans.is_empty()
-    }
-
     /// The size of the whole list the block carried, kept or not (RFC 9113 §6.5.2:
     /// name + value + 32 per field), saturating.
+    #[cfg(test)]
     pub fn list_size(&self) -> usize {
         self.list_size
     }
@@ -155,7 +153,8 @@ impl Decoder {
 
     /// Decodes one whole header block (HEADERS and its CONTINUATIONs) into `into`
     /// (cleared first), keeping fields while the list's size stays within
-    /// `max_list` (our `SETTINGS_MAX_HEADER_LIST_SIZE`): see [`Fields::over`].
+    /// `max_list` (our `SETTINGS_MAX_HEADER_LIST_SIZE`): see [`Fields::over`]. After
+    /// an error `into` holds the fields before it, of no use: the connection ends.
     pub fn decode(
         &mut self,
         block: &[u8],

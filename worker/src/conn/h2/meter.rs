@@ -1,6 +1,6 @@
 //! Frame meters: each direction of an HTTP/2 connection's bytes read as frame
 //! headers only (9 bytes each; payloads skipped, except the few bytes of an error
-//! code), sans-io. The `h2` crate does the protocol; the meters do what it does not:
+//! code), sans-io. `connection.rs` does the protocol; the meters do the rest:
 //!
 //! - **Inbound**, the flood rules, each a verdict the connection acts on with
 //!   GOAWAY(ENHANCE_YOUR_CALM):
@@ -32,9 +32,8 @@ const RESET_BUDGET: u64 = 256;
 const CONTROL_ALLOWANCE: u64 = 1 << 20;
 /// Frames one header block may be split into.
 const MAX_BLOCK_FRAMES: u32 = 64;
-/// Payload octets kept of each frame: a GOAWAY's last stream id and error code (8)
-/// and enough of its debug data to name which of the `h2` crate's own limits sent it.
-const HEAD: usize = 40;
+/// Payload octets kept of each frame: a GOAWAY's last stream id and error code.
+const HEAD: usize = 8;
 
 /// Why a client's connection is closed with ENHANCE_YOUR_CALM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,9 +195,10 @@ impl Inbound {
             frames: Frames::new(true),
             max_concurrent: u64::from(max_concurrent),
             // A block's HPACK octets never exceed its decoded size by more than
-            // a few length prefixes, so no slack: the bound is the one the `h2`
-            // crate applies to the same octets, and this meter sees them first
-            // (a flood it stops is counted as one).
+            // a few length prefixes, so no slack: a block past the bound in octets
+            // is past it decoded too, and this meter sees it before the
+            // connection buffers it (`connection.rs` keeps twice the bound as
+            // its own backstop).
             max_block: u64::from(max_header_list),
             streams: 0,
             resets: 0,
@@ -293,10 +293,6 @@ pub struct Sent {
     pub goaway: u64,
     /// GOAWAY with an error: the client broke the protocol (or flooded).
     pub connection_errors: u64,
-    /// GOAWAY(ENHANCE_YOUR_CALM) the `h2` crate sent on a limit of its own (small
-    /// DATA frames, resets, a decoded header list), by the flood it stopped; the
-    /// ones forkd sends carry no debug data and are counted where they are sent.
-    pub floods: Vec<Flood>,
 }
 
 /// forkd's side of a connection, metered as it is written.
@@ -316,20 +312,8 @@ impl Default for Outbound {
 }
 
 const REFUSED_STREAM: u32 = 0x7;
-const ENHANCE_YOUR_CALM: u32 = 0xb;
 const CANCEL: u32 = 0x8;
 const NO_ERROR: u32 = 0;
-
-/// Which flood a GOAWAY(ENHANCE_YOUR_CALM) of the `h2` crate stopped, by its debug
-/// data (h2 0.4's names for its limits).
-fn h2_limit(debug: &[u8]) -> Option<Flood> {
-    match debug {
-        b"too_many_resets" | b"too_many_internal_resets" => Some(Flood::RapidReset),
-        b"too_many_data_frames" => Some(Flood::Control),
-        b"header_list_way_too_large" | b"too_many_continuations" => Some(Flood::HeaderBlock),
-        _ => None,
-    }
-}
 
 impl Outbound {
     /// Meters bytes the socket took.
@@ -350,17 +334,10 @@ impl Outbound {
                     Some(NO_ERROR | CANCEL) | None => {}
                     Some(_) => sent.stream_errors += 1,
                 },
-                GOAWAY => {
-                    match code(4) {
-                        Some(NO_ERROR) => sent.goaway += 1,
-                        _ => sent.connection_errors += 1,
-                    }
-                    if code(4) == Some(ENHANCE_YOUR_CALM) {
-                        if let Some(flood) = h2_limit(head.get(8..).unwrap_or_default()) {
-                            sent.floods.push(flood);
-                        }
-                    }
-                }
+                GOAWAY => match code(4) {
+                    Some(NO_ERROR) => sent.goaway += 1,
+                    _ => sent.connection_errors += 1,
+                },
                 _ => {}
             }
         });
@@ -524,36 +501,8 @@ mod tests {
                 stream_errors: 1,
                 goaway: 1,
                 connection_errors: 1,
-                floods: Vec::new(),
             }
         );
         assert_eq!(out.take(), Sent::default());
-    }
-
-    #[test]
-    fn a_flood_the_h2_crate_stops_itself_is_named_by_its_debug_data() {
-        for (debug, flood) in [
-            (&b"too_many_data_frames"[..], Some(Flood::Control)),
-            (b"too_many_resets", Some(Flood::RapidReset)),
-            (b"too_many_internal_resets", Some(Flood::RapidReset)),
-            (b"header_list_way_too_large", Some(Flood::HeaderBlock)),
-            (b"too_many_continuations", Some(Flood::HeaderBlock)),
-            (b"", None),
-        ] {
-            let mut out = Outbound::default();
-            let mut goaway = 7u32.to_be_bytes().to_vec();
-            goaway.extend(0xbu32.to_be_bytes());
-            goaway.extend(debug);
-            for b in frame(7, 0, 0, &goaway).chunks(5) {
-                out.wrote(b);
-            }
-            let sent = out.take();
-            assert_eq!(sent.connection_errors, 1);
-            assert_eq!(
-                sent.floods,
-                flood.into_iter().collect::<Vec<_>>(),
-                "{debug:?}"
-            );
-        }
     }
 }

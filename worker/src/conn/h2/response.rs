@@ -1,15 +1,15 @@
 //! The HTTP/1.1 response a handler (or the proxy) wrote for an HTTP/2 stream, read
-//! back as what HTTP/2 sends: a head (status and fields, connection-specific ones
-//! dropped, RFC 9113 §8.2.2), body bytes (de-chunked), trailers, the end. Sans-io:
-//! [`Reader::next`] takes from the front of the bytes written so far.
+//! back as what HTTP/2 sends: a head (status and fields as an HPACK block, names
+//! lowercased, connection-specific fields dropped, RFC 9113 §8.2.2), body bytes
+//! (de-chunked), trailers (a block too), the end. Sans-io: [`Reader::next`] takes
+//! from the front of the bytes written so far.
 //!
 //! The bytes were made by forkd itself (handlers, or the proxy's checked rewrite of
 //! the upstream's head), so a head that does not parse is a bug upstream of here,
 //! reported as [`Bad`] and answered with a stream reset.
 
+use super::hpack;
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{HeaderName, HeaderValue};
-use http::{HeaderMap, Response, StatusCode};
 
 /// Fields of a response head read at most.
 const MAX_FIELDS: usize = 128;
@@ -17,12 +17,14 @@ const MAX_FIELDS: usize = 128;
 /// One part of the response, in order.
 #[derive(Debug)]
 pub enum Part {
-    /// A 1xx (`100 Continue`): more heads follow.
-    Informational(Response<()>),
-    /// The final head; `body`: body bytes follow (else the stream ends with it).
-    Head(Response<()>, bool),
+    /// A 1xx (`100 Continue`) as a header block: more heads follow.
+    Informational(Vec<u8>),
+    /// The final head as a header block; `body`: body bytes follow (else the
+    /// stream ends with it).
+    Head(Vec<u8>, bool),
     Data(Bytes),
-    Trailers(HeaderMap),
+    /// The trailers as a header block.
+    Trailers(Vec<u8>),
     /// The body is complete (a length-framed body's last `Data` says so itself:
     /// [`Reader::done`]).
     End,
@@ -52,7 +54,9 @@ pub struct Reader {
     state: State,
     /// The request was a HEAD: the head's framing describes a body never sent.
     head_request: bool,
-    trailers: HeaderMap,
+    /// The trailers read so far, as a header block, and how many.
+    trailers: Vec<u8>,
+    trailer_count: usize,
 }
 
 impl Reader {
@@ -60,7 +64,8 @@ impl Reader {
         Reader {
             state: State::Head,
             head_request,
-            trailers: HeaderMap::new(),
+            trailers: Vec::new(),
+            trailer_count: 0,
         }
     }
 
@@ -146,6 +151,7 @@ impl Reader {
                     if line.is_empty() {
                         self.state = State::Done;
                         let trailers = std::mem::take(&mut self.trailers);
+                        self.trailer_count = 0;
                         return Ok(Some(if trailers.is_empty() {
                             Part::End
                         } else {
@@ -156,13 +162,17 @@ impl Reader {
                     let (Some(name), Some(value)) = (split.next(), split.next()) else {
                         return Err(Bad("bad trailer"));
                     };
-                    let name = HeaderName::from_bytes(name).map_err(|_| Bad("bad trailer"))?;
-                    let value = HeaderValue::from_bytes(value.trim_ascii())
-                        .map_err(|_| Bad("bad trailer"))?;
-                    if self.trailers.len() >= MAX_FIELDS {
+                    let value = value.trim_ascii();
+                    if !is_token(name) || !is_value(value) {
+                        return Err(Bad("bad trailer"));
+                    }
+                    if self.trailer_count >= MAX_FIELDS {
                         return Err(Bad("too many trailers"));
                     }
-                    self.trailers.append(name, value);
+                    self.trailer_count += 1;
+                    if !is_connection_specific(name) {
+                        hpack::field(&mut self.trailers, name, value);
+                    }
                 }
                 State::Done => return Ok(None),
             }
@@ -178,9 +188,11 @@ impl Reader {
             Err(_) => return Err(Bad("response head does not parse")),
         };
         let code = parsed.code.ok_or(Bad("no status"))?;
-        let status = StatusCode::from_u16(code).map_err(|_| Bad("bad status"))?;
-        let mut response = Response::new(());
-        *response.status_mut() = status;
+        if !(100..=999).contains(&code) {
+            return Err(Bad("bad status"));
+        }
+        let mut block = Vec::with_capacity(len);
+        hpack::status(&mut block, code);
         let mut length = None;
         let mut chunked = false;
         for f in parsed.headers.iter() {
@@ -195,20 +207,19 @@ impl Reader {
                 }
                 chunked = true;
             }
-            if is_connection_specific(name) {
+            if is_connection_specific(name.as_bytes()) {
                 continue;
             }
-            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| Bad("bad field"))?;
-            let value = HeaderValue::from_bytes(f.value).map_err(|_| Bad("bad field"))?;
-            response.headers_mut().append(name, value);
+            if !is_value(f.value) {
+                return Err(Bad("bad field"));
+            }
+            hpack::field(&mut block, name.as_bytes(), f.value);
         }
         buf.advance(len);
-        if status.is_informational() {
-            return Ok(Some(Part::Informational(response)));
+        if code < 200 {
+            return Ok(Some(Part::Informational(block)));
         }
-        let bodiless = self.head_request
-            || status == StatusCode::NO_CONTENT
-            || status == StatusCode::NOT_MODIFIED;
+        let bodiless = self.head_request || code == 204 || code == 304;
         self.state = match (bodiless, chunked, length) {
             (true, _, _) => State::Done,
             (false, true, _) => State::ChunkSize,
@@ -217,7 +228,7 @@ impl Reader {
             (false, false, None) => State::UntilClose,
         };
         let body = self.state != State::Done;
-        Ok(Some(Part::Head(response, body)))
+        Ok(Some(Part::Head(block, body)))
     }
 }
 
@@ -230,16 +241,32 @@ fn wait_or_cut(closed: bool) -> Result<Option<Part>, Bad> {
 }
 
 /// Fields that mean something only to one HTTP/1.1 connection (RFC 9113 §8.2.2).
-fn is_connection_specific(name: &str) -> bool {
+fn is_connection_specific(name: &[u8]) -> bool {
     [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "transfer-encoding",
-        "upgrade",
+        &b"connection"[..],
+        b"keep-alive",
+        b"proxy-connection",
+        b"transfer-encoding",
+        b"upgrade",
     ]
     .iter()
     .any(|n| name.eq_ignore_ascii_case(n))
+}
+
+/// A field name HTTP allows (a token, RFC 9110 §5.6.2), in any case.
+fn is_token(name: &[u8]) -> bool {
+    !name.is_empty()
+        && name
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// A field value HTTP/2 can carry: no controls but tab (RFC 9110 §5.5; the `http`
+/// crate's rule, which the `h2` path applied).
+fn is_value(value: &[u8]) -> bool {
+    value
+        .iter()
+        .all(|&b| (b >= 0x20 && b != 0x7f) || b == b'\t')
 }
 
 /// A CRLF-terminated line from the front of `buf` (consumed, without its CRLF).
@@ -257,7 +284,30 @@ fn take_line(buf: &mut BytesMut) -> Result<Option<Vec<u8>>, Bad> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::hpack::{Decoder, Fields};
     use super::*;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, RngSeed};
+
+    /// A block's fields, as (name, value) text.
+    fn decoded(block: &[u8]) -> Vec<(String, String)> {
+        let mut f = Fields::new();
+        Decoder::new().decode(block, usize::MAX, &mut f).unwrap();
+        f.iter()
+            .map(|(n, v)| {
+                let text = |b: &[u8]| String::from_utf8(b.to_vec()).unwrap();
+                (text(n), text(v))
+            })
+            .collect()
+    }
+
+    /// A head block's status (its first field) and its other fields' names.
+    fn status_and_names(block: &[u8]) -> (String, Vec<String>) {
+        let mut fields = decoded(block).into_iter();
+        let (name, status) = fields.next().unwrap();
+        assert_eq!(name, ":status");
+        (status, fields.map(|(n, _)| n).collect())
+    }
 
     /// Every part, feeding `bytes` in pieces of `step`.
     fn parts(bytes: &[u8], step: usize, head_request: bool) -> Vec<String> {
@@ -276,14 +326,13 @@ mod tests {
                         data.clear();
                     }
                     out.push(match p {
-                        Part::Informational(r) => format!("info {}", r.status().as_u16()),
-                        Part::Head(r, body) => {
-                            let mut names: Vec<&str> =
-                                r.headers().keys().map(|k| k.as_str()).collect();
+                        Part::Informational(b) => format!("info {}", status_and_names(&b).0),
+                        Part::Head(b, body) => {
+                            let (status, mut names) = status_and_names(&b);
                             names.sort();
-                            format!("head {} {body} {}", r.status().as_u16(), names.join(","))
+                            format!("head {status} {body} {}", names.join(","))
                         }
-                        Part::Trailers(t) => format!("trailers {}", t.len()),
+                        Part::Trailers(t) => format!("trailers {}", decoded(&t).len()),
                         Part::End => "end".into(),
                         Part::Data(_) => unreachable!(),
                     });
@@ -359,5 +408,173 @@ mod tests {
         assert!(matches!(r.next(&mut buf, false), Ok(Some(Part::Head(..)))));
         assert!(matches!(r.next(&mut buf, false), Ok(Some(Part::Data(_)))));
         assert_eq!(r.next(&mut buf, true).unwrap_err(), Bad("body cut short"));
+    }
+
+    #[test]
+    fn the_head_block_is_the_status_then_the_fields_lowercased_in_order() {
+        let mut r = Reader::new(false);
+        let mut buf = BytesMut::from(
+            &b"HTTP/1.1 502 Bad Gateway\r\nServer: forkd\r\nSet-Cookie: a=1\r\nUpgrade: h2c\r\nX-Empty:\r\nContent-Length: 0\r\n\r\n"[..],
+        );
+        let Ok(Some(Part::Head(block, false))) = r.next(&mut buf, false) else {
+            panic!("no head")
+        };
+        assert_eq!(
+            decoded(&block),
+            [
+                (":status", "502"),
+                ("server", "forkd"),
+                ("set-cookie", "a=1"),
+                ("x-empty", ""),
+                ("content-length", "0"),
+            ]
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+        );
+        assert!(r.done());
+    }
+
+    #[test]
+    fn trailers_are_a_block_without_connection_fields_and_bad_ones_are_bad() {
+        let mut r = Reader::new(false);
+        let mut buf = BytesMut::from(
+            &b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-Sum:  12 \r\nConnection: close\r\n\r\n"[..],
+        );
+        assert!(matches!(
+            r.next(&mut buf, false),
+            Ok(Some(Part::Head(_, true)))
+        ));
+        let Ok(Some(Part::Trailers(block))) = r.next(&mut buf, false) else {
+            panic!("no trailers")
+        };
+        assert_eq!(decoded(&block), [("x-sum".to_string(), "12".to_string())]);
+        for trailer in [&b"X Sum: 1"[..], b": 1", b"x-sum: a\x01b", b"no colon"] {
+            let mut r = Reader::new(false);
+            let mut buf =
+                BytesMut::from(&b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n"[..]);
+            buf.extend_from_slice(trailer);
+            buf.extend_from_slice(b"\r\n\r\n");
+            assert!(r.next(&mut buf, false).is_ok());
+            assert_eq!(
+                r.next(&mut buf, false).unwrap_err(),
+                Bad("bad trailer"),
+                "{}",
+                String::from_utf8_lossy(trailer)
+            );
+        }
+    }
+
+    fn config(cases: u32) -> Config {
+        let mut config = Config::default();
+        if std::env::var_os("PROPTEST_CASES").is_none() {
+            config.cases = cases;
+        }
+        if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
+            config.rng_seed = RngSeed::Fixed(0x0066_6f72_6b64_6832);
+        }
+        config.failure_persistence = None;
+        config
+    }
+
+    proptest! {
+        #![proptest_config(config(256))]
+
+        /// An HTTP/1.1 response read back as HEADERS, DATA and trailers gives the
+        /// same body and trailers however its bytes arrive.
+        #[test]
+        fn a_response_reads_the_same_however_its_bytes_arrive(
+            status in prop::sample::select(vec![200u16, 201, 204, 304, 404, 500]),
+            body in prop::collection::vec(any::<u8>(), 0..200),
+            framing in 0u8..3,
+            chunk in 1usize..50,
+            trailer in any::<bool>(),
+            pieces in prop::collection::vec(1usize..40, 1..16),
+        ) {
+            let bodiless = status == 204 || status == 304;
+            let mut bytes = format!("HTTP/1.1 {status} X\r\nx-a: b\r\n").into_bytes();
+            match framing {
+                0 => bytes.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes()),
+                1 => bytes.extend_from_slice(b"transfer-encoding: chunked\r\n\r\n"),
+                _ => bytes.extend_from_slice(b"\r\n"),
+            }
+            if !bodiless {
+                if framing == 1 {
+                    for c in body.chunks(chunk) {
+                        bytes.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+                        bytes.extend_from_slice(c);
+                        bytes.extend_from_slice(b"\r\n");
+                    }
+                    bytes.extend_from_slice(b"0\r\n");
+                    if trailer {
+                        bytes.extend_from_slice(b"x-sum: 1\r\n");
+                    }
+                    bytes.extend_from_slice(b"\r\n");
+                } else {
+                    bytes.extend_from_slice(&body);
+                }
+            }
+            let whole = read_all(&bytes, &[bytes.len()]);
+            let split = read_all(&bytes, &pieces);
+            prop_assert_eq!(&whole, &split);
+            let (got_status, data, trailers, ended) = whole.expect("a well-formed response");
+            prop_assert_eq!(got_status, status);
+            prop_assert!(ended);
+            if bodiless {
+                prop_assert!(data.is_empty());
+            } else {
+                prop_assert_eq!(data, body);
+                prop_assert_eq!(trailers, framing == 1 && trailer);
+            }
+        }
+
+        #[test]
+        fn a_mangled_response_never_panics_and_reads_the_same_however_it_arrives(
+            bytes in prop::collection::vec(any::<u8>(), 0..120),
+            prefix in prop::sample::select(vec![&b"HTTP/1.1 200 OK\r\n"[..], b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n", b""]),
+            pieces in prop::collection::vec(1usize..20, 1..16),
+        ) {
+            let input = [prefix, &bytes].concat();
+            prop_assert_eq!(read_all(&input, &[input.len()]), read_all(&input, &pieces));
+        }
+    }
+
+    /// What a response reads as when `bytes` arrive in pieces of `pieces` sizes
+    /// (then the writer closes): status, body, whether trailers came, whether it
+    /// ended; Err: it could not be read. Every block must decode.
+    type Read = Result<(u16, Vec<u8>, bool, bool), &'static str>;
+
+    fn read_all(bytes: &[u8], pieces: &[usize]) -> Read {
+        let mut reader = Reader::new(false);
+        let mut buf = BytesMut::new();
+        let (mut status, mut data, mut trailers, mut ended) = (0, Vec::new(), false, false);
+        let mut rest = bytes;
+        let mut sizes = pieces.iter().cycle();
+        loop {
+            let closed = rest.is_empty();
+            loop {
+                match reader.next(&mut buf, closed).map_err(|b| b.0)? {
+                    Some(Part::Informational(b)) => {
+                        status_and_names(&b);
+                    }
+                    Some(Part::Head(b, _)) => status = status_and_names(&b).0.parse().unwrap(),
+                    Some(Part::Data(d)) => data.extend_from_slice(&d),
+                    Some(Part::Trailers(t)) => {
+                        decoded(&t);
+                        trailers = true;
+                    }
+                    Some(Part::End) => ended = true,
+                    None => break,
+                }
+                if reader.done() {
+                    ended = true;
+                    break;
+                }
+            }
+            if closed || reader.done() {
+                return Ok((status, data, trailers, ended));
+            }
+            let n = (*sizes.next().unwrap()).min(rest.len());
+            buf.extend_from_slice(&rest[..n]);
+            rest = &rest[n..];
+        }
     }
 }

@@ -201,11 +201,11 @@ impl Session {
                 Ok(wrote) => moved |= wrote,
                 Err(e) => {
                     forkd_shared::debug!("HTTP/2 connection of {} failed: {e}", p.peer);
-                    self.flush_stats(Some(p.peer), svc);
+                    self.flush_stats(svc);
                     return Driven::Closed;
                 }
             }
-            self.flush_stats(Some(p.peer), svc);
+            self.flush_stats(svc);
             let flushed = self.pending_out() == 0 && !self.link.metered.write_blocked;
             if flushed && (self.conn.done() || (self.read_closed && self.open_streams() == 0)) {
                 self.link.shutdown_write();
@@ -216,7 +216,9 @@ impl Session {
             }
             if !moved {
                 if self.open_streams() == 0 && flushed {
+                    // An idle connection keeps no buffers.
                     self.conn.shrink();
+                    self.streams = Vec::new();
                 }
                 return Driven::Wait;
             }
@@ -268,12 +270,15 @@ impl Session {
         moved
     }
 
-    /// Writes the frames made; true if any went.
+    /// Writes the frames made; true if any went. Under TLS, the records made are
+    /// pushed too: records left over (a full socket) make the connection wait for
+    /// writability like a write that blocked.
     fn write(&mut self) -> io::Result<bool> {
         let mut wrote = false;
         if !self.link.push()? {
             return Ok(false);
         }
+        let mut blocked = false;
         while self.written < self.conn.out.len() {
             match self.link.write(&self.conn.out[self.written..]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -281,9 +286,15 @@ impl Session {
                     self.written += n;
                     wrote = true;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    blocked = true;
+                    break;
+                }
                 Err(e) => return Err(e),
             }
+        }
+        if !blocked {
+            self.link.push()?;
         }
         if self.written == self.conn.out.len() {
             self.conn.out.clear();
@@ -415,11 +426,11 @@ impl Session {
         count_flood(flood, Some(p.peer), svc);
         self.conn.abort(Code::ENHANCE_YOUR_CALM, "a flood");
         let _ = self.write();
-        self.flush_stats(Some(p.peer), svc);
+        self.flush_stats(svc);
     }
 
     /// What the link counted, into the worker's stats.
-    fn flush_stats(&mut self, peer: Option<IpAddr>, svc: &mut Services) {
+    fn flush_stats(&mut self, svc: &mut Services) {
         let m = &mut self.link.metered;
         if m.bytes_in > 0 {
             svc.stats.bytes_in(std::mem::take(&mut m.bytes_in));
@@ -445,7 +456,7 @@ impl Session {
         for s in self.streams.drain(..).flatten() {
             s.release(svc);
         }
-        self.flush_stats(None, svc);
+        self.flush_stats(svc);
     }
 }
 

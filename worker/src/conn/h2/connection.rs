@@ -329,12 +329,13 @@ impl Connection {
         let end = self.at;
         // Split borrows: the payload is read from `input` while the rest changes.
         let input = std::mem::take(&mut self.input);
-        let result = frame::read(h, &input[start..end]).and_then(|f| self.on_frame(h, f, end));
+        let result = frame::read(h, &input[start..end]).and_then(|f| self.on_frame(h, f, start));
         self.input = input;
         result
     }
 
-    fn on_frame(&mut self, h: &Head, f: Frame, end: usize) -> Result<Option<Event>, Error> {
+    /// Acts on frame `f`, whose payload starts at `input[start]`.
+    fn on_frame(&mut self, h: &Head, f: Frame, start: usize) -> Result<Option<Event>, Error> {
         if let Some(block) = &self.block {
             // Inside a header block only its CONTINUATION may come (§6.10).
             match f {
@@ -348,8 +349,9 @@ impl Connection {
                 data,
                 end: end_stream,
             } => {
-                let data_at = end - data.len();
-                self.on_data(h, stream, data_at, end, end_stream)
+                // The pad length octet, if any, comes before the data.
+                let at = start + usize::from(h.has(frame::PADDED));
+                self.on_data(h, stream, at, at + data.len(), end_stream)
             }
             Frame::Headers {
                 stream,
@@ -448,6 +450,7 @@ impl Connection {
             return Err(conn("DATA on an idle stream"));
         }
         let padding = counted - (end - data_at) as i64;
+        debug_assert!(padding >= 0);
         let Some(i) = self.find(id).filter(|&i| !self.streams[i].remote_closed) else {
             // A closed stream's bytes still took connection window: given back.
             self.give_back(None, counted);
@@ -667,6 +670,13 @@ impl Connection {
                 s.released = 0;
             }
         }
+    }
+
+    /// The connection window forkd announced (tests).
+    #[cfg(test)]
+    fn recv_window_start(&self) -> i64 {
+        (self.local_window * i64::from(self.settings.max_concurrent_streams))
+            .clamp(DEFAULT_WINDOW, MAX_WINDOW)
     }
 
     /// The stream used `n` bytes of its DATA: the client may send as much again.
@@ -1082,6 +1092,19 @@ mod tests {
                 (1, MAX_FRAME as u32)
             ]
         );
+    }
+
+    #[test]
+    fn a_padded_data_frame_gives_its_data_and_its_padding_back_at_once() {
+        let mut c = open(&[]);
+        c.input(&f(frame::HEADERS, frame::END_HEADERS, 1, GET));
+        events(&mut c);
+        c.input(&f(frame::DATA, frame::PADDED | frame::END_STREAM, 1, b"\x03testPPP"));
+        assert_eq!(events(&mut c), [Event::Data { id: 1, end: true }]);
+        assert_eq!(c.data(), b"test");
+        c.release(1, 4);
+        // All 8 octets the frame took came back: the 4 of data and the 4 of padding.
+        assert_eq!(c.recv_window + c.released, c.recv_window_start());
     }
 
     #[test]

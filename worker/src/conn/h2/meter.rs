@@ -241,6 +241,11 @@ impl Inbound {
     }
 
     fn header(&mut self, kind: u8, flags: u8, length: u32, found: &mut Option<Flood>) {
+        if length as usize > super::frame::MAX_FRAME {
+            // Not a flood but a frame the connection refuses (FRAME_SIZE_ERROR)
+            // before it reads its payload.
+            return;
+        }
         let length = u64::from(length);
         self.total += 9 + length;
         match kind {

@@ -1,12 +1,16 @@
 //! HPACK (RFC 7541): the header blocks of one HTTP/2 connection, decoded into
 //! [`Fields`] and written by [`status`] and [`field`].
 //!
-//! Decoding runs on `loona-hpack`'s decoder, whose dynamic table is bounded by our
-//! `SETTINGS_HEADER_TABLE_SIZE` ([`TABLE_SIZE`]). Each field it hands over is copied
-//! once into the block's one buffer, and only while the list stays within the bound
-//! the caller gives: a block that references a large table entry thousands of times
-//! (a "bomb") costs that bound in memory, never its decoded size, yet is decoded to
-//! its end so the dynamic table stays in step with the peer's encoder.
+//! Decoding is ours: integers, strings (Huffman-coded ones by `huffman.rs`), the
+//! static table and the peer's dynamic table, bounded by our
+//! `SETTINGS_HEADER_TABLE_SIZE` ([`TABLE_SIZE`]). Each field is copied once into
+//! the block's one buffer, and only while the list stays within the bound the
+//! caller gives: a block that references a large table entry thousands of times (a
+//! "bomb") costs that bound in memory, never its decoded size, yet is decoded to
+//! its end so the dynamic table stays in step with the peer's encoder. (The
+//! `loona-hpack` crate did this first; its Huffman decoder builds a hash map per
+//! string, which made a request whose fields are Huffman-coded cost ten times one
+//! whose fields are indexed.)
 //!
 //! Encoding is ours and uses no dynamic table (nginx's choice): every field is a
 //! literal naming the static table's entry when there is one, no Huffman. It costs
@@ -14,7 +18,8 @@
 //! a table; the connection sends [`SIZE_UPDATE_ZERO`] first to tell the peer's
 //! decoder it may drop its own.
 
-use loona_hpack::decoder::DecoderError;
+use super::huffman;
+use std::collections::VecDeque;
 use std::fmt;
 
 /// The dynamic table size we announce (`SETTINGS_HEADER_TABLE_SIZE`, the default
@@ -105,11 +110,18 @@ impl Fields {
 
 /// A header block that cannot be decoded: the connection's HPACK state is lost,
 /// answered with GOAWAY(COMPRESSION_ERROR) (RFC 9113 §4.3).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compression {
-    /// The decoder refused the block (a bad index, integer, string or Huffman
-    /// code, a size update above [`TABLE_SIZE`] or ending the block).
-    Decode(DecoderError),
+    /// An integer cut short by the block's end, or too large.
+    Integer,
+    /// A string longer than what is left of the block.
+    String,
+    /// A Huffman-coded string with bad padding or EOS in it.
+    Huffman(huffman::Bad),
+    /// An index of no entry (0, or past the dynamic table).
+    Index(usize),
+    /// A dynamic table size update above [`TABLE_SIZE`].
+    TableSize(usize),
     /// A dynamic table size update after a field (RFC 7541 §4.2: only at the
     /// start of a block).
     SizeUpdateAfterField,
@@ -118,7 +130,13 @@ pub enum Compression {
 impl fmt::Display for Compression {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Compression::Decode(e) => write!(f, "HPACK: {e}"),
+            Compression::Integer => f.write_str("HPACK: an integer cut short or too large"),
+            Compression::String => f.write_str("HPACK: a string past the block"),
+            Compression::Huffman(b) => write!(f, "HPACK: a bad Huffman string ({b:?})"),
+            Compression::Index(i) => write!(f, "HPACK: index {i} names no entry"),
+            Compression::TableSize(n) => {
+                write!(f, "HPACK: a table size update to {n}, above {TABLE_SIZE}")
+            }
             Compression::SizeUpdateAfterField => {
                 f.write_str("HPACK: dynamic table size update after a field")
             }
@@ -126,29 +144,40 @@ impl fmt::Display for Compression {
     }
 }
 
-/// The connection's decoding state: the peer's dynamic table.
+/// One entry of the peer's dynamic table: name and value in one allocation.
+#[derive(Debug)]
+struct Entry {
+    bytes: Box<[u8]>,
+    name: usize,
+}
+
+impl Entry {
+    fn size(&self) -> usize {
+        self.bytes.len() + FIELD_OVERHEAD
+    }
+}
+
+/// The connection's decoding state: the peer's dynamic table, newest first.
+#[derive(Debug, Default)]
 pub struct Decoder {
-    inner: loona_hpack::Decoder<'static>,
-}
-
-impl Default for Decoder {
-    fn default() -> Decoder {
-        Decoder::new()
-    }
-}
-
-impl fmt::Debug for Decoder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Decoder").finish_non_exhaustive()
-    }
+    table: VecDeque<Entry>,
+    /// Its size (RFC 7541 §4.1) and the bound the peer's last size update set.
+    size: usize,
+    max: usize,
+    /// The bound a size update may not pass (our SETTINGS).
+    allowed: usize,
+    /// A literal's name and value as decoded (Huffman), reused.
+    name: Vec<u8>,
+    value: Vec<u8>,
 }
 
 impl Decoder {
     pub fn new() -> Decoder {
-        let mut inner = loona_hpack::Decoder::new();
-        inner.set_max_allowed_table_size(TABLE_SIZE);
-        inner.set_max_table_size(TABLE_SIZE);
-        Decoder { inner }
+        Decoder {
+            max: TABLE_SIZE,
+            allowed: TABLE_SIZE,
+            ..Decoder::default()
+        }
     }
 
     /// Decodes one whole header block (HEADERS and its CONTINUATIONs) into `into`
@@ -162,59 +191,124 @@ impl Decoder {
         into: &mut Fields,
     ) -> Result<(), Compression> {
         into.clear();
-        check_size_updates(block)?;
-        self.inner
-            .decode_with_cb(block, |name, value| into.push(&name, &value, max_list))
-            .map_err(Compression::Decode)
+        let mut at = 0;
+        let mut fields = false;
+        while at < block.len() {
+            let first = block[at];
+            if first & 0x80 != 0 {
+                let index = take_integer(block, &mut at, 7)?;
+                let (name, value) = self.entry(index)?;
+                into.push(name, value, max_list);
+                fields = true;
+            } else if first & 0x40 != 0 {
+                self.literal(block, &mut at, 6)?;
+                into.push(&self.name, &self.value, max_list);
+                self.insert();
+                fields = true;
+            } else if first & 0x20 != 0 {
+                if fields {
+                    return Err(Compression::SizeUpdateAfterField);
+                }
+                let size = take_integer(block, &mut at, 5)?;
+                if size > self.allowed {
+                    return Err(Compression::TableSize(size));
+                }
+                self.max = size;
+                self.evict(0);
+            } else {
+                // Without indexing, or never indexed (4-bit prefix both).
+                self.literal(block, &mut at, 4)?;
+                into.push(&self.name, &self.value, max_list);
+                fields = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// The name and value of entry `index` (static, then dynamic: RFC 7541 §2.3.3).
+    fn entry(&self, index: usize) -> Result<(&[u8], &[u8]), Compression> {
+        match index {
+            0 => Err(Compression::Index(0)),
+            1..=61 => Ok((STATIC_NAMES[index - 1], STATIC_VALUES[index - 1])),
+            _ => self
+                .table
+                .get(index - 62)
+                .map(|e| (&e.bytes[..e.name], &e.bytes[e.name..]))
+                .ok_or(Compression::Index(index)),
+        }
+    }
+
+    /// A literal's name (indexed or a string) and value into `self.name` and
+    /// `self.value`.
+    fn literal(&mut self, block: &[u8], at: &mut usize, prefix: u8) -> Result<(), Compression> {
+        let index = take_integer(block, at, prefix)?;
+        let mut name = std::mem::take(&mut self.name);
+        name.clear();
+        if index == 0 {
+            take_string(block, at, &mut name)?;
+        } else {
+            name.extend_from_slice(self.entry(index)?.0);
+        }
+        self.name = name;
+        self.value.clear();
+        take_string(block, at, &mut self.value)
+    }
+
+    /// Adds the literal just decoded to the dynamic table (RFC 7541 §4.4).
+    fn insert(&mut self) {
+        let entry = Entry {
+            bytes: [&self.name[..], &self.value[..]].concat().into_boxed_slice(),
+            name: self.name.len(),
+        };
+        let size = entry.size();
+        self.evict(size);
+        if size <= self.max {
+            self.size += size;
+            self.table.push_front(entry);
+        }
+    }
+
+    /// Evicts the oldest entries until `room` more fits within the bound.
+    fn evict(&mut self, room: usize) {
+        while self.size + room > self.max {
+            match self.table.pop_back() {
+                Some(e) => self.size -= e.size(),
+                None => break,
+            }
+        }
     }
 
     /// The table size our SETTINGS announced, for tests that decode blocks written
     /// for another (RFC 7541 C.5 and C.6 assume 256).
     #[cfg(test)]
     fn set_table_size(&mut self, size: usize) {
-        self.inner.set_max_allowed_table_size(size);
-        self.inner.set_max_table_size(size);
+        self.allowed = size;
+        self.max = size;
+        self.evict(0);
     }
 }
 
-/// Refuses a dynamic table size update after the block's first field (RFC 7541
-/// §4.2), which the decoder itself accepts anywhere. Walks the representations'
-/// integers and string lengths only; what is malformed is left to the decoder,
-/// whose error then names it.
-fn check_size_updates(block: &[u8]) -> Result<(), Compression> {
-    let mut at = 0;
-    let mut fields = false;
-    while at < block.len() {
-        let first = block[at];
-        let (prefix, literal) = match first {
-            0x80..=0xff => (7, false),
-            0x40..=0x7f => (6, true),
-            0x20..=0x3f => {
-                if fields {
-                    return Err(Compression::SizeUpdateAfterField);
-                }
-                (5, false)
-            }
-            _ => (4, true),
-        };
-        let Some((index, n)) = integer(&block[at..], prefix) else {
-            return Ok(());
-        };
-        at += n;
-        if prefix != 5 {
-            fields = true;
-        }
-        if literal {
-            let strings = if index == 0 { 2 } else { 1 };
-            for _ in 0..strings {
-                let Some((len, n)) = block.get(at..).and_then(|b| integer(b, 7)) else {
-                    return Ok(());
-                };
-                at = at.saturating_add(n).saturating_add(len);
-            }
-        }
+/// An integer from `block[*at..]`, moving `at` past it.
+fn take_integer(block: &[u8], at: &mut usize, prefix: u8) -> Result<usize, Compression> {
+    let (value, n) = integer(&block[*at..], prefix).ok_or(Compression::Integer)?;
+    *at += n;
+    Ok(value)
+}
+
+/// A string literal (RFC 7541 §5.2) from `block[*at..]` appended to `out`.
+fn take_string(block: &[u8], at: &mut usize, out: &mut Vec<u8>) -> Result<(), Compression> {
+    let huffman = block.get(*at).ok_or(Compression::String)? & 0x80 != 0;
+    let len = take_integer(block, at, 7)?;
+    let end = at.checked_add(len).filter(|&e| e <= block.len());
+    let end = end.ok_or(Compression::String)?;
+    let raw = &block[*at..end];
+    *at = end;
+    if huffman {
+        huffman::decode(raw, out).map_err(Compression::Huffman)
+    } else {
+        out.extend_from_slice(raw);
+        Ok(())
     }
-    Ok(())
 }
 
 /// An HPACK integer with an N-bit prefix (RFC 7541 §5.1) from the front of `buf`
@@ -360,6 +454,27 @@ const STATIC_NAMES: [&[u8]; 61] = [
 ];
 
 /// The static table's first index for `name`, compared without case.
+/// The values of the static table (RFC 7541 Appendix A), by index from 1.
+const STATIC_VALUES: [&[u8]; 61] = {
+    let mut v: [&[u8]; 61] = [b""; 61];
+    v[1] = b"GET";
+    v[2] = b"POST";
+    v[3] = b"/";
+    v[4] = b"/index.html";
+    v[5] = b"http";
+    v[6] = b"https";
+    v[7] = b"200";
+    v[8] = b"204";
+    v[9] = b"206";
+    v[10] = b"304";
+    v[11] = b"400";
+    v[12] = b"404";
+    v[13] = b"500";
+    v[15] = b"gzip, deflate";
+    v
+};
+
+/// The static table's index of `name`, compared without case.
 fn static_name(name: &[u8]) -> Option<usize> {
     STATIC_NAMES
         .iter()
@@ -611,16 +726,15 @@ mod tests {
             .is_ok());
         assert_eq!(
             Decoder::new().decode(&hex("3fe21f82"), 4096, &mut f),
-            Err(Compression::Decode(DecoderError::InvalidMaxDynamicSize))
+            Err(Compression::TableSize(4097))
         );
         assert_eq!(
             Decoder::new().decode(&hex("8220"), 4096, &mut f),
             Err(Compression::SizeUpdateAfterField)
         );
-        assert_eq!(
-            Decoder::new().decode(&hex("20"), 4096, &mut f),
-            Err(Compression::Decode(DecoderError::SizeUpdateAtEnd))
-        );
+        // A block of only a size update is at the block's start: no fields.
+        assert_eq!(Decoder::new().decode(&hex("20"), 4096, &mut f), Ok(()));
+        assert!(f.iter().next().is_none());
         assert!(Decoder::new().decode(&hex("202082"), 4096, &mut f).is_ok());
     }
 

@@ -2,8 +2,8 @@
 //! exchange answered by the same dispatch, handlers and proxy as HTTP/1.1.
 //!
 //! - `frame`: frames read and written (RFC 9113 §4, §6), sans-io;
-//! - `hpack`: header blocks decoded (on `loona-hpack`) and encoded (our own, no
-//!   dynamic table);
+//! - `hpack`, `huffman`: header blocks decoded (the dynamic table, Huffman) and
+//!   encoded (no dynamic table);
 //! - `connection`: the connection's protocol state, sans-io: preface, SETTINGS,
 //!   flow control both ways, stream states, header blocks, PING, GOAWAY, errors;
 //! - `link`: the connection's bytes (plain or TLS), with the frame meters on both
@@ -22,6 +22,7 @@ mod frame;
 #[cfg(test)]
 mod fuzz;
 mod hpack;
+mod huffman;
 mod link;
 mod meter;
 mod request;

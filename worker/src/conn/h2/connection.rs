@@ -1099,7 +1099,12 @@ mod tests {
         let mut c = open(&[]);
         c.input(&f(frame::HEADERS, frame::END_HEADERS, 1, GET));
         events(&mut c);
-        c.input(&f(frame::DATA, frame::PADDED | frame::END_STREAM, 1, b"\x03testPPP"));
+        c.input(&f(
+            frame::DATA,
+            frame::PADDED | frame::END_STREAM,
+            1,
+            b"\x03testPPP",
+        ));
         assert_eq!(events(&mut c), [Event::Data { id: 1, end: true }]);
         assert_eq!(c.data(), b"test");
         c.release(1, 4);

@@ -350,15 +350,14 @@ pub fn write_headers(
             flags |= END_HEADERS;
         }
         head(out, n, kind, flags, stream);
-        for i in at..at + n {
-            // Byte by byte only where the two parts meet; both are short.
-            out.push(if i < prefix.len() {
-                prefix[i]
-            } else {
-                block[i - prefix.len()]
-            });
+        let (from, to) = (at, at + n);
+        if from < prefix.len() {
+            out.extend_from_slice(&prefix[from..to.min(prefix.len())]);
         }
-        at += n;
+        if to > prefix.len() {
+            out.extend_from_slice(&block[from.max(prefix.len()) - prefix.len()..to - prefix.len()]);
+        }
+        at = to;
         if last {
             return;
         }

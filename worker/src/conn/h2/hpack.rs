@@ -257,7 +257,9 @@ impl Decoder {
     /// Adds the literal just decoded to the dynamic table (RFC 7541 §4.4).
     fn insert(&mut self) {
         let entry = Entry {
-            bytes: [&self.name[..], &self.value[..]].concat().into_boxed_slice(),
+            bytes: [&self.name[..], &self.value[..]]
+                .concat()
+                .into_boxed_slice(),
             name: self.name.len(),
         };
         let size = entry.size();
@@ -374,9 +376,12 @@ pub fn status(out: &mut Vec<u8>, code: u16) {
 /// index them either). The name is written lowercased and refers to the static
 /// table's entry when it names one.
 pub fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    let sensitive = [&b"set-cookie"[..], b"authorization", b"proxy-authorization"]
-        .iter()
-        .any(|s| name.eq_ignore_ascii_case(s));
+    let sensitive = match name.len() {
+        10 => name.eq_ignore_ascii_case(b"set-cookie"),
+        13 => name.eq_ignore_ascii_case(b"authorization"),
+        19 => name.eq_ignore_ascii_case(b"proxy-authorization"),
+        _ => false,
+    };
     let kind = if sensitive { 0x10 } else { 0x00 };
     match static_name(name) {
         Some(index) => put_integer(out, kind, 4, index),
@@ -476,11 +481,46 @@ const STATIC_VALUES: [&[u8]; 61] = {
 
 /// The static table's index of `name`, compared without case.
 fn static_name(name: &[u8]) -> Option<usize> {
-    STATIC_NAMES
+    let bucket = BY_LENGTH.get(name.len())?;
+    bucket
         .iter()
-        .position(|n| n.len() == name.len() && n.eq_ignore_ascii_case(name))
-        .map(|i| i + 1)
+        .take_while(|&&i| i != 0)
+        .map(|&i| usize::from(i))
+        .find(|&i| STATIC_NAMES[i - 1].eq_ignore_ascii_case(name))
 }
+
+/// The static table's indices by name length (the first index of a name only; 0
+/// ends a bucket), so a name is compared with the few of its length.
+const BY_LENGTH: [[u8; 8]; 28] = {
+    let mut t = [[0u8; 8]; 28];
+    let mut i = 0;
+    while i < STATIC_NAMES.len() {
+        let name = STATIC_NAMES[i];
+        let repeated = i > 0 && STATIC_NAMES[i - 1].len() == name.len() && {
+            // The entries of one name are adjacent (`:method` 2 and 3, ...).
+            let prev = STATIC_NAMES[i - 1];
+            let mut same = true;
+            let mut k = 0;
+            while k < name.len() {
+                if prev[k] != name[k] {
+                    same = false;
+                }
+                k += 1;
+            }
+            same
+        };
+        if !repeated {
+            let bucket = &mut t[name.len()];
+            let mut slot = 0;
+            while bucket[slot] != 0 {
+                slot += 1;
+            }
+            bucket[slot] = (i + 1) as u8;
+        }
+        i += 1;
+    }
+    t
+};
 
 /// Writes `value` as an integer with an N-bit prefix, the bits above it `high`.
 fn put_integer(out: &mut Vec<u8>, high: u8, prefix: u8, value: usize) {
@@ -678,6 +718,18 @@ mod tests {
                 ("age", "0"),
             ])
         );
+    }
+
+    #[test]
+    fn every_static_name_is_found_by_its_first_index_whatever_its_case() {
+        for (i, name) in STATIC_NAMES.iter().enumerate() {
+            let first = STATIC_NAMES.iter().position(|n| n == name).unwrap() + 1;
+            assert_eq!(static_name(name), Some(first), "{}", i + 1);
+            assert_eq!(static_name(&name.to_ascii_uppercase()), Some(first));
+        }
+        assert_eq!(static_name(b"x-forwarded-for"), None);
+        assert_eq!(static_name(b""), None);
+        assert_eq!(static_name(&[b'a'; 40]), None);
     }
 
     #[test]

@@ -154,7 +154,10 @@ mod tests {
     #[test]
     fn the_code_is_complete_and_canonical() {
         // Kraft's sum of a complete prefix code is exactly 1.
-        let sum: u64 = LENGTHS.iter().map(|&l| 1u64 << (LONGEST - usize::from(l))).sum();
+        let sum: u64 = LENGTHS
+            .iter()
+            .map(|&l| 1u64 << (LONGEST - usize::from(l)))
+            .sum();
         assert_eq!(sum, 1 << LONGEST);
         let t = table();
         assert_eq!(t.limit[LONGEST], 1 << LONGEST);
@@ -163,7 +166,10 @@ mod tests {
     #[test]
     fn the_rfc_7541_appendix_c_strings_decode() {
         // C.4.1, C.4.2, C.4.3, C.6.1.
-        assert_eq!(decoded("f1e3c2e5f23a6ba0ab90f4ff").unwrap(), b"www.example.com");
+        assert_eq!(
+            decoded("f1e3c2e5f23a6ba0ab90f4ff").unwrap(),
+            b"www.example.com"
+        );
         assert_eq!(decoded("a8eb10649cbf").unwrap(), b"no-cache");
         assert_eq!(decoded("25a849e95ba97d7f").unwrap(), b"custom-key");
         assert_eq!(decoded("25a849e95bb8e8b4bf").unwrap(), b"custom-value");

@@ -31,6 +31,14 @@ const ROUNDS_PER_TURN: u32 = 64;
 /// Octets read from the socket at once.
 const READ_CHUNK: usize = 16 * 1024;
 
+thread_local! {
+    /// The worker's one read buffer for its HTTP/2 connections (one thread, one
+    /// read at a time): made once, not zeroed per read, and no connection keeps
+    /// one while idle.
+    static READ_BUF: std::cell::RefCell<Box<[u8]>> =
+        std::cell::RefCell::new(vec![0u8; READ_CHUNK].into_boxed_slice());
+}
+
 /// Frames waiting for the socket past which streams are not pumped (they would only
 /// add to it): a few DATA frames' worth.
 const OUT_HIGH: usize = 64 * 1024;
@@ -61,6 +69,8 @@ pub struct Session {
     /// Of `conn.out`, the octets already written.
     written: usize,
     streams: Vec<Option<Stream>>,
+    /// Of `streams`, the ones that are there.
+    live: usize,
     /// Streams accepted (for `h2_max_requests`).
     accepted: u64,
     settings: H2Settings,
@@ -81,6 +91,7 @@ impl Session {
             conn: Connection::new(settings),
             written: 0,
             streams: Vec::new(),
+            live: 0,
             accepted: 0,
             settings,
             draining: false,
@@ -92,7 +103,7 @@ impl Session {
 
     /// Streams under way.
     pub fn open_streams(&self) -> usize {
-        self.streams.iter().filter(|s| s.is_some()).count()
+        self.live
     }
 
     /// Output is waiting for the socket to take it (a write that blocked, TLS
@@ -239,12 +250,15 @@ impl Session {
         if self.read_closed || self.conn.failed() {
             return false;
         }
-        let mut buf = [0u8; READ_CHUNK];
+        READ_BUF.with_borrow_mut(|buf| self.read_into(&mut buf[..], p))
+    }
+
+    fn read_into(&mut self, buf: &mut [u8], p: &Peer) -> bool {
         let mut moved = false;
         // A few reads per round: the streams of what was read run before more is
         // read, and a client cannot keep the round to itself.
         for _ in 0..4 {
-            match self.link.read(&mut buf) {
+            match self.link.read(buf) {
                 Ok(0) => {
                     self.read_closed = true;
                     return true;
@@ -375,6 +389,7 @@ impl Session {
         };
         let stream = Stream::start(id, end, &mut on, svc);
         self.streams[slot] = Some(stream);
+        self.live += 1;
         if self.accepted >= self.settings.max_requests && !self.draining {
             self.draining = true;
             self.conn.drain();
@@ -405,6 +420,7 @@ impl Session {
                     }
                 };
                 let stream = self.streams[slot].take().expect("checked");
+                self.live -= 1;
                 self.conn.finish(stream.id, code);
                 stream.release(svc);
                 moved = true;
@@ -453,6 +469,7 @@ impl Session {
 
     /// Gives every stream's buffers back (the connection is closing).
     pub fn release(&mut self, svc: &mut Services) {
+        self.live = 0;
         for s in self.streams.drain(..).flatten() {
             s.release(svc);
         }

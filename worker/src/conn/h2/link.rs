@@ -16,6 +16,8 @@ pub struct Link {
     tls: Tls,
     /// Read before the switch, not yet given to the session.
     early: Vec<u8>,
+    /// The last read was served from `early`, not the socket.
+    read_early: bool,
     pub metered: Metered,
 }
 
@@ -39,6 +41,7 @@ impl Link {
             tcp,
             tls,
             early,
+            read_early: false,
             metered: Metered {
                 inbound,
                 outbound: Outbound::default(),
@@ -61,6 +64,7 @@ impl Link {
         if self.metered.flood.is_some() {
             return Err(io::ErrorKind::WouldBlock.into());
         }
+        self.read_early = !self.early.is_empty();
         let n = if self.early.is_empty() {
             loop {
                 match self.transport().read_plain(into) {
@@ -83,6 +87,13 @@ impl Link {
             m.flood = Some(flood);
         }
         Ok(n)
+    }
+
+    /// Whether a read that returned `n` of `space` octets may have left input
+    /// unread (`Tls::may_have_more`; a read of what came before the switch says
+    /// nothing of the socket).
+    pub fn may_have_more(&self, n: usize, space: usize) -> bool {
+        self.read_early || n == space || self.tls.may_have_more(n, space)
     }
 
     /// Writes `bytes` (frames, whole or a part), metered; `Ok(n)` taken, a full

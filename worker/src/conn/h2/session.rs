@@ -78,6 +78,9 @@ pub struct Session {
     draining: bool,
     /// The client closed its side (or the socket failed): nothing more is read.
     read_closed: bool,
+    /// A read of this drive emptied the socket: later rounds of it do not read
+    /// again (the next bytes come with a readiness event, and a drive of their own).
+    drained: bool,
     /// When the last stream ended (or the connection opened).
     pub idle_since: Micros,
     /// The connection came over TLS (its session is in the link now).
@@ -96,6 +99,7 @@ impl Session {
             settings,
             draining: false,
             read_closed: false,
+            drained: false,
             idle_since: now,
             tls,
         }
@@ -189,6 +193,7 @@ impl Session {
 
     /// Moves the connection and its streams as far as they go now.
     pub fn drive(&mut self, p: &Peer, svc: &mut Services, budget: &mut u64) -> Driven {
+        self.drained = false;
         for _ in 0..ROUNDS_PER_TURN {
             let mut moved = self.read(p);
             if let Some(flood) = self.flood() {
@@ -247,7 +252,7 @@ impl Session {
 
     /// Reads what the socket has into the connection; true if anything came.
     fn read(&mut self, p: &Peer) -> bool {
-        if self.read_closed || self.conn.failed() {
+        if self.read_closed || self.drained || self.conn.failed() {
             return false;
         }
         READ_BUF.with_borrow_mut(|buf| self.read_into(&mut buf[..], p))
@@ -269,7 +274,8 @@ impl Session {
                         return true;
                     }
                     self.conn.input(&buf[..n]);
-                    if n < buf.len() {
+                    if !self.link.may_have_more(n, buf.len()) {
+                        self.drained = true;
                         return true;
                     }
                 }

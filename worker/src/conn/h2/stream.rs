@@ -63,6 +63,11 @@ impl Write for Pipe {
         if room == 0 && total > 0 {
             return Err(io::ErrorKind::WouldBlock.into());
         }
+        if self.bytes.capacity() == 0 {
+            // The first write (the head, often the whole small response) sizes the
+            // pipe once instead of growing it write by write.
+            self.bytes.reserve(total.clamp(2048, PIPE_BYTES));
+        }
         let mut taken = 0;
         for b in bufs {
             let n = b.len().min(room - taken);
@@ -94,6 +99,13 @@ impl ClientStream for Pipe {
             false => Err(io::ErrorKind::WouldBlock.into()),
         }
     }
+}
+
+thread_local! {
+    /// Where a new stream's request is written as an HTTP/1.1 head before it goes
+    /// into the stream's input: one per worker, reused.
+    static HEAD_SCRATCH: std::cell::RefCell<Vec<u8>> =
+        std::cell::RefCell::new(Vec::with_capacity(1024));
 }
 
 /// What the stream's exchange is doing.
@@ -204,8 +216,17 @@ impl Stream {
             s.error(svc, Status::HEADER_FIELDS_TOO_LARGE, on.peer);
             return s;
         }
-        let mut head = Vec::with_capacity(256);
-        match request::head(fields, ended, &mut head) {
+        let mut head = HEAD_SCRATCH.with_borrow_mut(std::mem::take);
+        head.clear();
+        let translated = request::head(fields, ended, &mut head);
+        let fits = head.len() <= s.busy.inbuf.len();
+        if translated.is_ok() && fits {
+            s.busy.inbuf[..head.len()].copy_from_slice(&head);
+            s.busy.in_start = 0;
+            s.busy.in_end = head.len();
+        }
+        HEAD_SCRATCH.with_borrow_mut(|h| *h = head);
+        match translated {
             Ok(h) => {
                 s.framing = h.framing;
                 s.length = h.length;
@@ -221,14 +242,11 @@ impl Stream {
                 return s;
             }
         }
-        if head.len() > s.busy.inbuf.len() {
+        if !fits {
             // Past the largest head the address reads: as HTTP/1.1 would answer.
             s.error(svc, Status::HEADER_FIELDS_TOO_LARGE, on.peer);
             return s;
         }
-        s.busy.inbuf[..head.len()].copy_from_slice(&head);
-        s.busy.in_start = 0;
-        s.busy.in_end = head.len();
         s.dispatch(on, svc);
         s
     }

@@ -91,15 +91,7 @@ def pseudo_in_trailers(ctx):
         frame(DATA, 0, 1, b"test"),
         c.headers(1, [(":method", "POST")], end_stream=True),
     )
-    try:
-        c.expect_stream_error(1, PROTOCOL_ERROR)
-    except Failed as e:
-        # The h2 crate (0.4, `recv_trailers`) drops pseudo-header fields from
-        # trailers instead of refusing them: forkd never sees them, and nothing of
-        # them goes upstream. Served without them, not refused: noted.
-        if "saw a response (:status 200)" not in str(e):
-            raise
-        ctx.note("pseudo-header fields in trailers are dropped by the h2 crate, not refused (RFC 9113 §8.1: malformed)")
+    c.expect_stream_error(1, PROTOCOL_ERROR)
 
 
 @check("8.1.2.1/4", "Sends a HEADERS frame that contains a pseudo-header field that appears in a header block after a regular header field")

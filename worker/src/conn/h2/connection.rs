@@ -501,6 +501,10 @@ impl Connection {
         if let Some(i) = self.find(id) {
             // Trailers (or a second head, which only trailers may be).
             self.decode(block, max_list)?;
+            let pseudo = self
+                .fields
+                .iter()
+                .any(|(name, _)| name.first() == Some(&b':'));
             let s = &mut self.streams[i];
             if s.remote_closed {
                 return Err(Error::Stream(
@@ -514,6 +518,14 @@ impl Connection {
                     id,
                     Code::PROTOCOL_ERROR,
                     "trailers without END_STREAM",
+                ));
+            }
+            if pseudo {
+                // Pseudo-fields belong to the head only (RFC 9113 §8.1).
+                return Err(Error::Stream(
+                    id,
+                    Code::PROTOCOL_ERROR,
+                    "a pseudo-field in trailers",
                 ));
             }
             s.remote_closed = true;

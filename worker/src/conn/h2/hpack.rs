@@ -377,12 +377,13 @@ pub fn status(out: &mut Vec<u8>, code: u16) {
 /// table's entry when it names one.
 pub fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     let sensitive = match name.len() {
-        10 => name.eq_ignore_ascii_case(b"set-cookie"),
-        13 => name.eq_ignore_ascii_case(b"authorization"),
-        19 => name.eq_ignore_ascii_case(b"proxy-authorization"),
+        10 => same_name(b"set-cookie", name),
+        13 => same_name(b"authorization", name),
+        19 => same_name(b"proxy-authorization", name),
         _ => false,
     };
     let kind = if sensitive { 0x10 } else { 0x00 };
+    out.reserve(name.len() + value.len() + 12);
     match static_name(name) {
         Some(index) => put_integer(out, kind, 4, index),
         None => {
@@ -391,6 +392,30 @@ pub fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
         }
     }
     put_string(out, value, false);
+}
+
+/// Whether field name `name` (a token, any case) is `lower` (lowercase letters,
+/// digits, `-`, `:`). Eight bytes at a time: OR-ing 0x20 into a byte lowercases an
+/// ASCII letter and leaves digits, `-` and `:` as they are; the only other bytes it
+/// maps onto those are control bytes, which no token has.
+fn same_name(lower: &[u8], name: &[u8]) -> bool {
+    if lower.len() != name.len() {
+        return false;
+    }
+    const CASE: u64 = 0x2020_2020_2020_2020;
+    let mut a = lower.chunks_exact(8);
+    let mut b = name.chunks_exact(8);
+    for (x, y) in (&mut a).zip(&mut b) {
+        let x = u64::from_le_bytes(x.try_into().expect("8 bytes"));
+        let y = u64::from_le_bytes(y.try_into().expect("8 bytes"));
+        if x != y | CASE {
+            return false;
+        }
+    }
+    a.remainder()
+        .iter()
+        .zip(b.remainder())
+        .all(|(&x, &y)| x == y | 0x20)
 }
 
 /// The names of the static table (RFC 7541 Appendix A), by index from 1.
@@ -482,11 +507,16 @@ const STATIC_VALUES: [&[u8]; 61] = {
 /// The static table's index of `name`, compared without case.
 fn static_name(name: &[u8]) -> Option<usize> {
     let bucket = BY_LENGTH.get(name.len())?;
+    let first = name.first()? | 0x20;
     bucket
         .iter()
         .take_while(|&&i| i != 0)
         .map(|&i| usize::from(i))
-        .find(|&i| STATIC_NAMES[i - 1].eq_ignore_ascii_case(name))
+        .find(|&i| {
+            let candidate = STATIC_NAMES[i - 1];
+            // The first byte tells most candidates apart without a whole compare.
+            candidate[0] == first && same_name(candidate, name)
+        })
 }
 
 /// The static table's indices by name length (the first index of a name only; 0
@@ -718,6 +748,17 @@ mod tests {
                 ("age", "0"),
             ])
         );
+    }
+
+    #[test]
+    fn names_compare_without_case_and_only_as_whole_names() {
+        assert!(same_name(b"content-type", b"Content-Type"));
+        assert!(same_name(b"proxy-authorization", b"PROXY-AUTHORIZATION"));
+        assert!(same_name(b":status", b":status"));
+        assert!(!same_name(b"content-type", b"content-typf"));
+        assert!(!same_name(b"content-type", b"content_type"));
+        assert!(!same_name(b"etag", b"etags"));
+        assert!(!same_name(b"date", b"dat1"));
     }
 
     #[test]

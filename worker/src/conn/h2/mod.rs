@@ -17,6 +17,7 @@
 //! `conn/io.rs` switches a connection here when TLS chose `h2` by ALPN, or when a
 //! plain `http2: PriorKnowledge` address reads the preface.
 
+mod bytes_check;
 mod connection;
 mod frame;
 #[cfg(test)]

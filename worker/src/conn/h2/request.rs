@@ -252,11 +252,7 @@ fn pseudo(fields: &Fields) -> Result<Pseudo<'_>, Malformed> {
             }
         }
         let edge = |b: Option<&u8>| matches!(b, Some(b' ' | b'\t'));
-        if value.iter().fold(false, |bad, &b| {
-            bad | (b == 0) | (b == b'\r') | (b == b'\n')
-        }) || edge(value.first())
-            || edge(value.last())
-        {
+        if super::bytes_check::has_nul_cr_lf(value) || edge(value.first()) || edge(value.last()) {
             return Err(Malformed::BadValue(shown(name)));
         }
     }

@@ -9,7 +9,7 @@
 //! reported as [`Bad`] and answered with a stream reset.
 
 use super::hpack;
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 
 /// Fields of a response head read at most.
 const MAX_FIELDS: usize = 128;
@@ -22,7 +22,9 @@ pub enum Part {
     /// The final head as a header block; `body`: body bytes follow (else the
     /// stream ends with it).
     Head(Vec<u8>, bool),
-    Data(Bytes),
+    /// This many body octets are at the front of the input: the caller takes them
+    /// (`advance`) before it asks for the next part.
+    Data(usize),
     /// The trailers as a header block.
     Trailers(Vec<u8>),
     /// The body is complete (a length-framed body's last `Data` says so itself:
@@ -95,11 +97,11 @@ impl Reader {
                         0 => State::Done,
                         left => State::Length(left),
                     };
-                    return Ok(Some(Part::Data(buf.split_to(n).freeze())));
+                    return Ok(Some(Part::Data(n)));
                 }
                 State::UntilClose => {
                     if !buf.is_empty() {
-                        return Ok(Some(Part::Data(buf.split().freeze())));
+                        return Ok(Some(Part::Data(buf.len())));
                     }
                     if closed {
                         self.state = State::Done;
@@ -132,7 +134,7 @@ impl Reader {
                     } else {
                         State::ChunkData(left)
                     };
-                    return Ok(Some(Part::Data(buf.split_to(n).freeze())));
+                    return Ok(Some(Part::Data(n)));
                 }
                 State::ChunkEnd => {
                     if buf.len() < 2 {
@@ -180,9 +182,12 @@ impl Reader {
     }
 
     fn head(&mut self, buf: &mut BytesMut) -> Result<Option<Part>, Bad> {
-        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
-        let mut parsed = httparse::Response::new(&mut fields);
-        let len = match parsed.parse(buf) {
+        // Uninitialised: a head of a few fields does not pay for clearing 128.
+        let mut fields =
+            [const { std::mem::MaybeUninit::<httparse::Header>::uninit() }; MAX_FIELDS];
+        let mut parsed = httparse::Response::new(&mut []);
+        let config = httparse::ParserConfig::default();
+        let len = match config.parse_response_with_uninit_headers(&mut parsed, buf, &mut fields) {
             Ok(httparse::Status::Complete(n)) => n,
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(_) => return Err(Bad("response head does not parse")),
@@ -210,9 +215,9 @@ impl Reader {
             if is_connection_specific(name.as_bytes()) {
                 continue;
             }
-            if !is_value(f.value) {
-                return Err(Bad("bad field"));
-            }
+            // httparse took only values HTTP/2 can carry (no control bytes but tab,
+            // no DEL: the rule `is_value` applies to trailers, which it does not
+            // parse).
             hpack::field(&mut block, name.as_bytes(), f.value);
         }
         buf.advance(len);
@@ -242,6 +247,9 @@ fn wait_or_cut(closed: bool) -> Result<Option<Part>, Bad> {
 
 /// Fields that mean something only to one HTTP/1.1 connection (RFC 9113 §8.2.2).
 fn is_connection_specific(name: &[u8]) -> bool {
+    if !matches!(name.len(), 7 | 10 | 16 | 17) {
+        return false;
+    }
     [
         &b"connection"[..],
         b"keep-alive",
@@ -264,10 +272,7 @@ fn is_token(name: &[u8]) -> bool {
 /// A field value HTTP/2 can carry: no controls but tab (RFC 9110 §5.5; the `http`
 /// crate's rule, which the `h2` path applied).
 fn is_value(value: &[u8]) -> bool {
-    // One pass that cannot stop early, so it vectorises.
-    value.iter().fold(true, |ok, &b| {
-        ok & (((b >= 0x20) & (b != 0x7f)) | (b == b'\t'))
-    })
+    super::bytes_check::is_value(value)
 }
 
 /// A CRLF-terminated line from the front of `buf` (consumed, without its CRLF).
@@ -320,7 +325,10 @@ mod tests {
         loop {
             let closed = fed == bytes.len();
             match r.next(&mut buf, closed).unwrap() {
-                Some(Part::Data(d)) => data.extend_from_slice(&d),
+                Some(Part::Data(n)) => {
+                    data.extend_from_slice(&buf[..n]);
+                    buf.advance(n);
+                }
                 Some(p) => {
                     if !data.is_empty() {
                         out.push(format!("data {}", String::from_utf8_lossy(&data)));
@@ -407,7 +415,8 @@ mod tests {
         let mut r = Reader::new(false);
         let mut buf = BytesMut::from(&b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc"[..]);
         assert!(matches!(r.next(&mut buf, false), Ok(Some(Part::Head(..)))));
-        assert!(matches!(r.next(&mut buf, false), Ok(Some(Part::Data(_)))));
+        assert!(matches!(r.next(&mut buf, false), Ok(Some(Part::Data(3)))));
+        buf.advance(3);
         assert_eq!(r.next(&mut buf, true).unwrap_err(), Bad("body cut short"));
     }
 
@@ -557,7 +566,10 @@ mod tests {
                         status_and_names(&b);
                     }
                     Some(Part::Head(b, _)) => status = status_and_names(&b).0.parse().unwrap(),
-                    Some(Part::Data(d)) => data.extend_from_slice(&d),
+                    Some(Part::Data(n)) => {
+                        data.extend_from_slice(&buf[..n]);
+                        buf.advance(n);
+                    }
                     Some(Part::Trailers(t)) => {
                         decoded(&t);
                         trailers = true;

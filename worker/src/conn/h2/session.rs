@@ -28,6 +28,12 @@ use std::net::IpAddr;
 /// connections get theirs.
 const ROUNDS_PER_TURN: u32 = 64;
 
+/// How long a connection stays idle before it gives its buffers back: long
+/// enough that a client between two batches of requests keeps them (giving them
+/// back and growing them again cost a few allocations per request under load),
+/// short beside any idle timeout.
+const SHRINK_AFTER: Micros = 100_000;
+
 /// Octets read from the socket at once.
 const READ_CHUNK: usize = 16 * 1024;
 
@@ -83,6 +89,8 @@ pub struct Session {
     drained: bool,
     /// When the last stream ended (or the connection opened).
     pub idle_since: Micros,
+    /// The buffers were given back since the connection was last busy.
+    shrunk: bool,
     /// The connection came over TLS (its session is in the link now).
     pub tls: bool,
 }
@@ -101,6 +109,7 @@ impl Session {
             read_closed: false,
             drained: false,
             idle_since: now,
+            shrunk: false,
             tls,
         }
     }
@@ -155,6 +164,9 @@ impl Session {
         }
         if !open {
             at = at.min(self.idle_since + us(self.settings.idle_timeout));
+            if !self.shrunk {
+                at = at.min(self.idle_since + SHRINK_AFTER);
+            }
         }
         at
     }
@@ -183,12 +195,26 @@ impl Session {
             );
             return true;
         }
+        if self.open_streams() == 0 && !self.shrunk && now >= self.idle_since + SHRINK_AFTER {
+            self.shrink();
+        }
         if self.open_streams() == 0
             && now >= self.idle_since + self.settings.idle_timeout.as_micros() as Micros
         {
             self.drain();
         }
         false
+    }
+
+    /// An idle connection keeps no buffers: its input, output, streams and
+    /// decoded fields are freed until it is used again.
+    fn shrink(&mut self) {
+        if self.pending_out() > 0 {
+            return;
+        }
+        self.conn.shrink();
+        self.streams = Vec::new();
+        self.shrunk = true;
     }
 
     /// Moves the connection and its streams as far as they go now.
@@ -231,11 +257,6 @@ impl Session {
                 return Driven::Closed;
             }
             if !moved {
-                if self.open_streams() == 0 && flushed {
-                    // An idle connection keeps no buffers.
-                    self.conn.shrink();
-                    self.streams = Vec::new();
-                }
                 return Driven::Wait;
             }
             if *budget == 0 {
@@ -378,6 +399,7 @@ impl Session {
     /// A new stream: its request dispatched.
     fn start(&mut self, id: u32, end: bool, p: &Peer, svc: &mut Services) {
         self.accepted += 1;
+        self.shrunk = false;
         svc.stats.bump(counters::H2_STREAMS, 1);
         let slot = match self.streams.iter().position(|s| s.is_none()) {
             Some(i) => i,

@@ -27,7 +27,7 @@ use crate::http::response::Status;
 use crate::out::{Flush, Sink};
 use crate::services::Services;
 use crate::timers::Micros;
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use std::io::{self, IoSlice, Write};
 use std::net::IpAddr;
 use std::os::fd::BorrowedFd;
@@ -171,8 +171,9 @@ pub struct Stream {
     violation: Option<Code>,
     /// The final response head went out.
     head_sent: bool,
-    /// Taken from the pipe, not yet accepted by the stream's window.
-    unsent: Bytes,
+    /// Body octets at the front of the pipe the reader has passed, not yet
+    /// accepted by the windows.
+    unsent: usize,
     /// The last part of the response to send: `unsent` ends the stream.
     last: bool,
     /// Last time bytes moved either way (its timeouts).
@@ -203,7 +204,7 @@ impl Stream {
             held_at: 0,
             violation: None,
             head_sent: false,
-            unsent: Bytes::new(),
+            unsent: 0,
             last: false,
             progress: now,
             started: now,
@@ -305,7 +306,7 @@ impl Stream {
 
     /// Waits on the client's window with response bytes to send.
     pub fn stalled(&self) -> bool {
-        self.ended.is_none() && (!self.unsent.is_empty() || self.pipe.bytes.len() >= PIPE_BYTES)
+        self.ended.is_none() && (self.unsent > 0 || self.pipe.bytes.len() >= PIPE_BYTES)
     }
 
     /// When a stream waiting for a cache fetch looks again.
@@ -655,7 +656,7 @@ impl Stream {
             if self.ended.is_some() {
                 return moved;
             }
-            if !self.unsent.is_empty() || self.last {
+            if self.unsent > 0 || self.last {
                 if !self.head_sent {
                     return moved;
                 }
@@ -664,13 +665,15 @@ impl Stream {
                     self.ended = Some(Ended::Reset(Code::CANCEL));
                     return true;
                 }
-                let n = on.conn.send_data(self.id, &self.unsent, self.last);
-                if n == 0 && !self.unsent.is_empty() {
+                let data = &self.pipe.bytes[..self.unsent];
+                let n = on.conn.send_data(self.id, data, self.last);
+                if n == 0 && self.unsent > 0 {
                     return moved;
                 }
                 moved = true;
-                let _ = self.unsent.split_to(n);
-                if self.last && self.unsent.is_empty() {
+                self.pipe.bytes.advance(n);
+                self.unsent -= n;
+                if self.last && self.unsent == 0 {
                     self.ended = Some(Ended::Complete);
                     return true;
                 }
@@ -703,8 +706,8 @@ impl Stream {
                         return true;
                     }
                 }
-                Part::Data(data) => {
-                    self.unsent = data;
+                Part::Data(n) => {
+                    self.unsent = n;
                     self.last = self.reader.done();
                 }
                 Part::Trailers(block) => {

@@ -383,8 +383,14 @@ pub fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
         _ => false,
     };
     let kind = if sensitive { 0x10 } else { 0x00 };
-    out.reserve(name.len() + value.len() + 12);
     match static_name(name) {
+        // The common case in one write: a static name index from 15 to 142 (two
+        // octets with the 4-bit prefix) and a value shorter than 127 (one octet).
+        Some(index) if (15..143).contains(&index) && value.len() < 127 => {
+            out.extend_from_slice(&[kind | 0x0f, (index - 15) as u8, value.len() as u8]);
+            out.extend_from_slice(value);
+            return;
+        }
         Some(index) => put_integer(out, kind, 4, index),
         None => {
             out.push(kind);

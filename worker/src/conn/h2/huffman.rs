@@ -55,6 +55,10 @@ struct Table {
     /// Per length: the codes of that length and shorter, left-aligned to 30 bits,
     /// are below this.
     limit: [u32; LONGEST + 1],
+    /// By the next 8 bits: the symbol and length of a code of 8 bits or fewer
+    /// starting with them (length 0: a longer code, found by `limit`). The common
+    /// characters of header values have such codes.
+    fast: [(u8, u8); 256],
 }
 
 fn table() -> &'static Table {
@@ -65,6 +69,7 @@ fn table() -> &'static Table {
             first_code: [0; LONGEST + 1],
             first_index: [0; LONGEST + 1],
             limit: [0; LONGEST + 1],
+            fast: [(0, 0); 256],
         };
         let mut at = 0;
         let mut code: u32 = 0;
@@ -74,6 +79,12 @@ fn table() -> &'static Table {
             for (sym, &l) in LENGTHS.iter().enumerate() {
                 if usize::from(l) == len {
                     t.symbols[at] = sym as u16;
+                    if len <= 8 {
+                        let from = (code as usize) << (8 - len);
+                        for v in from..from + (1 << (8 - len)) {
+                            t.fast[v] = (sym as u8, len as u8);
+                        }
+                    }
                     at += 1;
                     code += 1;
                 }
@@ -112,6 +123,13 @@ pub fn decode(coded: &[u8], out: &mut Vec<u8>) -> Result<(), Bad> {
             let pad = LONGEST - have;
             ((bits << pad) as u32 | ((1 << pad) - 1)) & ((1 << LONGEST) - 1)
         };
+        let (sym, len) = t.fast[(window >> (LONGEST - 8)) as usize];
+        if len != 0 && usize::from(len) <= have {
+            out.push(sym);
+            have -= usize::from(len);
+            bits &= (1u64 << have) - 1;
+            continue;
+        }
         let Some(len) = (SHORTEST..=LONGEST).find(|&l| window < t.limit[l]) else {
             return Err(Bad::Padding);
         };
@@ -184,6 +202,54 @@ mod tests {
             b"https://www.example.com"
         );
         assert_eq!(decoded("").unwrap(), b"");
+    }
+
+    #[test]
+    fn every_symbol_decodes_by_the_fast_table_and_the_slow_way_alike() {
+        // Each byte value alone, then all 256 in a row: what a canonical encoder
+        // of the same lengths writes (codes assigned as `table` assigns them).
+        let t = table();
+        let code_of = |sym: u16| {
+            let len = usize::from(LENGTHS[usize::from(sym)]);
+            let index = t.symbols.iter().position(|&s| s == sym).unwrap();
+            (
+                t.first_code[len] + (index - usize::from(t.first_index[len])) as u32,
+                len,
+            )
+        };
+        let encode = |syms: &[u8]| {
+            let mut bits: u128 = 0;
+            let mut n = 0;
+            let mut out = Vec::new();
+            for &s in syms {
+                let (code, len) = code_of(u16::from(s));
+                bits = bits << len | u128::from(code);
+                n += len;
+                while n >= 8 {
+                    out.push((bits >> (n - 8)) as u8);
+                    n -= 8;
+                }
+            }
+            if n > 0 {
+                out.push(((bits << (8 - n)) as u8) | ((1u8 << (8 - n)) - 1));
+            }
+            out
+        };
+        let all: Vec<u8> = (0..=255).collect();
+        for text in [
+            all.clone(),
+            b"www.example.com".to_vec(),
+            b"/index.html?q=1".to_vec(),
+        ] {
+            let mut out = Vec::new();
+            decode(&encode(&text), &mut out).unwrap();
+            assert_eq!(out, text);
+        }
+        for b in all {
+            let mut out = Vec::new();
+            decode(&encode(&[b]), &mut out).unwrap();
+            assert_eq!(out, [b]);
+        }
     }
 
     #[test]

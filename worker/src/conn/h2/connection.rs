@@ -494,7 +494,7 @@ impl Connection {
         block: &[u8],
         end_stream: bool,
     ) -> Result<Option<Event>, Error> {
-        if id % 2 == 0 {
+        if id.is_multiple_of(2) {
             return Err(conn("a stream id a client may not open"));
         }
         let max_list = self.settings.max_header_list as usize;

@@ -232,7 +232,7 @@ pub fn read<'a>(h: &Head, p: &'a [u8]) -> Result<Frame<'a>, Error> {
             if ack && !p.is_empty() {
                 return Err(size("SETTINGS ACK with a payload"));
             }
-            if p.len() % 6 != 0 {
+            if !p.len().is_multiple_of(6) {
                 return Err(size("SETTINGS not a multiple of 6 octets"));
             }
             Ok(Frame::Settings { ack, payload: p })

@@ -792,12 +792,9 @@ impl Connection {
         if self.drain != Drain::None || self.phase == Phase::Failed {
             return;
         }
-        if self.phase != Phase::Frames {
-            // Before the client's SETTINGS no stream can be in flight.
-            self.drain = Drain::Final;
-            frame::write_goaway(&mut self.out, self.last_stream, Code::NO_ERROR);
-            return;
-        }
+        // Two steps even before the client's preface is read: its first requests
+        // may be on their way behind it, and a GOAWAY naming stream 0 would leave
+        // them unprocessed.
         self.drain = Drain::Announced;
         frame::write_goaway(&mut self.out, MAX_WINDOW as u32, Code::NO_ERROR);
         frame::write_ping(&mut self.out, false, DRAIN_PING);

@@ -4,6 +4,7 @@
 //! - `frame`: frames read and written (RFC 9113 §4, §6), sans-io;
 //! - `hpack`, `huffman`: header blocks decoded (the dynamic table, Huffman) and
 //!   encoded (no dynamic table);
+//! - `bytes_check`: field values checked eight bytes at a time;
 //! - `connection`: the connection's protocol state, sans-io: preface, SETTINGS,
 //!   flow control both ways, stream states, header blocks, PING, GOAWAY, errors;
 //! - `link`: the connection's bytes (plain or TLS), with the frame meters on both

@@ -1,7 +1,7 @@
 //! An HTTP/2 request's decoded fields as the HTTP/1.1 head every handler already
-//! reads: one dispatch for both protocols. What the `h2` crate checked for
-//! `request.rs` is checked here too, so a request that passes is one RFC 9113
-//! allows (§8.1.1, §8.2, §8.3.1):
+//! reads: one dispatch for both protocols. The connection only decodes the
+//! fields; every rule of a request's fields is checked here, so a request that
+//! passes is one RFC 9113 allows (§8.1.1, §8.2, §8.3.1):
 //!
 //! - field names are lowercase tokens, values carry no NUL, CR or LF and neither
 //!   start nor end with a space or tab (§8.2.1);

@@ -269,8 +269,7 @@ fn is_token(name: &[u8]) -> bool {
             .all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
-/// A field value HTTP/2 can carry: no controls but tab (RFC 9110 §5.5; the `http`
-/// crate's rule, which the `h2` path applied).
+/// A field value HTTP/2 can carry: no controls but tab, no DEL (RFC 9110 §5.5).
 fn is_value(value: &[u8]) -> bool {
     super::bytes_check::is_value(value)
 }

@@ -67,7 +67,7 @@ impl Conn {
         true
     }
 
-    /// The session is over (its link has sent what `h2` queued and shut the write
+    /// The session is over (it has written what was queued and shut the write
     /// side): the streams' resources go back, and the connection lingers as an
     /// HTTP/1.1 one does, reading and dropping what the client still sends
     /// (WINDOW_UPDATE, PING) until it closes or `LINGER` passes, so the kernel does

@@ -1164,6 +1164,32 @@ mod tests {
     }
 
     #[test]
+    fn a_drain_before_the_preface_still_takes_the_requests_behind_it() {
+        let mut c = Connection::new(SETTINGS);
+        c.out.clear();
+        c.drain();
+        let frames = sent(&mut c);
+        assert_eq!(&frames[0].1[..4], &(MAX_WINDOW as u32).to_be_bytes());
+        assert_eq!(frames[1].0.kind, frame::PING);
+        c.input(super::super::PREFACE);
+        c.input(&settings(&[]));
+        c.input(&f(
+            frame::HEADERS,
+            frame::END_HEADERS | frame::END_STREAM,
+            1,
+            GET,
+        ));
+        assert_eq!(events(&mut c), [Event::Request { id: 1, end: true }]);
+        c.input(&f(frame::PING, frame::ACK, 0, &DRAIN_PING));
+        assert_eq!(events(&mut c), []);
+        let last = sent(&mut c)
+            .into_iter()
+            .find(|(h, _)| h.kind == frame::GOAWAY)
+            .unwrap();
+        assert_eq!(&last.1[..4], &1u32.to_be_bytes());
+    }
+
+    #[test]
     fn pings_are_answered_and_unknown_frames_and_settings_ignored() {
         let mut c = open(&[(0x99, 5)]);
         c.input(&f(0x42, 0xff, 0, b"whatever"));

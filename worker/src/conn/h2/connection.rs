@@ -853,6 +853,19 @@ mod tests {
         c
     }
 
+    /// An open connection with stream 1's GET (ended) read and its output taken.
+    fn open_with_get() -> Connection {
+        let mut c = open(&[]);
+        c.input(&f(
+            frame::HEADERS,
+            frame::END_HEADERS | frame::END_STREAM,
+            1,
+            GET,
+        ));
+        events(&mut c);
+        c
+    }
+
     /// The frames in `out` (header, payload), taken.
     fn sent(c: &mut Connection) -> Vec<(Head, Vec<u8>)> {
         let out = std::mem::take(&mut c.out);
@@ -976,14 +989,7 @@ mod tests {
 
     #[test]
     fn a_settings_change_moves_every_open_streams_window_and_an_overflow_is_an_error() {
-        let mut c = open(&[]);
-        c.input(&f(
-            frame::HEADERS,
-            frame::END_HEADERS | frame::END_STREAM,
-            1,
-            GET,
-        ));
-        events(&mut c);
+        let mut c = open_with_get();
         c.input(&settings(&[(frame::SETTINGS_INITIAL_WINDOW_SIZE, 0)]));
         assert_eq!(events(&mut c), [Event::Window]);
         assert_eq!(c.window(1), 0);
@@ -1123,14 +1129,7 @@ mod tests {
 
     #[test]
     fn the_graceful_close_announces_then_names_the_last_stream_once_the_ping_returns() {
-        let mut c = open(&[]);
-        c.input(&f(
-            frame::HEADERS,
-            frame::END_HEADERS | frame::END_STREAM,
-            1,
-            GET,
-        ));
-        events(&mut c);
+        let mut c = open_with_get();
         c.drain();
         let frames = sent(&mut c);
         assert_eq!(frames[0].0.kind, frame::GOAWAY);

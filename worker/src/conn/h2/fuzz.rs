@@ -21,7 +21,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use std::time::Duration;
 
-fn config(cases: u32) -> Config {
+/// The property tests' configuration in every HTTP/2 module: `cases` cases from a
+/// fixed seed unless `PROPTEST_CASES` / `PROPTEST_RNG_SEED` say otherwise.
+pub(super) fn config(cases: u32) -> Config {
     let mut config = Config::default();
     if std::env::var_os("PROPTEST_CASES").is_none() {
         config.cases = cases;
@@ -31,6 +33,14 @@ fn config(cases: u32) -> Config {
     }
     config.failure_persistence = None;
     config
+}
+
+/// Bytes written as hex digits (test vectors).
+pub(super) fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
 }
 
 const SETTINGS: H2Settings = H2Settings {

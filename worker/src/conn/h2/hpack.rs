@@ -586,16 +586,11 @@ fn put_string(out: &mut Vec<u8>, s: &[u8], lower: bool) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fuzz::config;
     use super::*;
     use proptest::prelude::*;
-    use proptest::test_runner::{Config, RngSeed};
 
-    fn hex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
-    }
+    use super::super::fuzz::hex;
 
     fn list(f: &Fields) -> Vec<(String, String)> {
         f.iter()
@@ -874,18 +869,6 @@ mod tests {
         Decoder::new().decode(&out, 179, &mut f).unwrap();
         assert!(!f.over());
         assert_eq!(f.len(), 3);
-    }
-
-    fn config(cases: u32) -> Config {
-        let mut config = Config::default();
-        if std::env::var_os("PROPTEST_CASES").is_none() {
-            config.cases = cases;
-        }
-        if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
-            config.rng_seed = RngSeed::Fixed(0x0066_6f72_6b64_6832);
-        }
-        config.failure_persistence = None;
-        config
     }
 
     /// Every RFC block, each from the start of a fresh table (the later ones refer

@@ -157,12 +157,7 @@ pub fn decode(coded: &[u8], out: &mut Vec<u8>) -> Result<(), Bad> {
 mod tests {
     use super::*;
 
-    fn hex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
-    }
+    use super::super::fuzz::hex;
 
     fn decoded(s: &str) -> Result<Vec<u8>, Bad> {
         let mut out = Vec::new();

@@ -326,11 +326,11 @@ pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 
 #[cfg(test)]
 mod tests {
+    use super::super::fuzz::config;
     use super::super::hpack::Decoder;
     use super::*;
     use crate::http::request as h1;
     use proptest::prelude::*;
-    use proptest::test_runner::{Config, RngSeed};
 
     /// `list` as the decoder gives it: each field a literal, names as they are.
     fn fields(list: &[(&str, &str)]) -> Fields {
@@ -578,18 +578,6 @@ mod tests {
             Malformed::ConnectionField("upgrade".into()).why(),
             "connection-specific field `upgrade`"
         );
-    }
-
-    fn config(cases: u32) -> Config {
-        let mut config = Config::default();
-        if std::env::var_os("PROPTEST_CASES").is_none() {
-            config.cases = cases;
-        }
-        if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
-            config.rng_seed = RngSeed::Fixed(0x0066_6f72_6b64_6832);
-        }
-        config.failure_persistence = None;
-        config
     }
 
     proptest! {

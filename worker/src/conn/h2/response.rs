@@ -289,10 +289,10 @@ fn take_line(buf: &mut BytesMut) -> Result<Option<Vec<u8>>, Bad> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fuzz::config;
     use super::super::hpack::{Decoder, Fields};
     use super::*;
     use proptest::prelude::*;
-    use proptest::test_runner::{Config, RngSeed};
 
     /// A block's fields, as (name, value) text.
     fn decoded(block: &[u8]) -> Vec<(String, String)> {
@@ -470,18 +470,6 @@ mod tests {
                 String::from_utf8_lossy(trailer)
             );
         }
-    }
-
-    fn config(cases: u32) -> Config {
-        let mut config = Config::default();
-        if std::env::var_os("PROPTEST_CASES").is_none() {
-            config.cases = cases;
-        }
-        if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
-            config.rng_seed = RngSeed::Fixed(0x0066_6f72_6b64_6832);
-        }
-        config.failure_persistence = None;
-        config
     }
 
     proptest! {

@@ -69,6 +69,19 @@ pub struct Peer {
     pub tls: bool,
 }
 
+impl Peer {
+    /// What stream `slot` of this connection is passed.
+    fn on<'a>(&self, slot: usize, conn: &'a mut Connection) -> On<'a> {
+        On {
+            key: super::stream_key(self.key, slot),
+            peer: self.peer,
+            listener: self.listener,
+            tls: self.tls,
+            conn,
+        }
+    }
+}
+
 pub struct Session {
     link: Link,
     conn: Connection,
@@ -408,13 +421,7 @@ impl Session {
                 self.streams.len() - 1
             }
         };
-        let mut on = On {
-            key: super::stream_key(p.key, slot),
-            peer: p.peer,
-            listener: p.listener,
-            tls: p.tls,
-            conn: &mut self.conn,
-        };
+        let mut on = p.on(slot, &mut self.conn);
         let stream = Stream::start(id, end, &mut on, svc);
         self.streams[slot] = Some(stream);
         self.live += 1;
@@ -431,13 +438,7 @@ impl Session {
             let Some(stream) = self.streams[slot].as_mut() else {
                 continue;
             };
-            let mut on = On {
-                key: super::stream_key(p.key, slot),
-                peer: p.peer,
-                listener: p.listener,
-                tls: p.tls,
-                conn: &mut self.conn,
-            };
+            let mut on = p.on(slot, &mut self.conn);
             moved |= stream.pump(&mut on, svc, budget);
             if let Some(ended) = stream.ended() {
                 let code = match ended {

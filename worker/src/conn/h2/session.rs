@@ -28,6 +28,13 @@ use std::net::IpAddr;
 /// connections get theirs.
 const ROUNDS_PER_TURN: u32 = 64;
 
+/// Frames waiting for the socket past which the client's bytes are not read: a
+/// client that sends without reading (PINGs, SETTINGS, streams to be refused, each
+/// answered by a frame) cannot make the output grow without bound; its next bytes
+/// are read once the socket has taken ours (the writability that drives the
+/// connection again).
+const OUT_READ_LIMIT: usize = 256 * 1024;
+
 /// How long a connection stays idle before it gives its buffers back: long
 /// enough that a client between two batches of requests keeps them (giving them
 /// back and growing them again cost a few allocations per request under load),
@@ -287,6 +294,9 @@ impl Session {
     /// Reads what the socket has into the connection; true if anything came.
     fn read(&mut self, p: &Peer) -> bool {
         if self.read_closed || self.drained || self.conn.failed() {
+            return false;
+        }
+        if self.pending_out() > OUT_READ_LIMIT {
             return false;
         }
         READ_BUF.with_borrow_mut(|buf| self.read_into(&mut buf[..], p))

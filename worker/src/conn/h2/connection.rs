@@ -717,7 +717,8 @@ impl Connection {
 
     /// Writes a response head (or 1xx, or trailers) of stream `id`: `block` is HPACK.
     pub fn send_headers(&mut self, id: u32, block: &[u8], end_stream: bool) {
-        if self.phase == Phase::Failed {
+        if self.phase == Phase::Failed || self.find(id).is_none() {
+            // A stream reset (by either side) gets no more frames.
             return;
         }
         let prefix: &[u8] = if self.first_block {

@@ -705,7 +705,7 @@ impl Conn {
                         return Verdict::Close;
                     };
                     if svc.draining || rotate {
-                        s.drain();
+                        s.drain(svc.clock.now_us);
                     }
                     let peer = h2::Peer {
                         key,

@@ -14,6 +14,7 @@
 use super::frame::{self, Code, Error, Frame, Head, HEAD_LEN, MAX_FRAME, MAX_WINDOW};
 use super::hpack::{self, Fields};
 use forkd_shared::config::H2Settings;
+use std::collections::VecDeque;
 
 /// The initial window of both directions before SETTINGS say otherwise.
 const DEFAULT_WINDOW: i64 = 65_535;
@@ -90,8 +91,14 @@ struct StreamState {
 struct Block {
     stream: u32,
     end_stream: bool,
+    depends_on_self: bool,
     bytes: Vec<u8>,
 }
+
+/// Streams forkd reset (or refused) remembered, so the frames the client sent
+/// before it saw the RST_STREAM are ignored (RFC 9113 §5.1) instead of being
+/// taken for frames on a closed stream.
+const RESET_MEMORY: usize = 32;
 
 pub struct Connection {
     phase: Phase,
@@ -124,6 +131,11 @@ pub struct Connection {
     first_block: bool,
     /// The client sent GOAWAY.
     peer_goaway: bool,
+    /// The last streams forkd reset or refused (at most `RESET_MEMORY`).
+    reset: VecDeque<u32>,
+    /// The last stream id the graceful close's final GOAWAY named: a later GOAWAY
+    /// may not name a higher one (RFC 9113 §6.8).
+    goaway_last: Option<u32>,
     /// Why the connection failed, for the log.
     pub failure: Option<(Code, &'static str)>,
 }
@@ -176,6 +188,8 @@ impl Connection {
             data: (0, 0),
             first_block: true,
             peer_goaway: false,
+            reset: VecDeque::new(),
+            goaway_last: None,
             failure: None,
         }
     }
@@ -306,7 +320,8 @@ impl Connection {
         if self.phase == Phase::Failed {
             return;
         }
-        frame::write_goaway(&mut self.out, self.last_stream, code);
+        let last = self.goaway_last.unwrap_or(self.last_stream);
+        frame::write_goaway(&mut self.out, last, code);
         self.phase = Phase::Failed;
         self.failure = Some((code, why));
     }
@@ -314,10 +329,21 @@ impl Connection {
     /// A stream error: RST_STREAM, the stream forgotten; `Reset` if it was one the
     /// session knows.
     fn stream_error(&mut self, id: u32, code: Code) -> Option<Event> {
-        frame::write_rst(&mut self.out, id, code);
+        self.write_reset(id, code);
         let i = self.find(id)?;
         self.streams.swap_remove(i);
         Some(Event::Reset { id })
+    }
+
+    /// Writes RST_STREAM for `id` and remembers it.
+    fn write_reset(&mut self, id: u32, code: Code) {
+        frame::write_rst(&mut self.out, id, code);
+        if !self.reset.contains(&id) {
+            if self.reset.len() == RESET_MEMORY {
+                self.reset.pop_front();
+            }
+            self.reset.push_back(id);
+        }
     }
 
     fn find(&self, id: u32) -> Option<usize> {
@@ -358,13 +384,15 @@ impl Connection {
                 fragment,
                 end_stream,
                 end_headers,
+                depends_on_self,
             } => {
                 if end_headers {
-                    return self.on_block(stream, fragment, end_stream);
+                    return self.on_block(stream, fragment, end_stream, depends_on_self);
                 }
                 self.block = Some(Block {
                     stream,
                     end_stream,
+                    depends_on_self,
                     bytes: fragment.to_vec(),
                 });
                 Ok(None)
@@ -390,7 +418,12 @@ impl Connection {
                     return Ok(None);
                 }
                 let block = self.block.take().expect("checked");
-                self.on_block(block.stream, &block.bytes, block.end_stream)
+                self.on_block(
+                    block.stream,
+                    &block.bytes,
+                    block.end_stream,
+                    block.depends_on_self,
+                )
             }
             Frame::Priority | Frame::Unknown => Ok(None),
             Frame::RstStream { stream, .. } => {
@@ -412,9 +445,8 @@ impl Connection {
                 self.on_settings(payload)
             }
             Frame::Ping { ack: true, data } => {
-                if data == DRAIN_PING && self.drain == Drain::Announced {
-                    self.drain = Drain::Final;
-                    frame::write_goaway(&mut self.out, self.last_stream, Code::NO_ERROR);
+                if data == DRAIN_PING {
+                    self.finish_drain();
                 }
                 Ok(None)
             }
@@ -454,6 +486,10 @@ impl Connection {
         let Some(i) = self.find(id).filter(|&i| !self.streams[i].remote_closed) else {
             // A closed stream's bytes still took connection window: given back.
             self.give_back(None, counted);
+            if self.find(id).is_none() && self.reset.contains(&id) {
+                // Sent before the client saw our RST_STREAM: ignored (§5.1).
+                return Ok(None);
+            }
             return Err(Error::Stream(
                 id,
                 Code::STREAM_CLOSED,
@@ -493,6 +529,7 @@ impl Connection {
         id: u32,
         block: &[u8],
         end_stream: bool,
+        depends_on_self: bool,
     ) -> Result<Option<Event>, Error> {
         if id.is_multiple_of(2) {
             return Err(conn("a stream id a client may not open"));
@@ -537,17 +574,27 @@ impl Connection {
         }
         if id <= self.last_stream {
             self.decode(block, max_list)?;
+            if self.reset.contains(&id) {
+                // Sent before the client saw our RST_STREAM: ignored.
+                return Ok(None);
+            }
             return Err(conn("HEADERS on a closed stream"));
         }
         self.last_stream = id;
         // Decoded even when refused: the dynamic table must stay in step.
         self.decode(block, max_list)?;
         if self.drain == Drain::Final || self.peer_goaway {
-            // After the last stream id went out, new streams are ignored (§6.8).
+            // After the last stream id went out, new streams are refused (§6.8):
+            // the client may send them again on another connection.
+            self.write_reset(id, Code::REFUSED_STREAM);
+            return Ok(None);
+        }
+        if depends_on_self {
+            self.write_reset(id, Code::PROTOCOL_ERROR);
             return Ok(None);
         }
         if self.streams.len() >= self.settings.max_concurrent_streams as usize {
-            frame::write_rst(&mut self.out, id, Code::REFUSED_STREAM);
+            self.write_reset(id, Code::REFUSED_STREAM);
             return Ok(None);
         }
         self.streams.push(StreamState {
@@ -782,7 +829,7 @@ impl Connection {
             let s = self.streams.swap_remove(i);
             let code = if s.local_closed { Code::NO_ERROR } else { code };
             if self.phase != Phase::Failed {
-                frame::write_rst(&mut self.out, id, code);
+                self.write_reset(id, code);
             }
         }
     }
@@ -799,6 +846,17 @@ impl Connection {
         self.drain = Drain::Announced;
         frame::write_goaway(&mut self.out, MAX_WINDOW as u32, Code::NO_ERROR);
         frame::write_ping(&mut self.out, false, DRAIN_PING);
+    }
+
+    /// The graceful close's second step: GOAWAY with the last stream id taken (when
+    /// the PING comes back, or when the client does not answer it in time).
+    pub fn finish_drain(&mut self) {
+        if self.drain != Drain::Announced || self.phase == Phase::Failed {
+            return;
+        }
+        self.drain = Drain::Final;
+        self.goaway_last = Some(self.last_stream);
+        frame::write_goaway(&mut self.out, self.last_stream, Code::NO_ERROR);
     }
 
     /// Ends the connection now with GOAWAY(`code`) (a flood).
@@ -1187,6 +1245,58 @@ mod tests {
             .find(|(h, _)| h.kind == frame::GOAWAY)
             .unwrap();
         assert_eq!(&last.1[..4], &1u32.to_be_bytes());
+    }
+
+    #[test]
+    fn frames_a_client_sent_before_it_saw_our_reset_are_ignored() {
+        let mut c = open(&[]);
+        c.input(&f(frame::HEADERS, frame::END_HEADERS, 1, GET));
+        events(&mut c);
+        // forkd answered early and let the stream go: RST_STREAM(NO_ERROR).
+        c.send_headers(1, b"\x88", true);
+        c.finish(1, Code::CANCEL);
+        assert_eq!(rst(&sent(&mut c)), [(1, Code::NO_ERROR.0)]);
+        // The client's body and trailers were on their way: ignored, not errors.
+        c.input(&f(frame::DATA, 0, 1, b"more"));
+        c.input(&f(
+            frame::HEADERS,
+            frame::END_HEADERS | frame::END_STREAM,
+            1,
+            b"\x40\x01x\x01y",
+        ));
+        assert_eq!(events(&mut c), []);
+        assert!(!c.failed());
+        assert!(rst(&sent(&mut c)).is_empty());
+    }
+
+    #[test]
+    fn a_head_that_depends_on_itself_is_decoded_then_its_stream_refused() {
+        let mut c = open(&[]);
+        // A literal the table keeps (x: y), with a priority naming stream 1.
+        let mut payload = vec![0, 0, 0, 1, 16];
+        payload.extend_from_slice(GET);
+        payload.extend_from_slice(b"\x40\x01x\x01y");
+        c.input(&f(
+            frame::HEADERS,
+            frame::END_HEADERS | frame::PRIORITY_FLAG,
+            1,
+            &payload,
+        ));
+        assert_eq!(events(&mut c), []);
+        assert_eq!(rst(&sent(&mut c)), [(1, Code::PROTOCOL_ERROR.0)]);
+        // The table took `x: y`: the next request may use it (index 63 once that
+        // request's own `:authority` literal is in front of it at 62).
+        let mut next = GET.to_vec();
+        next.push(0x80 | 63);
+        c.input(&f(
+            frame::HEADERS,
+            frame::END_HEADERS | frame::END_STREAM,
+            3,
+            &next,
+        ));
+        assert_eq!(events(&mut c), [Event::Request { id: 3, end: true }]);
+        let x: Vec<_> = c.fields().iter().filter(|(n, _)| *n == b"x").collect();
+        assert_eq!(x, [(&b"x"[..], &b"y"[..])]);
     }
 
     #[test]

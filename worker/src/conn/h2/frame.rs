@@ -103,6 +103,9 @@ pub enum Frame<'a> {
         fragment: &'a [u8],
         end_stream: bool,
         end_headers: bool,
+        /// Its priority names the stream itself (RFC 9113 §5.3.1): a stream error,
+        /// raised once the block is decoded (HPACK must stay in step).
+        depends_on_self: bool,
     },
     Priority,
     RstStream {
@@ -178,17 +181,12 @@ pub fn read<'a>(h: &Head, p: &'a [u8]) -> Result<Frame<'a>, Error> {
         HEADERS => {
             on_stream("HEADERS on stream 0")?;
             let mut body = unpad(h, p)?;
+            let mut depends_on_self = false;
             if h.has(PRIORITY_FLAG) {
                 if body.len() < 5 {
                     return Err(size("HEADERS too short for its priority"));
                 }
-                if be32(body) & 0x7fff_ffff == s {
-                    return Err(Error::Stream(
-                        s,
-                        Code::PROTOCOL_ERROR,
-                        "stream depends on itself",
-                    ));
-                }
+                depends_on_self = be32(body) & 0x7fff_ffff == s;
                 body = &body[5..];
             }
             Ok(Frame::Headers {
@@ -196,6 +194,7 @@ pub fn read<'a>(h: &Head, p: &'a [u8]) -> Result<Frame<'a>, Error> {
                 fragment: body,
                 end_stream: h.has(END_STREAM),
                 end_headers: h.has(END_HEADERS),
+                depends_on_self,
             })
         }
         PRIORITY => {
@@ -437,7 +436,8 @@ mod tests {
                 stream: 1,
                 fragment: b"\x82",
                 end_stream: false,
-                end_headers: true
+                end_headers: true,
+                depends_on_self: false
             })
         );
     }

@@ -35,6 +35,10 @@ const ROUNDS_PER_TURN: u32 = 64;
 /// connection again).
 const OUT_READ_LIMIT: usize = 256 * 1024;
 
+/// How long the graceful close waits for its PING to come back before it sends
+/// the final GOAWAY anyway (a client that does not answer is not waited for).
+const PING_WAIT: Micros = 2_000_000;
+
 /// How long a connection stays idle before it gives its buffers back: long
 /// enough that a client between two batches of requests keeps them (giving them
 /// back and growing them again cost a few allocations per request under load),
@@ -102,6 +106,8 @@ pub struct Session {
     settings: H2Settings,
     /// GOAWAY has been sent (or is on its way).
     draining: bool,
+    /// When the graceful close began (its PING's wait is measured from it).
+    drain_since: Option<Micros>,
     /// The client closed its side (or the socket failed): nothing more is read.
     read_closed: bool,
     /// A read of this drive emptied the socket: later rounds of it do not read
@@ -126,6 +132,7 @@ impl Session {
             accepted: 0,
             settings,
             draining: false,
+            drain_since: None,
             read_closed: false,
             drained: false,
             idle_since: now,
@@ -146,11 +153,12 @@ impl Session {
     }
 
     /// Starts the graceful close: GOAWAY, open streams finish.
-    pub fn drain(&mut self) {
-        if self.draining {
+    pub fn drain(&mut self, now: Micros) {
+        if self.drain_since.is_some() {
             return;
         }
         self.draining = true;
+        self.drain_since = Some(now);
         self.conn.drain();
     }
 
@@ -181,12 +189,19 @@ impl Session {
             if let Some(look) = st.cache_wait() {
                 at = at.min(look);
             }
-        }
-        if !open {
-            at = at.min(self.idle_since + us(self.settings.idle_timeout));
-            if !self.shrunk {
-                at = at.min(self.idle_since + SHRINK_AFTER);
+            if let Some(body) = st.body_deadline(svc) {
+                at = at.min(body);
             }
+        }
+        match self.drain_since {
+            // The final GOAWAY, if the PING has not brought it yet.
+            Some(since) if !self.conn.closing() => at = at.min(since + PING_WAIT),
+            Some(_) => {}
+            None if !open => at = at.min(self.idle_since + us(self.settings.idle_timeout)),
+            None => {}
+        }
+        if !open && !self.shrunk {
+            at = at.min(self.idle_since + SHRINK_AFTER);
         }
         at
     }
@@ -195,7 +210,7 @@ impl Session {
     /// a proxied stream's upstream deadline is handed to its exchange (the next
     /// drive acts on it). True if a client left a stream stalled on its window for
     /// `send_timeout`: the connection is closed (nginx's `send_timeout`).
-    pub fn on_deadline(&mut self, peer: IpAddr, svc: &Services, server: usize) -> bool {
+    pub fn on_deadline(&mut self, peer: IpAddr, svc: &mut Services, server: usize) -> bool {
         let now = svc.clock.now_us;
         let send_timeout = svc.server(server).send_timeout.as_micros() as Micros;
         let mut stalled = false;
@@ -203,11 +218,23 @@ impl Session {
             if st.stalled() && st.progress + send_timeout <= now {
                 stalled = true;
             }
-            if let Some((upstream, _)) = st.deadlines(svc) {
+            if let Some((upstream, client)) = st.deadlines(svc) {
                 if upstream <= now {
                     st.upstream_fired();
                 }
+                if client <= now && st.client_late(svc, now) {
+                    st.too_slow(peer, svc);
+                }
             }
+            if st.body_deadline(svc).is_some_and(|at| at <= now) {
+                st.body_timed_out(peer, svc);
+            }
+        }
+        if self
+            .drain_since
+            .is_some_and(|since| now >= since + PING_WAIT)
+        {
+            self.conn.finish_drain();
         }
         if stalled {
             forkd_shared::info!(
@@ -219,9 +246,10 @@ impl Session {
             self.shrink();
         }
         if self.open_streams() == 0
+            && self.drain_since.is_none()
             && now >= self.idle_since + self.settings.idle_timeout.as_micros() as Micros
         {
-            self.drain();
+            self.drain(now);
         }
         false
     }
@@ -380,9 +408,11 @@ impl Session {
                 Event::Data { id, end } => match self.slot_of(id) {
                     Some(slot) => {
                         let data = self.conn.data();
-                        if let Some(s) = self.streams[slot].as_mut() {
-                            s.received(data, end);
-                        }
+                        let ignored = match self.streams[slot].as_mut() {
+                            Some(s) => s.received(data, end),
+                            None => data.len(),
+                        };
+                        self.conn.release(id, ignored);
                     }
                     None => {
                         // A stream the session has let go of (answered early):
@@ -398,7 +428,7 @@ impl Session {
                 }
                 Event::Reset { id } => {
                     if let Some(s) = self.stream_mut(id) {
-                        s.client_left();
+                        s.client_left(p.peer, svc);
                     }
                 }
                 Event::Window => {}
@@ -435,9 +465,8 @@ impl Session {
         let stream = Stream::start(id, end, &mut on, svc);
         self.streams[slot] = Some(stream);
         self.live += 1;
-        if self.accepted >= self.settings.max_requests && !self.draining {
-            self.draining = true;
-            self.conn.drain();
+        if self.accepted >= self.settings.max_requests {
+            self.drain(svc.clock.now_us);
         }
     }
 
@@ -461,6 +490,8 @@ impl Session {
                 let stream = self.streams[slot].take().expect("checked");
                 self.live -= 1;
                 self.conn.finish(stream.id, code);
+                // What the client sent and the stream never used: back to its window.
+                self.conn.release(stream.id, stream.unread());
                 stream.release(svc);
                 moved = true;
                 if self.open_streams() == 0 {

@@ -254,16 +254,18 @@ impl Stream {
 
     /// Body bytes of the stream arrived (`end`: the client's END_STREAM, or its
     /// trailers).
-    pub fn received(&mut self, data: &[u8], end: bool) {
+    /// Returns how many of them it did not keep (to be given back to the client's
+    /// window at once).
+    pub fn received(&mut self, data: &[u8], end: bool) -> usize {
         if self.ended.is_some() || self.violation.is_some() {
-            return;
+            return data.len();
         }
         self.body_read += data.len() as u64;
         let past = self.length.is_some_and(|l| self.body_read > l);
         let short = end && self.length.is_some_and(|l| self.body_read != l);
         if past || short {
             self.violation = Some(Code::PROTOCOL_ERROR);
-            return;
+            return data.len();
         }
         if self.held_at == self.held.len() {
             self.held.clear();
@@ -274,15 +276,73 @@ impl Stream {
             self.body_ended = true;
             self.last_chunk_due = self.framing == Framing::Chunked;
         }
+        0
     }
 
-    /// The client reset the stream (or the connection ended it on an error).
-    pub fn client_left(&mut self) {
+    /// Body octets received and not yet used (given back when the stream goes).
+    pub fn unread(&self) -> usize {
+        self.held.len() - self.held_at
+    }
+
+    /// The client reset the stream (or the connection ended it on an error): an
+    /// HTTP/2 reset is final, so a proxied exchange ends here (logged 499, its
+    /// upstream connection closed), whatever it still expected of the client.
+    pub fn client_left(&mut self, peer: IpAddr, svc: &mut Services) {
         self.pipe.left = true;
         self.body_ended = true;
-        match self.busy.proxy.as_deref_mut() {
-            Some(p) => p.client_hung_up = true,
-            None => self.ended = Some(Ended::Reset(Code::CANCEL)),
+        if let Some(mut p) = self.busy.proxy.take() {
+            proxied::abandon(&mut p, peer, svc);
+            forget(&mut p, svc);
+        }
+        self.ended = Some(Ended::Reset(Code::CANCEL));
+    }
+
+    /// When a stream that waits for its request body (not proxied: a proxied one
+    /// has its exchange's deadlines) gives up on it: `body_timeout` after the last
+    /// progress.
+    pub fn body_deadline(&self, svc: &Services) -> Option<Micros> {
+        let waits = matches!(self.work, Work::Body { .. }) && !self.body_ended;
+        waits.then(|| self.progress + svc.server(self.server).body_timeout.as_micros() as Micros)
+    }
+
+    /// The request body did not come within `body_timeout`: answered 408, as for
+    /// HTTP/1.1.
+    pub fn body_timed_out(&mut self, peer: IpAddr, svc: &mut Services) {
+        forkd_shared::info!("HTTP/2 client {peer} did not send its request body in time");
+        self.body_ended = true;
+        self.error(svc, Status::REQUEST_TIMEOUT, peer);
+    }
+
+    /// The proxied exchange's client deadline passed (`now`): a rate period in
+    /// which the client kept its minimum rate starts a new one; true if the
+    /// client is still late (too slow, or silent past its timeout).
+    pub fn client_late(&mut self, svc: &Services, now: Micros) -> bool {
+        let Some(p) = self.busy.proxy.as_deref() else {
+            return false;
+        };
+        let server = svc.server(p.client_server);
+        let rate = p
+            .rated
+            .map_or(0, |t| crate::conn::proxied_deadlines::min_rate(t, server));
+        if rate > 0 && self.busy.rate.kept(rate, now) {
+            self.busy.rate = crate::busy::RateWindow::starting(now);
+        }
+        self.deadlines(svc).is_some_and(|(_, client)| client <= now)
+    }
+
+    /// The client was too slow for the proxied exchange: it ends (`proxied::too_slow`),
+    /// with a 408 if nothing of the response was sent, else with a reset.
+    pub fn too_slow(&mut self, peer: IpAddr, svc: &mut Services) {
+        let Some(mut p) = self.busy.proxy.take() else {
+            return;
+        };
+        svc.stats.slow_client();
+        forkd_shared::info!("HTTP/2 client {peer} was below the minimum rate: ending its stream");
+        let progress = proxied::too_slow(&mut p, &mut self.busy, svc);
+        forget(&mut p, svc);
+        match progress {
+            Progress::Failed { .. } => self.work = Work::Answered,
+            _ => self.reset(Code::CANCEL),
         }
     }
 
@@ -429,10 +489,8 @@ impl Stream {
                 on.peer
             );
             on.conn.finish(self.id, code);
-            self.client_left();
-            if self.ended.is_some() {
-                return true;
-            }
+            self.client_left(on.peer, svc);
+            return true;
         }
         let mut moved = self.read_body(on, svc);
         moved |= self.run(on, svc, budget);

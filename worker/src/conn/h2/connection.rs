@@ -315,7 +315,8 @@ impl Connection {
         }
     }
 
-    /// A connection error: GOAWAY with the last stream id, then nothing more.
+    /// A connection error (the client's, or a flood): GOAWAY with the last stream
+    /// id, then nothing more.
     pub fn fail(&mut self, code: Code, why: &'static str) {
         if self.phase == Phase::Failed {
             return;
@@ -857,11 +858,6 @@ impl Connection {
         self.drain = Drain::Final;
         self.goaway_last = Some(self.last_stream);
         frame::write_goaway(&mut self.out, self.last_stream, Code::NO_ERROR);
-    }
-
-    /// Ends the connection now with GOAWAY(`code`) (a flood).
-    pub fn abort(&mut self, code: Code, why: &'static str) {
-        self.fail(code, why);
     }
 }
 

@@ -19,12 +19,7 @@
 /// The client preface (RFC 9113 §3.4): 24 octets before the first frame.
 pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-const DATA: u8 = 0;
-const HEADERS: u8 = 1;
-const RST_STREAM: u8 = 3;
-const GOAWAY: u8 = 7;
-const CONTINUATION: u8 = 9;
-const END_HEADERS: u8 = 0x4;
+use super::frame::{Code, CONTINUATION, DATA, END_HEADERS, GOAWAY, HEADERS, RST_STREAM};
 
 /// Client resets tolerated before the ratio to streams opened is looked at.
 const RESET_BUDGET: u64 = 256;
@@ -316,10 +311,6 @@ impl Default for Outbound {
     }
 }
 
-const REFUSED_STREAM: u32 = 0x7;
-const CANCEL: u32 = 0x8;
-const NO_ERROR: u32 = 0;
-
 impl Outbound {
     /// Meters bytes the socket took.
     pub fn wrote(&mut self, bytes: &[u8]) {
@@ -331,16 +322,16 @@ impl Outbound {
             };
             let code = |at: usize| {
                 head.get(at..at + 4)
-                    .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+                    .map(|b| Code(u32::from_be_bytes([b[0], b[1], b[2], b[3]])))
             };
             match kind {
                 RST_STREAM => match code(0) {
-                    Some(REFUSED_STREAM) => sent.refused += 1,
-                    Some(NO_ERROR | CANCEL) | None => {}
+                    Some(Code::REFUSED_STREAM) => sent.refused += 1,
+                    Some(Code::NO_ERROR | Code::CANCEL) | None => {}
                     Some(_) => sent.stream_errors += 1,
                 },
                 GOAWAY => match code(4) {
-                    Some(NO_ERROR) => sent.goaway += 1,
+                    Some(Code::NO_ERROR) => sent.goaway += 1,
                     _ => sent.connection_errors += 1,
                 },
                 _ => {}

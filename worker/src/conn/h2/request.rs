@@ -162,9 +162,10 @@ pub fn head(fields: &Fields, ended: bool, out: &mut Vec<u8>) -> Result<Head, Mal
     let mut cookies = false;
     let mut length = None;
     for (name, value) in fields.iter().filter(|(n, _)| !n.starts_with(b":")) {
+        if is_connection_specific(name) {
+            return Err(Malformed::ConnectionField(shown(name)));
+        }
         match name {
-            b"connection" | b"keep-alive" | b"proxy-connection" | b"transfer-encoding"
-            | b"upgrade" => return Err(Malformed::ConnectionField(shown(name))),
             b"te" if !value.eq_ignore_ascii_case(b"trailers") => return Err(Malformed::Te),
             b"host" => match p.authority {
                 Some(a) if !a.eq_ignore_ascii_case(value) => return Err(Malformed::HostDisagrees),
@@ -257,6 +258,24 @@ fn pseudo(fields: &Fields) -> Result<Pseudo<'_>, Malformed> {
         }
     }
     Ok(p)
+}
+
+/// Fields that mean something only to one HTTP/1.1 connection (RFC 9113 §8.2.2):
+/// refused in a request, dropped from a response. Any case (a response's names
+/// are HTTP/1.1's).
+pub fn is_connection_specific(name: &[u8]) -> bool {
+    if !matches!(name.len(), 7 | 10 | 16 | 17) {
+        return false;
+    }
+    [
+        &b"connection"[..],
+        b"keep-alive",
+        b"proxy-connection",
+        b"transfer-encoding",
+        b"upgrade",
+    ]
+    .iter()
+    .any(|n| name.eq_ignore_ascii_case(n))
 }
 
 /// A token character (RFC 9110 §5.6.2).

@@ -172,7 +172,7 @@ impl Reader {
                         return Err(Bad("too many trailers"));
                     }
                     self.trailer_count += 1;
-                    if !is_connection_specific(name) {
+                    if !super::request::is_connection_specific(name) {
                         hpack::field(&mut self.trailers, name, value);
                     }
                 }
@@ -212,7 +212,7 @@ impl Reader {
                 }
                 chunked = true;
             }
-            if is_connection_specific(name.as_bytes()) {
+            if super::request::is_connection_specific(name.as_bytes()) {
                 continue;
             }
             // httparse took only values HTTP/2 can carry (no control bytes but tab,
@@ -243,22 +243,6 @@ fn wait_or_cut(closed: bool) -> Result<Option<Part>, Bad> {
         true => Err(Bad("body cut short")),
         false => Ok(None),
     }
-}
-
-/// Fields that mean something only to one HTTP/1.1 connection (RFC 9113 §8.2.2).
-fn is_connection_specific(name: &[u8]) -> bool {
-    if !matches!(name.len(), 7 | 10 | 16 | 17) {
-        return false;
-    }
-    [
-        &b"connection"[..],
-        b"keep-alive",
-        b"proxy-connection",
-        b"transfer-encoding",
-        b"upgrade",
-    ]
-    .iter()
-    .any(|n| name.eq_ignore_ascii_case(n))
 }
 
 /// A field name HTTP allows (a token, RFC 9110 §5.6.2), in any case.

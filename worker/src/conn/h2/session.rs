@@ -104,8 +104,6 @@ pub struct Session {
     /// Streams accepted (for `h2_max_requests`).
     accepted: u64,
     settings: H2Settings,
-    /// GOAWAY has been sent (or is on its way).
-    draining: bool,
     /// When the graceful close began (its PING's wait is measured from it).
     drain_since: Option<Micros>,
     /// The client closed its side (or the socket failed): nothing more is read.
@@ -131,7 +129,6 @@ impl Session {
             live: 0,
             accepted: 0,
             settings,
-            draining: false,
             drain_since: None,
             read_closed: false,
             drained: false,
@@ -157,7 +154,6 @@ impl Session {
         if self.drain_since.is_some() {
             return;
         }
-        self.draining = true;
         self.drain_since = Some(now);
         self.conn.drain();
     }
@@ -432,7 +428,8 @@ impl Session {
                     }
                 }
                 Event::Window => {}
-                Event::GoAway => self.draining = true,
+                // The connection takes no new stream from now on (`closing`).
+                Event::GoAway => {}
             }
         }
         moved
@@ -510,7 +507,7 @@ impl Session {
     /// now, and counted; the caller closes the connection.
     fn close_flooded(&mut self, flood: Flood, p: &Peer, svc: &mut Services) {
         count_flood(flood, Some(p.peer), svc);
-        self.conn.abort(Code::ENHANCE_YOUR_CALM, "a flood");
+        self.conn.fail(Code::ENHANCE_YOUR_CALM, "a flood");
         let _ = self.write();
         self.flush_stats(svc);
     }

@@ -136,7 +136,7 @@ pub struct Connection {
     /// The last stream id the graceful close's final GOAWAY named: a later GOAWAY
     /// may not name a higher one (RFC 9113 §6.8).
     goaway_last: Option<u32>,
-    /// Why the connection failed, for the log.
+    /// Why the connection failed, for the log (taken once logged).
     pub failure: Option<(Code, &'static str)>,
 }
 

@@ -274,14 +274,13 @@ impl Session {
             if self.pending_out() < OUT_HIGH {
                 moved |= self.pump(p, svc, budget);
             }
-            if self.conn.failed() {
-                if let Some((code, why)) = self.conn.failure {
-                    forkd_shared::debug!(
-                        "HTTP/2 connection of {} failed: {why} (error {:#x})",
-                        p.peer,
-                        code.0
-                    );
-                }
+            // Logged once: the connection goes on only to write its GOAWAY.
+            if let Some((code, why)) = self.conn.failure.take() {
+                forkd_shared::debug!(
+                    "HTTP/2 connection of {} failed: {why} (error {:#x})",
+                    p.peer,
+                    code.0
+                );
             }
             match self.write() {
                 Ok(wrote) => moved |= wrote,
